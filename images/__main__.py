@@ -1,0 +1,161 @@
+"""python -m images: build, lock and check the training images.
+
+  python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR] ...
+  python -m images build-args <variant>
+  python -m images bootstrap-base <variant> [--storage-driver vfs]
+  python -m images lock <variant> [--find-links DIR]
+  python -m images workflow [--check]
+  python -m images smoke <variant> [--storage-driver vfs] [--wheelhouse DIR] ...
+
+Bad input prints one line and exits 2; a failed build or smoke run exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from images import base, builder, locks, smoke, workflow
+from images.build_args import build_args, git_revision, source_url, utc_now
+from images.matrix import MatrixError, load_matrix
+
+
+def _existing_dir(value: str) -> Path:
+    path = Path(value)
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
+    return path.resolve()
+
+
+def _existing_file(value: str) -> Path:
+    path = Path(value)
+    if not path.is_file():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a file")
+    return path.resolve()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m images", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="build one variant's image")
+    build.add_argument("variant")
+    build.add_argument(
+        "--push",
+        action="append",
+        default=[],
+        metavar="REGISTRY",
+        help="push to REGISTRY/<image>:<tag> (repeatable)",
+    )
+    build.add_argument(
+        "--wheelhouse",
+        type=_existing_dir,
+        metavar="DIR",
+        help="wheels pip prefers over the indexes (torch then comes from here)",
+    )
+    build.add_argument(
+        "--ca-bundle",
+        type=_existing_file,
+        metavar="FILE",
+        help="CA bundle pip trusts inside a buildah build",
+    )
+    build.add_argument("--cache", metavar="REF", help="registry ref of the variant's layer cache")
+    build.add_argument("--cache-write", action="store_true", help="also write --cache")
+    build.add_argument(
+        "--engine",
+        choices=("docker", "buildah", "podman"),
+        help="default: docker if `docker info` works, else buildah, else podman",
+    )
+    build.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
+    build.add_argument("--dry-run", action="store_true", help="print the commands only")
+
+    args = commands.add_parser("build-args", help="print the variant's build args")
+    args.add_argument("variant")
+
+    bootstrap = commands.add_parser("bootstrap-base", help="debootstrap the variant's Debian base")
+    bootstrap.add_argument("variant")
+    bootstrap.add_argument("--storage-driver", help="buildah storage driver (e.g. vfs)")
+
+    lock = commands.add_parser("lock", help="regenerate images/locks/<variant>.txt")
+    lock.add_argument("variant")
+    lock.add_argument(
+        "--find-links",
+        type=_existing_dir,
+        metavar="DIR",
+        help="local wheels (a CPU torch wheel when the torch index is unreachable)",
+    )
+
+    flow = commands.add_parser("workflow", help="write .github/workflows/images.yml")
+    flow.add_argument("--check", action="store_true", help="fail if the committed file drifted")
+
+    run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
+    run.add_argument("variant")
+    run.add_argument("--storage-driver", help="buildah storage driver (e.g. vfs)")
+    run.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path("build/smoke"),
+        help="host folder for the run's checkpoints and metrics",
+    )
+    return parser
+
+
+def _run(options: argparse.Namespace) -> int:
+    matrix = load_matrix()
+    if options.command == "workflow":
+        return workflow.main(matrix, check=options.check)
+    variant = matrix.variant(options.variant)
+    if options.command == "build-args":
+        values = build_args(
+            variant,
+            matrix.release,
+            revision=git_revision(),
+            created=utc_now(),
+            source_url=source_url(),
+        )
+        print("\n".join(f"{key}={value}" for key, value in values.items()))
+    elif options.command == "bootstrap-base":
+        print("\n".join(base.bootstrap_base(variant, options.storage_driver)))
+    elif options.command == "lock":
+        path = locks.lock_path(variant)
+        path.write_text(locks.make_lock(variant, options.find_links))
+        print(path)
+    elif options.command == "build":
+        request = builder.make_request(
+            variant,
+            matrix.release,
+            revision=git_revision(),
+            created=utc_now(),
+            source_url=source_url(),
+            registries=tuple(options.push),
+            wheelhouse=options.wheelhouse,
+            ca_bundle=options.ca_bundle,
+            cache=options.cache,
+            cache_write=options.cache_write,
+            storage_driver=options.storage_driver,
+        )
+        if options.dry_run:
+            for argv in builder.commands(request, options.engine or builder.detect_engine()):
+                print(" ".join(argv))
+            return 0
+        print("\n".join(builder.build(request, options.engine)))
+    elif options.command == "smoke":
+        smoke.main(matrix, variant, options.storage_driver, options.workdir)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    options = _parser().parse_args(argv)
+    try:
+        return _run(options)
+    except (MatrixError, builder.BuildError, locks.LockError, base.BaseError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except (builder.BuildFailed, smoke.SmokeError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Dockerfile build arguments for one variant, all derived from images/matrix.toml."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+
+from images.matrix import Variant
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
+
+# The image repository every variant is pushed to; the tag carries the variant.
+IMAGE_NAME = "gpu-training-stack"
+
+# DeepSpeed ops the trainer uses, compiled at build time so that no job spends
+# minutes compiling them on its first step. CPU_ADAM serves ZeRO-Offload.
+DEEPSPEED_OPS = ("FUSED_ADAM", "CPU_ADAM")
+
+# nvcc from CUDA 13 on refuses the Volta arch (sm_70), which the wheels may still list.
+_NVCC_DROPPED_ARCHES = {13: ("7.0",)}
+
+
+def torch_cuda_arch_list(variant: Variant) -> str:
+    """TORCH_CUDA_ARCH_LIST for the ops build: the wheels' arches nvcc can still target.
+
+    The last arch also gets PTX so that newer GPUs can JIT the ops instead of failing.
+    """
+    if variant.cuda is None:
+        return ""
+    dropped = _NVCC_DROPPED_ARCHES.get(int(variant.cuda.split(".")[0]), ())
+    arches = [cc for cc in variant.compute_capabilities if cc not in dropped]
+    if not arches:
+        return ""
+    return " ".join([*arches[:-1], f"{arches[-1]}+PTX"])
+
+
+def nvidia_require_cuda(variant: Variant) -> str:
+    """The NVIDIA container toolkit refuses to start the image on a host that fails this."""
+    if variant.cuda is None:
+        return ""
+    return f"cuda>={variant.cuda} driver>={variant.min_driver}"
+
+
+def build_args(
+    variant: Variant, release: str, *, revision: str, created: str, source_url: str
+) -> dict[str, str]:
+    """Every ARG the Dockerfile declares, for this variant (pins also become image labels)."""
+    return {
+        "VARIANT": variant.name,
+        "IMAGE_VERSION": variant.tag(release),
+        "REVISION": revision,
+        "CREATED": created,
+        "SOURCE_URL": source_url,
+        "BASE_BUILD": variant.base_build,
+        "BASE_RUNTIME": variant.base_runtime,
+        "PYTHON_VERSION": variant.python,
+        "TORCH_VERSION": variant.torch,
+        "DEEPSPEED_VERSION": variant.deepspeed,
+        "CUDA_VERSION": variant.cuda or "",
+        "CUDNN_VERSION": variant.cudnn or "",
+        "NCCL_VERSION": variant.nccl or "",
+        "COMPUTE_CAPABILITIES": ",".join(variant.compute_capabilities),
+        "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list(variant),
+        "DEEPSPEED_OPS": " ".join(DEEPSPEED_OPS) if variant.cuda else "",
+        "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(variant),
+        # "void" keeps the toolkit from injecting GPUs into an image that cannot use them.
+        "NVIDIA_VISIBLE_DEVICES": "all" if variant.cuda else "void",
+        "TRAIN_MIN_DRIVER": variant.min_driver or "",
+    }
+
+
+def _git(*args: str) -> str:
+    result = subprocess.run(
+        ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=False
+    )
+    return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def git_revision() -> str:
+    """The commit being built, or "unknown" outside a git checkout."""
+    return _git("rev-parse", "HEAD") or "unknown"
+
+
+def source_url() -> str:
+    """Where the source lives: GitHub Actions says so; elsewhere the origin remote does."""
+    server, repository = os.environ.get("GITHUB_SERVER_URL"), os.environ.get("GITHUB_REPOSITORY")
+    if server and repository:
+        return f"{server}/{repository}"
+    return _git("remote", "get-url", "origin") or "unknown"
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")

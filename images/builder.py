@@ -1,0 +1,166 @@
+"""`python -m images build`: one variant's image, with Docker buildx or with buildah.
+
+The argv is built by pure functions (tests assert them for both engines); `build` only
+picks the engine and runs what they return.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from images import locks
+from images.build_args import DOCKERFILE, IMAGE_NAME, REPO_ROOT, build_args
+from images.matrix import Variant
+
+# Where a buildah build sees the CA bundle it is given (pip then trusts it).
+CA_BUNDLE_IN_BUILD = "/run/build-ca-bundle.crt"
+
+
+class BuildError(RuntimeError):
+    """The build cannot start: no engine, a bad option, an incomplete lock."""
+
+
+class BuildFailed(RuntimeError):
+    """The engine ran and failed."""
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    variant: Variant
+    release: str
+    args: dict[str, str]  # Dockerfile build args
+    registries: tuple[str, ...] = ()  # push to each when non-empty
+    wheelhouse: Path | None = None
+    ca_bundle: Path | None = None
+    cache: str | None = None  # registry ref for the layer cache (read)
+    cache_write: bool = False  # also write the cache (needs push rights)
+    storage_driver: str | None = None  # buildah only
+    context: Path = field(default=REPO_ROOT)
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """One name per registry pushed to, else the local name; all carry the versioned tag."""
+        tag = self.variant.tag(self.release)
+        if not self.registries:
+            return (f"{IMAGE_NAME}:{tag}",)
+        return tuple(f"{registry.rstrip('/')}/{IMAGE_NAME}:{tag}" for registry in self.registries)
+
+    def effective_args(self) -> dict[str, str]:
+        args = dict(self.args)
+        # A wheelhouse carries torch; the torch index is left out so pip never waits on it.
+        args["TORCH_INDEX_URL"] = "" if self.wheelhouse else self.variant.torch_index
+        if self.ca_bundle:
+            args["CA_BUNDLE"] = CA_BUNDLE_IN_BUILD
+        return args
+
+
+def make_request(
+    variant: Variant,
+    release: str,
+    *,
+    revision: str,
+    created: str,
+    source_url: str,
+    **options,
+) -> BuildRequest:
+    args = build_args(variant, release, revision=revision, created=created, source_url=source_url)
+    return BuildRequest(variant=variant, release=release, args=args, **options)
+
+
+def _common(request: BuildRequest) -> list[str]:
+    argv = ["--file", str(DOCKERFILE), "--target", "runtime"]
+    for key, value in request.effective_args().items():
+        argv += ["--build-arg", f"{key}={value}"]
+    for tag in request.tags:
+        argv += ["--tag", tag]
+    if request.wheelhouse:
+        argv += ["--build-context", f"wheelhouse={request.wheelhouse}"]
+    return argv
+
+
+def docker_argv(request: BuildRequest) -> list[str]:
+    """docker buildx build: loads the image locally, or pushes every tag when asked."""
+    if request.ca_bundle:
+        raise BuildError(
+            "--ca-bundle is for buildah builds; a Docker daemon uses its host's CA store"
+        )
+    argv = ["docker", "buildx", "build", *_common(request)]
+    if request.cache:
+        argv += ["--cache-from", f"type=registry,ref={request.cache}"]
+        if request.cache_write:
+            argv += ["--cache-to", f"type=registry,ref={request.cache},mode=max"]
+    argv.append("--push" if request.registries else "--load")
+    return [*argv, str(request.context)]
+
+
+def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:
+    """buildah bud (or podman build): chroot isolation runs in unprivileged containers too."""
+    head = [
+        engine,
+        *(["--storage-driver", request.storage_driver] if request.storage_driver else []),
+    ]
+    argv = [*head, "bud" if engine == "buildah" else "build"]
+    # docker format: the OCI format drops SHELL (and with it pipefail).
+    argv += ["--format", "docker", "--isolation", "chroot", "--network", "host"]
+    argv += _common(request)
+    if request.ca_bundle:
+        argv += ["--volume", f"{request.ca_bundle}:{CA_BUNDLE_IN_BUILD}:ro"]
+    if request.cache:
+        argv += ["--cache-from", request.cache]
+        if request.cache_write:
+            argv += ["--cache-to", request.cache]
+    return [*argv, str(request.context)]
+
+
+def buildah_push_argvs(request: BuildRequest, engine: str = "buildah") -> list[list[str]]:
+    head = [
+        engine,
+        *(["--storage-driver", request.storage_driver] if request.storage_driver else []),
+    ]
+    return [[*head, "push", tag] for tag in request.tags] if request.registries else []
+
+
+def detect_engine() -> str:
+    """docker when a Docker engine answers, else buildah, else podman."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "info"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return "docker"
+    for engine in ("buildah", "podman"):
+        if shutil.which(engine):
+            return engine
+    raise BuildError(
+        "no image builder: `docker info` fails and neither buildah nor podman is on PATH "
+        "(Debian: apt-get install buildah)"
+    )
+
+
+def commands(request: BuildRequest, engine: str) -> list[list[str]]:
+    """Everything `build` runs, in order."""
+    if engine == "docker":
+        return [docker_argv(request)]
+    return [buildah_argv(request, engine), *buildah_push_argvs(request, engine)]
+
+
+def check_lock(variant: Variant) -> None:
+    """Refuse a lock the image cannot be built from, before any layer is built."""
+    lock = locks.read_lock(locks.lock_path(variant))
+    if lock.incomplete or lock.unhashed:
+        reasons = " ".join(lock.incomplete) or f"unhashed: {', '.join(lock.unhashed)}."
+        raise BuildError(f"images/locks/{variant.name}.txt is incomplete: {reasons}")
+
+
+def build(request: BuildRequest, engine: str | None = None) -> tuple[str, ...]:
+    """Build (and push) the image; return its tags."""
+    check_lock(request.variant)
+    engine = engine or detect_engine()
+    for argv in commands(request, engine):
+        print("+", " ".join(argv), flush=True)
+        if subprocess.run(argv, check=False).returncode != 0:
+            raise BuildFailed(
+                f"{' '.join(argv[:3])}... failed for variant {request.variant.name!r}"
+            )
+    return request.tags

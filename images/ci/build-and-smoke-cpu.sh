@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the cpu image for real and run a short training job inside it (this repository's CI).
+#
+# Needs root, buildah and debootstrap (Debian: apt-get install buildah debootstrap), network
+# access to Debian's archive and PyPI, and a CPU torch wheel of the matrix's version in
+# WHEELHOUSE (default: /opt/wheels). Fails loudly when any of that is missing: it never
+# skips. Prints the time each stage took and the image's size.
+set -euo pipefail
+
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3}
+WHEELHOUSE=${WHEELHOUSE:-/opt/wheels}
+CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
+STORAGE_DRIVER=${STORAGE_DRIVER:-vfs}
+WORKDIR=${WORKDIR:-build/smoke-cpu}
+
+fail() { echo "build-and-smoke-cpu: $*" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || fail "must run as root (buildah with the $STORAGE_DRIVER driver, debootstrap)"
+for tool in buildah debootstrap; do
+    command -v "$tool" >/dev/null || fail "$tool is not installed (apt-get install $tool)"
+done
+ls "$WHEELHOUSE"/torch-*+cpu-*.whl >/dev/null 2>&1 || fail "no CPU torch wheel in $WHEELHOUSE"
+ca_args=()
+[ -f "$CA_BUNDLE" ] && ca_args=(--ca-bundle "$CA_BUNDLE")
+
+started=$SECONDS
+stage() {
+    local name=$1; shift
+    local t0=$SECONDS
+    echo "== $name"
+    "$@"
+    echo "== $name: $((SECONDS - t0)) s"
+}
+stage "bootstrap Debian base" \
+    "$PYTHON" -m images bootstrap-base cpu --storage-driver "$STORAGE_DRIVER"
+stage "build cpu image" \
+    "$PYTHON" -m images build cpu --engine buildah --storage-driver "$STORAGE_DRIVER" \
+    --wheelhouse "$WHEELHOUSE" "${ca_args[@]}"
+stage "smoke: versions + 2-rank ZeRO-2 training in the image" \
+    "$PYTHON" -m images smoke cpu --storage-driver "$STORAGE_DRIVER" --workdir "$WORKDIR"
+echo "build-and-smoke-cpu: OK in $((SECONDS - started)) s"

@@ -1,0 +1,89 @@
+import dataclasses
+import re
+
+import pytest
+
+from images.build_args import DEEPSPEED_OPS, DOCKERFILE, build_args, torch_cuda_arch_list
+from images.matrix import load_matrix
+
+MATRIX = load_matrix()
+VARIANTS = MATRIX.variants
+DOCKERFILE_TEXT = DOCKERFILE.read_text()
+
+
+def args_for(variant):
+    return build_args(
+        variant,
+        MATRIX.release,
+        revision="abc123",
+        created="2026-01-01T00:00:00Z",
+        source_url="https://example.invalid/repo",
+    )
+
+
+def declared_args() -> set[str]:
+    return set(re.findall(r"^ARG ([A-Z_]+)", DOCKERFILE_TEXT, flags=re.M))
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_every_dockerfile_arg_gets_a_value_and_every_value_is_declared(variant):
+    args = args_for(variant)
+    # TORCH_INDEX_URL and CA_BUNDLE depend on how the build is run (builder.py sets them).
+    assert declared_args() - set(args) == {"TORCH_INDEX_URL", "CA_BUNDLE", "PYPI_INDEX_URL"}
+    assert set(args) <= declared_args()
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
+def test_bases_and_pins_come_from_the_matrix(variant):
+    args = args_for(variant)
+    assert args["BASE_BUILD"] == variant.base_build
+    assert args["BASE_RUNTIME"] == variant.base_runtime
+    assert args["TORCH_VERSION"] == variant.torch
+    assert args["DEEPSPEED_VERSION"] == variant.deepspeed
+    assert args["PYTHON_VERSION"] == variant.python
+    assert args["IMAGE_VERSION"] == variant.tag(MATRIX.release)
+    assert "-cudnn" not in variant.base_runtime, "torch wheels bring cuDNN: use -runtime/-base"
+    if variant.cuda:
+        assert "devel" in variant.base_build, "the ops build needs nvcc"
+        assert args["TRAIN_MIN_DRIVER"] == variant.min_driver
+        assert args["NVIDIA_VISIBLE_DEVICES"] == "all"
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.cuda], ids=lambda v: v.name)
+def test_cuda_variants_require_their_cuda_and_driver(variant):
+    args = args_for(variant)
+    assert args["NVIDIA_REQUIRE_CUDA"] == f"cuda>={variant.cuda} driver>={variant.min_driver}"
+    assert args["DEEPSPEED_OPS"].split() == list(DEEPSPEED_OPS)
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.cuda], ids=lambda v: v.name)
+def test_arch_list_is_the_wheels_arches_less_what_nvcc_refuses(variant):
+    arches = args_for(variant)["TORCH_CUDA_ARCH_LIST"].replace("+PTX", "").split()
+    major = int(variant.cuda.split(".")[0])
+    expected = [cc for cc in variant.compute_capabilities if not (major >= 13 and cc == "7.0")]
+    assert arches == expected
+    assert args_for(variant)["TORCH_CUDA_ARCH_LIST"].endswith("+PTX")
+
+
+def test_cuda_13_drops_volta_even_when_the_matrix_lists_it():
+    cuda13 = next(v for v in VARIANTS if v.cuda)
+    variant = dataclasses.replace(cuda13, cuda="13.0", compute_capabilities=("7.0", "7.5", "9.0"))
+    assert torch_cuda_arch_list(variant) == "7.5 9.0+PTX"
+    cuda12 = dataclasses.replace(variant, cuda="12.6")
+    assert torch_cuda_arch_list(cuda12) == "7.0 7.5 9.0+PTX"
+
+
+def test_cpu_variant_builds_no_ops_and_asks_for_no_gpu():
+    args = args_for(MATRIX.variant("cpu"))
+    assert args["DEEPSPEED_OPS"] == ""
+    assert args["TORCH_CUDA_ARCH_LIST"] == ""
+    assert args["NVIDIA_REQUIRE_CUDA"] == ""
+    assert args["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+def test_runtime_stage_carries_labels_for_every_pin():
+    runtime = DOCKERFILE_TEXT.split("AS runtime", 1)[1]
+    for key in ("title", "version", "revision", "created", "source", "licenses"):
+        assert f"org.opencontainers.image.{key}=" in runtime
+    for pin in ("torch", "deepspeed", "cuda", "cudnn", "nccl", "python", "min-driver"):
+        assert f"org.gpu-training-stack.{pin}=" in runtime

@@ -1,0 +1,171 @@
+import os
+from pathlib import Path
+
+import pytest
+
+from images import builder, locks
+from images.build_args import DOCKERFILE, IMAGE_NAME, REPO_ROOT
+from images.matrix import load_matrix
+
+MATRIX = load_matrix()
+CPU = MATRIX.variant("cpu")
+CUDA = next(v for v in MATRIX.variants if v.cuda)
+
+
+def request(variant=CPU, **options):
+    return builder.make_request(
+        variant, MATRIX.release, revision="r1", created="c1", source_url="s1", **options
+    )
+
+
+def pairs(argv, flag):
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == flag]
+
+
+def test_docker_loads_one_local_tag_with_every_build_arg():
+    req = request(CUDA)
+    argv = builder.docker_argv(req)
+    assert argv[:3] == ["docker", "buildx", "build"]
+    assert argv[-2:] == ["--load", str(REPO_ROOT)]
+    assert pairs(argv, "--file") == [str(DOCKERFILE)]
+    assert pairs(argv, "--target") == ["runtime"]
+    assert pairs(argv, "--tag") == [f"{IMAGE_NAME}:{CUDA.tag(MATRIX.release)}"]
+    args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
+    assert args["BASE_BUILD"] == CUDA.base_build
+    assert args["TORCH_INDEX_URL"] == CUDA.torch_index
+    assert "CA_BUNDLE" not in args
+    assert "--cache-from" not in argv
+
+
+def test_docker_pushes_every_registry_tag_and_uses_the_registry_cache():
+    req = request(
+        CUDA,
+        registries=("ghcr.io/org", "123.dkr.ecr.us-east-1.amazonaws.com/"),
+        cache="ghcr.io/org/cache:cu",
+        cache_write=True,
+    )
+    argv = builder.docker_argv(req)
+    tag = CUDA.tag(MATRIX.release)
+    assert pairs(argv, "--tag") == [
+        f"ghcr.io/org/{IMAGE_NAME}:{tag}",
+        f"123.dkr.ecr.us-east-1.amazonaws.com/{IMAGE_NAME}:{tag}",
+    ]
+    assert "--push" in argv and "--load" not in argv
+    assert pairs(argv, "--cache-from") == ["type=registry,ref=ghcr.io/org/cache:cu"]
+    assert pairs(argv, "--cache-to") == ["type=registry,ref=ghcr.io/org/cache:cu,mode=max"]
+
+
+def test_docker_reads_a_cache_without_writing_it_unless_asked():
+    argv = builder.docker_argv(request(CUDA, cache="ghcr.io/org/cache:cu"))
+    assert pairs(argv, "--cache-from") == ["type=registry,ref=ghcr.io/org/cache:cu"]
+    assert "--cache-to" not in argv
+
+
+def test_wheelhouse_is_a_build_context_and_replaces_the_torch_index(tmp_path):
+    for argv in (
+        builder.docker_argv(request(wheelhouse=tmp_path)),
+        builder.buildah_argv(request(wheelhouse=tmp_path)),
+    ):
+        assert pairs(argv, "--build-context") == [f"wheelhouse={tmp_path}"]
+        args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
+        assert args["TORCH_INDEX_URL"] == ""
+
+
+def test_buildah_uses_chroot_host_network_docker_format_and_mounts_the_ca_bundle(tmp_path):
+    bundle = tmp_path / "ca.crt"
+    argv = builder.buildah_argv(request(ca_bundle=bundle, storage_driver="vfs"))
+    assert argv[:4] == ["buildah", "--storage-driver", "vfs", "bud"]
+    assert pairs(argv, "--isolation") == ["chroot"]
+    assert pairs(argv, "--network") == ["host"]
+    assert pairs(argv, "--format") == ["docker"]
+    assert pairs(argv, "--volume") == [f"{bundle}:{builder.CA_BUNDLE_IN_BUILD}:ro"]
+    args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
+    assert args["CA_BUNDLE"] == builder.CA_BUNDLE_IN_BUILD
+    assert argv[-1] == str(REPO_ROOT)
+
+
+def test_buildah_pushes_each_registry_tag_after_the_build():
+    req = request(registries=("ghcr.io/org", "ecr.example/x"), storage_driver="vfs")
+    steps = builder.commands(req, "buildah")
+    assert steps[0][3] == "bud"
+    tag = CPU.tag(MATRIX.release)
+    assert steps[1:] == [
+        ["buildah", "--storage-driver", "vfs", "push", f"ghcr.io/org/{IMAGE_NAME}:{tag}"],
+        ["buildah", "--storage-driver", "vfs", "push", f"ecr.example/x/{IMAGE_NAME}:{tag}"],
+    ]
+    assert builder.commands(request(), "buildah")[1:] == []
+
+
+def test_podman_gets_the_same_flags_under_its_own_verb():
+    argv = builder.buildah_argv(request(), engine="podman")
+    assert argv[:2] == ["podman", "build"]
+    assert argv[2:] == builder.buildah_argv(request())[2:]
+
+
+def test_ca_bundle_is_refused_for_docker_with_a_reason(tmp_path):
+    with pytest.raises(builder.BuildError, match="--ca-bundle is for buildah"):
+        builder.docker_argv(request(ca_bundle=tmp_path / "ca.crt"))
+
+
+def _fake_tools(tmp_path: Path, docker_exit: int | None, others=("buildah",)) -> str:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    tools = {name: 0 for name in others}
+    if docker_exit is not None:
+        tools["docker"] = docker_exit
+    for name, code in tools.items():
+        tool = bin_dir / name
+        tool.write_text(f"#!/bin/sh\nexit {code}\n")
+        tool.chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize(
+    ("docker_exit", "others", "engine"),
+    [
+        (0, ("buildah",), "docker"),
+        (1, ("buildah",), "buildah"),
+        (None, ("buildah",), "buildah"),
+        (1, ("podman",), "podman"),
+    ],
+)
+def test_engine_is_docker_only_when_docker_info_succeeds(
+    tmp_path, monkeypatch, docker_exit, others, engine
+):
+    monkeypatch.setenv("PATH", _fake_tools(tmp_path, docker_exit, others))
+    assert builder.detect_engine() == engine
+
+
+def test_no_engine_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _fake_tools(tmp_path, 1, others=()))
+    with pytest.raises(builder.BuildError, match="apt-get install buildah"):
+        builder.detect_engine()
+
+
+def test_incomplete_lock_is_refused_before_building(tmp_path, monkeypatch):
+    lock = tmp_path / f"{CUDA.name}.txt"
+    lock.write_text(
+        f"{locks.INCOMPLETE_MARKER} the torch index was unreachable\n"
+        f"torch=={CUDA.torch}+{CUDA.name}\n"
+    )
+    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
+    with pytest.raises(builder.BuildError, match="incomplete: the torch index was unreachable"):
+        builder.build(request(CUDA), engine="buildah")
+
+
+def test_unhashed_lock_line_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "cpu.txt").write_text(
+        "torch==2.13.0+cpu \\\n    --hash=sha256:" + "a" * 64 + "\nnumpy==2.4.6\n"
+    )
+    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
+    with pytest.raises(builder.BuildError, match=r"unhashed: numpy==2\.4\.6"):
+        builder.check_lock(CPU)
+
+
+def test_failed_engine_run_raises_build_failed(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", _fake_tools(tmp_path, None, others=()) + os.pathsep + "/usr/bin")
+    failing = tmp_path / "bin" / "buildah"
+    failing.write_text("#!/bin/sh\nexit 3\n")
+    failing.chmod(0o755)
+    with pytest.raises(builder.BuildFailed, match="failed for variant 'cpu'"):
+        builder.build(request(), engine="buildah")

