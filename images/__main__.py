@@ -13,6 +13,7 @@ Bad input prints one line and exits 2; a failed build or smoke run exits 1.
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -137,7 +138,7 @@ def _run(options: argparse.Namespace) -> int:
         )
         if options.dry_run:
             for argv in builder.commands(request, options.engine or builder.detect_engine()):
-                print(" ".join(argv))
+                print(shlex.join(argv))
             return 0
         print("\n".join(builder.build(request, options.engine)))
     elif options.command == "smoke":

@@ -15,9 +15,20 @@ DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
 # The image repository every variant is pushed to; the tag carries the variant.
 IMAGE_NAME = "gpu-training-stack"
 
-# DeepSpeed ops the trainer uses, compiled at build time so that no job spends
-# minutes compiling them on its first step. CPU_ADAM serves ZeRO-Offload.
-DEEPSPEED_OPS = ("FUSED_ADAM", "CPU_ADAM")
+# DeepSpeed ops the trainer uses, compiled at build time so that no job spends minutes
+# compiling them at start (the image has no compiler). Keyed by DeepSpeed accelerator:
+# DS_BUILD_<KEY> turns the build on; the value is the op's name in `ds_report`.
+# CPU_ADAM serves ZeRO-Offload; on CPU, DeepSpeed's comm backend loads SHM_COMM at init.
+DEEPSPEED_OPS = {
+    "cuda": {"FUSED_ADAM": "fused_adam", "CPU_ADAM": "cpu_adam"},
+    "cpu": {"SHM_COMM": "deepspeed_shm_comm"},
+}
+
+
+def accelerator(variant: Variant) -> str:
+    """DeepSpeed's accelerator: set explicitly, as a CI builder has no GPU to detect."""
+    return "cuda" if variant.cuda else "cpu"
+
 
 # nvcc from CUDA 13 on refuses the Volta arch (sm_70), which the wheels may still list.
 _NVCC_DROPPED_ARCHES = {13: ("7.0",)}
@@ -64,7 +75,8 @@ def build_args(
         "NCCL_VERSION": variant.nccl or "",
         "COMPUTE_CAPABILITIES": ",".join(variant.compute_capabilities),
         "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list(variant),
-        "DEEPSPEED_OPS": " ".join(DEEPSPEED_OPS) if variant.cuda else "",
+        "DS_ACCELERATOR": accelerator(variant),
+        "DEEPSPEED_OPS": " ".join(DEEPSPEED_OPS[accelerator(variant)]),
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(variant),
         # "void" keeps the toolkit from injecting GPUs into an image that cannot use them.
         "NVIDIA_VISIBLE_DEVICES": "all" if variant.cuda else "void",

@@ -6,6 +6,7 @@ picks the engine and runs what they return.
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 from dataclasses import dataclass, field
@@ -158,7 +159,7 @@ def build(request: BuildRequest, engine: str | None = None) -> tuple[str, ...]:
     check_lock(request.variant)
     engine = engine or detect_engine()
     for argv in commands(request, engine):
-        print("+", " ".join(argv), flush=True)
+        print("+", shlex.join(argv), flush=True)
         if subprocess.run(argv, check=False).returncode != 0:
             raise BuildFailed(
                 f"{' '.join(argv[:3])}... failed for variant {request.variant.name!r}"

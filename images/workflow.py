@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sys
 
-from images.build_args import DEEPSPEED_OPS, IMAGE_NAME, REPO_ROOT
+from images.build_args import DEEPSPEED_OPS, IMAGE_NAME, REPO_ROOT, accelerator
 from images.matrix import Matrix
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
@@ -135,8 +135,8 @@ def expectations(variant) -> list[str]:
     expect = ["--torch", variant.torch, "--deepspeed", variant.deepspeed]
     if variant.cuda:
         expect += ["--cuda", variant.cuda, "--cudnn", variant.cudnn, "--nccl", variant.nccl]
-        expect += [arg for op in DEEPSPEED_OPS for arg in ("--op", op.lower())]
-    return expect
+    ops = DEEPSPEED_OPS[accelerator(variant)].values()
+    return [*expect, *(arg for op in ops for arg in ("--op", op))]
 
 
 def render(matrix: Matrix) -> str:

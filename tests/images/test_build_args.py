@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from images.build_args import DEEPSPEED_OPS, DOCKERFILE, build_args, torch_cuda_arch_list
+from images.build_args import DOCKERFILE, build_args, torch_cuda_arch_list
 from images.matrix import load_matrix
 
 MATRIX = load_matrix()
@@ -53,7 +53,8 @@ def test_bases_and_pins_come_from_the_matrix(variant):
 def test_cuda_variants_require_their_cuda_and_driver(variant):
     args = args_for(variant)
     assert args["NVIDIA_REQUIRE_CUDA"] == f"cuda>={variant.cuda} driver>={variant.min_driver}"
-    assert args["DEEPSPEED_OPS"].split() == list(DEEPSPEED_OPS)
+    assert args["DEEPSPEED_OPS"].split() == ["FUSED_ADAM", "CPU_ADAM"]
+    assert args["DS_ACCELERATOR"] == "cuda"  # a GPU-less builder would otherwise pick cpu
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v.cuda], ids=lambda v: v.name)
@@ -73,9 +74,10 @@ def test_cuda_13_drops_volta_even_when_the_matrix_lists_it():
     assert torch_cuda_arch_list(cuda12) == "7.0 7.5 9.0+PTX"
 
 
-def test_cpu_variant_builds_no_ops_and_asks_for_no_gpu():
+def test_cpu_variant_builds_only_the_cpu_comm_op_and_asks_for_no_gpu():
     args = args_for(MATRIX.variant("cpu"))
-    assert args["DEEPSPEED_OPS"] == ""
+    assert args["DEEPSPEED_OPS"] == "SHM_COMM"
+    assert args["DS_ACCELERATOR"] == "cpu"
     assert args["TORCH_CUDA_ARCH_LIST"] == ""
     assert args["NVIDIA_REQUIRE_CUDA"] == ""
     assert args["NVIDIA_VISIBLE_DEVICES"] == "void"
