@@ -48,13 +48,24 @@ def _container(variant: Variant) -> str:
     return f"{variant.name}-base-bootstrap"
 
 
+def qualified(image: str) -> str:
+    """Docker's reading of a short name (debian:12 is docker.io/library/debian:12).
+
+    Tagging the base under that name lets buildah match the FROM line to it locally.
+    """
+    first, _, rest = image.partition("/")
+    if rest and ("." in first or ":" in first or first == "localhost"):
+        return image
+    return f"docker.io/{image}" if rest else f"docker.io/library/{image}"
+
+
 def bootstrap_commands(
     variant: Variant, rootfs: Path, storage_driver: str | None
 ) -> list[list[str]]:
     """The commands that make the base image, in order (pure: tests assert them)."""
     buildah = buildah_command(storage_driver)
     container = _container(variant)
-    tags = sorted({variant.base_build, variant.base_runtime})
+    tags = sorted({qualified(variant.base_build), qualified(variant.base_runtime)})
     commands = [
         ["debootstrap", "--variant=minbase", debian_suite(variant), str(rootfs)],
         ["tar", "-C", str(rootfs), "-cf", f"{rootfs}.tar", "."],
@@ -83,4 +94,4 @@ def bootstrap_base(variant: Variant, storage_driver: str | None = None) -> list[
         for command in commands:
             if subprocess.run(command, check=False).returncode != 0:
                 raise BaseError(f"{' '.join(command)} failed")
-    return sorted({variant.base_build, variant.base_runtime})
+    return sorted({qualified(variant.base_build), qualified(variant.base_runtime)})

@@ -9,10 +9,11 @@ DeepSpeed comes last, after a marker line: the image builds it from source again
 torch the lines above installed (see images/Dockerfile).
 
 When the variant's torch index cannot be reached (as on machines that reach PyPI only),
-the lock is resolved against a local CPU torch wheel of the same version instead: every
-other line is exact and hashed, but torch has no hash and its CUDA-only dependencies
-(nvidia-*, triton) are missing. Such a lock says so in its header, and the build refuses
-it until it is regenerated where the index is reachable.
+the lock is resolved against a stand-in torch of the same version: a local CPU wheel
+(--find-links), else a dependency-free placeholder. Every other line is exact and hashed,
+but torch has no hash and its CUDA dependencies (nvidia-*, triton; with the placeholder
+all its dependencies) are missing. Such a lock says so in its header, and the build
+refuses it until it is regenerated where the index is reachable.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,24 +99,29 @@ def read_lock(path: Path) -> Lock:
     return Lock(pins, tuple(incomplete))
 
 
+def torch_local_version(variant: Variant) -> str:
+    """The pytorch indexes name builds <version>+<index suffix>, e.g. 2.13.0+cu126."""
+    return f"{variant.torch}+{variant.torch_index.rstrip('/').rsplit('/', 1)[-1]}"
+
+
 def torch_requirement(variant: Variant) -> str:
-    """The pytorch indexes name their builds <version>+<variant>, e.g. 2.13.0+cu126."""
-    return f"torch=={variant.torch}+{variant.name}"
+    return f"torch=={torch_local_version(variant)}"
 
 
-def lock_inputs(variant: Variant, requirements: Path = TRAIN_REQUIREMENTS) -> list[str]:
-    """requirements-train.txt with torch and DeepSpeed pinned as the matrix says."""
-    lines = []
-    for raw in requirements.read_text().splitlines():
+def requirements(path: Path = TRAIN_REQUIREMENTS) -> dict[str, str]:
+    """The requirement lines of a requirements file, by normalized name."""
+    lines = {}
+    for raw in path.read_text().splitlines():
         line = raw.split("#", 1)[0].strip()
-        if not line:
-            continue
-        name = normalize(re.split(r"[=<>!~;\[ ]", line, maxsplit=1)[0])
-        if name == "torch":
-            line = torch_requirement(variant)
-        elif name == "deepspeed":
-            line = f"deepspeed=={variant.deepspeed}"
-        lines.append(line)
+        if line:
+            lines[normalize(re.split(r"[=<>!~;\[ ]", line, maxsplit=1)[0])] = line
+    return lines
+
+
+def lock_inputs(variant: Variant, path: Path = TRAIN_REQUIREMENTS) -> list[str]:
+    """requirements-train.txt with torch and DeepSpeed pinned as the matrix says."""
+    pinned = {"torch": torch_requirement(variant), "deepspeed": f"deepspeed=={variant.deepspeed}"}
+    lines = [pinned.get(name, line) for name, line in requirements(path).items()]
     return [*lines, *BUILD_TOOLS]
 
 
@@ -126,7 +133,7 @@ def index_reachable(url: str, timeout: float = 15.0) -> bool:
         return False
 
 
-def resolve(inputs: list[str], indexes: list[str], find_links: Path | None) -> list[dict]:
+def resolve(inputs: list[str], indexes: list[str], *find_links: Path | None) -> list[dict]:
     """pip's resolution of `inputs` for this interpreter: the report's `install` list."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
     env["PIP_CONFIG_FILE"] = os.devnull  # only the indexes named here count
@@ -147,7 +154,12 @@ def resolve(inputs: list[str], indexes: list[str], find_links: Path | None) -> l
             "--index-url",
             indexes[0],
             *(arg for url in indexes[1:] for arg in ("--extra-index-url", url)),
-            *(["--find-links", str(find_links)] if find_links else []),
+            *(
+                arg
+                for links in dict.fromkeys(find_links)
+                if links
+                for arg in ("--find-links", str(links))
+            ),
             "-r",
             str(requirements),
         ]
@@ -211,26 +223,59 @@ def make_lock(variant: Variant, find_links: Path | None = None) -> str:
             f"{python}: run `python{variant.python} -m images lock {variant.name}`"
         )
     inputs = lock_inputs(variant)
-    incomplete: list[str] = []
-    indexes = [PYPI_INDEX, variant.torch_index]
-    if not index_reachable(variant.torch_index):
-        indexes = [PYPI_INDEX]  # pip would retry the dead index for every package
-        if find_links is None:
-            raise LockError(
-                f"{variant.torch_index} cannot be reached: run where it can, or pass "
-                f"--find-links DIR with torch-{variant.torch}+cpu wheels to lock the rest"
-            )
-        torch_pin = torch_requirement(variant)
-        inputs = [f"torch=={variant.torch}+cpu" if i == torch_pin else i for i in inputs]
-        if variant.name != "cpu":
-            incomplete = [
-                f"{variant.torch_index} was unreachable when this lock was made, so "
-                f"{torch_pin} has no hash and torch's CUDA dependencies (nvidia-*, triton) "
-                "are not listed.",
-                f"Regenerate where that index is reachable: python -m images lock {variant.name}",
-            ]
-    items = resolve(inputs, indexes, find_links)
+    if index_reachable(variant.torch_index):
+        items = resolve(inputs, [PYPI_INDEX, variant.torch_index], find_links)
+        return render_lock(variant, items, [])
+    # pip would retry the dead index for every package: leave it out, and let pip see a
+    # torch of the same version instead: a local CPU wheel, else a placeholder.
+    cpu_wheel = local_cpu_torch(variant, find_links)
+    if cpu_wheel and torch_local_version(variant).endswith("+cpu"):
+        items = resolve(inputs, [PYPI_INDEX], find_links)
+        return render_lock(variant, items, [])
+    with tempfile.TemporaryDirectory(prefix="torch-stand-in-") as tmp:
+        if cpu_wheel:
+            stand_in, links = f"torch=={variant.torch}+cpu", find_links
+            missing = "torch's CUDA dependencies (nvidia-*, triton) are not listed"
+        else:
+            stand_in, links = torch_requirement(variant), placeholder_torch(variant, Path(tmp))
+            missing = "torch's dependencies (nvidia-*, triton, sympy, ...) are not listed"
+        inputs = [stand_in if line == torch_requirement(variant) else line for line in inputs]
+        items = resolve(inputs, [PYPI_INDEX], links, find_links)
+    incomplete = [
+        f"{variant.torch_index} was unreachable when this lock was made, so "
+        f"{torch_requirement(variant)} has no hash and {missing}.",
+        f"Regenerate where that index is reachable: python -m images lock {variant.name}",
+    ]
     return render_lock(variant, items, incomplete)
+
+
+def local_cpu_torch(variant: Variant, find_links: Path | None) -> Path | None:
+    """A CPU torch wheel of the variant's version and Python in find_links, if any."""
+    if find_links is None:
+        return None
+    tag = "cp" + variant.python.replace(".", "")
+    return next(iter(sorted(find_links.glob(f"torch-{variant.torch}+cpu-{tag}-*.whl"))), None)
+
+
+def placeholder_torch(variant: Variant, folder: Path) -> Path:
+    """A dependency-free wheel named like the variant's torch: lets pip resolve the rest.
+
+    It only ever feeds the resolver; the lock marks torch as unhashed and incomplete.
+    """
+    version = torch_local_version(variant)
+    dist_info = f"torch-{version}.dist-info"
+    files = {
+        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
+        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{dist_info}/RECORD"] = "".join(
+        f"{name},,\n" for name in [*files, f"{dist_info}/RECORD"]
+    )
+    wheel = folder / f"torch-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in files.items():
+            archive.writestr(name, text)
+    return folder
 
 
 def render_lock(variant: Variant, items: list[dict], incomplete: list[str]) -> str:
@@ -239,7 +284,7 @@ def render_lock(variant: Variant, items: list[dict], incomplete: list[str]) -> s
         name, version = item["metadata"]["name"], item["metadata"]["version"]
         hashes = () if incomplete and normalize(name) == "torch" else hashes_for(item)
         if incomplete and normalize(name) == "torch":
-            version = f"{variant.torch}+{variant.name}"
+            version = torch_local_version(variant)
         lines = [f"{normalize(name)}=={version}", *(f"--hash=sha256:{h}" for h in hashes)]
         entries[normalize(name)] = " \\\n    ".join(lines)
     deepspeed = entries.pop("deepspeed")

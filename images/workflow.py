@@ -10,6 +10,7 @@ import json
 import sys
 
 from images.build_args import DEEPSPEED_OPS, IMAGE_NAME, REPO_ROOT, accelerator
+from images.locks import requirements
 from images.matrix import Matrix
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
@@ -71,6 +72,9 @@ jobs:
       - uses: actions/setup-python@v5
         with:
           python-version: "3.11"
+
+      - name: Install what python -m images needs
+        run: python -m pip install "@PYDANTIC@"
 
       - name: Release tag must match the matrix release
         if: env.IS_RELEASE == 'true'
@@ -153,6 +157,8 @@ def render(matrix: Matrix) -> str:
         _TEMPLATE.replace("@INCLUDE@", "\n".join(include))
         .replace("@IMAGE@", IMAGE_NAME)
         .replace("@RELEASE@", matrix.release)
+        # images/matrix.py validates with pydantic: the same pin as the trainer's.
+        .replace("@PYDANTIC@", requirements()["pydantic"])
     )
 
 

@@ -1,5 +1,9 @@
 import hashlib
+import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -11,18 +15,15 @@ VARIANTS = MATRIX.variants
 
 
 def train_pins() -> dict[str, str]:
-    pins = {}
-    for line in locks.TRAIN_REQUIREMENTS.read_text().splitlines():
-        match = re.match(r"^([A-Za-z0-9._-]+)==(\S+)", line)
-        if match:
-            pins[locks.normalize(match[1])] = match[2]
-    return pins
+    lines = locks.requirements().values()
+    return {locks.normalize(line.split("==")[0]): line.split("==")[1] for line in lines}
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
 def test_lock_pins_the_matrix_torch_and_deepspeed(variant):
     lock = locks.read_lock(locks.lock_path(variant))
-    assert lock.pins["torch"].version == f"{variant.torch}+{variant.name}"
+    assert lock.pins["torch"].version == locks.torch_local_version(variant)
+    assert lock.pins["torch"].version.startswith(f"{variant.torch}+")
     assert lock.pins["deepspeed"].version == variant.deepspeed
 
 
@@ -39,7 +40,7 @@ def test_lock_is_complete_or_says_exactly_what_is_missing(variant):
     lock = locks.read_lock(locks.lock_path(variant))
     if lock.incomplete:
         # Only torch may lack a hash, and the header says how to regenerate the lock.
-        assert lock.unhashed == (f"torch=={variant.torch}+{variant.name}",)
+        assert lock.unhashed == (locks.torch_requirement(variant),)
         assert any(f"python -m images lock {variant.name}" in r for r in lock.incomplete)
         return
     assert lock.unhashed == ()
@@ -85,7 +86,7 @@ def test_missing_lock_names_the_command(tmp_path):
 def test_lock_inputs_pin_torch_from_the_variant_index_and_add_build_tools():
     variant = next(v for v in VARIANTS if v.cuda)
     inputs = locks.lock_inputs(variant)
-    assert f"torch=={variant.torch}+{variant.name}" in inputs
+    assert f"torch=={variant.torch}+{variant.wheel_variant}" in inputs
     assert f"deepspeed=={variant.deepspeed}" in inputs
     assert inputs[-2:] == list(locks.BUILD_TOOLS)
 
@@ -117,7 +118,7 @@ def test_render_marks_an_unreachable_torch_index_and_leaves_torch_unhashed(tmp_p
     path.write_text(text)
     lock = locks.read_lock(path)
     assert lock.incomplete == ("index unreachable", "regenerate: X")
-    assert lock.unhashed == (f"torch=={variant.torch}+{variant.name}",)
+    assert lock.unhashed == (locks.torch_requirement(variant),)
     assert lock.pins["typing-extensions"].hashes == (hashlib.sha256(b"x").hexdigest(),)
 
 
@@ -127,3 +128,21 @@ def test_lock_refuses_another_python(monkeypatch):
     variant = dataclasses.replace(MATRIX.variant("cpu"), python="3.99")
     with pytest.raises(locks.LockError, match=r"runs Python 3\.99"):
         locks.make_lock(variant)
+
+
+def test_placeholder_torch_is_a_wheel_pip_resolves_without_any_index(tmp_path):
+    variant = next(v for v in VARIANTS if v.cuda)
+    folder = locks.placeholder_torch(variant, tmp_path)
+    report = tmp_path / "report.json"
+    command = [
+        *(sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet"),
+        *("--no-index", "--find-links", str(folder), "--report", str(report)),
+        locks.torch_requirement(variant),
+    ]
+    env = {**os.environ, "PIP_CONFIG_FILE": os.devnull}
+    result = subprocess.run(command, capture_output=True, text=True, check=False, env=env)
+    assert result.returncode == 0, result.stderr
+    installs = json.loads(report.read_text())["install"]
+    assert [(i["metadata"]["name"], i["metadata"]["version"]) for i in installs] == [
+        ("torch", locks.torch_local_version(variant))
+    ]
