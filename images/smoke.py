@@ -101,7 +101,8 @@ def _buildah(storage_driver: str | None, *args: str, capture: bool = False) -> s
     result = subprocess.run(argv, capture_output=capture, text=True, check=False)
     if result.returncode != 0:
         detail = (result.stderr or "").strip().splitlines()[-1:] if capture else []
-        raise SmokeError(f"{' '.join(argv[:4])}... exited {result.returncode} {' '.join(detail)}")
+        reason = f": {detail[0]}" if detail else " (its output is above)"
+        raise SmokeError(f"{' '.join(argv[:4])}... exited {result.returncode}{reason}")
     return result.stdout if capture else ""
 
 

@@ -38,4 +38,6 @@ stage "build cpu image" \
     --wheelhouse "$WHEELHOUSE" "${ca_args[@]}"
 stage "smoke: versions + 2-rank ZeRO-2 training in the image" \
     "$PYTHON" -m images smoke cpu --storage-driver "$STORAGE_DRIVER" --workdir "$WORKDIR"
+# Earlier builds' images lose their tag to this one: drop them, keep the new image.
+buildah --storage-driver "$STORAGE_DRIVER" rmi --prune >/dev/null || true
 echo "build-and-smoke-cpu: OK in $((SECONDS - started)) s"

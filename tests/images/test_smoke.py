@@ -98,3 +98,15 @@ def test_cpu_image_builds_and_trains_inside():
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "smoke cpu: OK" in result.stdout
+
+
+def test_missing_image_fails_with_one_line(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "buildah"
+    fake.write_text("#!/bin/sh\necho 'Error: image not known' >&2\nexit 125\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}/usr/bin:/bin")
+    from images.__main__ import main
+
+    assert main(["smoke", "cpu", "--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: buildah inspect --type image... exited 125: Error: image not known"]
