@@ -53,7 +53,7 @@ def describe_first_error(cls: type, exc: ValidationError) -> str:
             return f"field '{field}': unknown field"
         known = ", ".join(f.name for f in dataclasses.fields(cls))
         return f"field '{field}': unknown field (known fields: {known})"
-    if first["type"] == "missing_argument":
+    if first["type"] in ("missing", "missing_argument"):
         return f"field '{field}': required but missing"
     message = first["msg"].removeprefix("Value error, ")
     return f"field '{field}': {message} (got {first['input']!r})"

@@ -42,11 +42,15 @@ def arch_key(capability: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def check_capability(value: str) -> str:
+    """A compute capability written "X.Y" (8.0, not sm_80 or 8)."""
+    if not re.fullmatch(r"\d+\.\d", value):
+        raise ValueError(f"compute capability {value!r} is not written X.Y (e.g. 8.0 for sm_80)")
+    return value
+
+
 def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
-    for value in values:
-        if not re.fullmatch(r"\d+\.\d", value):
-            raise ValueError(f"compute capability {value!r} is not of the form X.Y")
-    return tuple(sorted(values, key=arch_key))
+    return tuple(sorted(map(check_capability, values), key=arch_key))
 
 
 @dataclass(frozen=True, config=_STRICT)

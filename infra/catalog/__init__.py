@@ -15,13 +15,12 @@ from pydantic import ConfigDict, Field, field_validator
 from pydantic.dataclasses import dataclass
 
 from images.datafile import build_record, check_keys, dotted_version, read_toml, version_key
-from images.matrix import arch_key
+from images.matrix import check_capability
 from infra.errors import ConfigError
 
 CATALOG_DIR = Path(__file__).parent
 
 _STRICT = ConfigDict(extra="forbid")
-_CAPABILITY = r"^\d+\.\d$"
 
 
 @dataclass(frozen=True, config=_STRICT)
@@ -40,7 +39,7 @@ class Instance:
     gpu_count: Annotated[int, Field(ge=1)]
     gpu_memory_gib: Annotated[int, Field(gt=0)]  # per GPU
     gpu_interconnect: Literal["none", "PCIe", "NVLink", "NVSwitch"]
-    compute_capability: Annotated[str, Field(pattern=_CAPABILITY)]
+    compute_capability: str
     vcpus: Annotated[int, Field(gt=0)]
     memory_gib: Annotated[int, Field(gt=0)]
     efa_interfaces: Annotated[int, Field(ge=0)]
@@ -53,6 +52,11 @@ class Instance:
     spot_estimated: bool  # no observed spot price: 30% of on-demand
     prices_checked: datetime.date
     sources: InstanceSources
+
+    @field_validator("compute_capability")
+    @classmethod
+    def _capability(cls, value: str) -> str:
+        return check_capability(value)
 
     @property
     def total_gpu_memory_gib(self) -> int:
@@ -73,7 +77,7 @@ class AmiFamily:
 
     name: str
     description: str
-    ssm_parameter: Annotated[str, Field(pattern=r"^/aws/service/\S+$")]
+    ssm_parameter: str
     os: str
     driver_kind: Literal["open", "proprietary"]
     driver_branch: str
@@ -85,14 +89,19 @@ class AmiFamily:
 
     _check_driver = field_validator("driver_version")(dotted_version)
 
+    @field_validator("ssm_parameter")
+    @classmethod
+    def _public_parameter(cls, value: str) -> str:
+        if not value.startswith("/aws/service/") or " " in value:
+            raise ValueError("must be a public SSM parameter path starting with /aws/service/")
+        return value
+
     @field_validator("compute_capabilities")
     @classmethod
     def _capabilities(cls, values: tuple[str, ...]) -> tuple[str, ...]:
         if not values:
             raise ValueError("list at least one compute capability")
-        for value in values:
-            arch_key(value)
-        return values
+        return tuple(check_capability(value) for value in values)
 
     def supports(self, capability: str) -> bool:
         """The driver supports this GPU architecture (exact match: drivers list GPUs)."""
