@@ -81,8 +81,8 @@ def resolve(
         nodes=nodes,
         image_tag=chosen.tag(matrix.release),
         warnings=_warnings(instance, ami, nodes, today),
-        on_demand_usd_per_hour=round(nodes * instance.on_demand_usd_per_hour, 4),
-        spot_usd_per_hour=round(nodes * instance.spot_usd_per_hour, 4),
+        on_demand_usd_per_hour=nodes * instance.on_demand_usd_per_hour,
+        spot_usd_per_hour=nodes * instance.spot_usd_per_hour,
     )
 
 

@@ -8,6 +8,7 @@ import pytest
 
 from infra.catalog import CATALOG_DIR, load_catalog
 from infra.errors import ConfigError
+from tests.infra.helpers import modified_catalog
 
 REQUIRED_TYPES = {
     "p3.2xlarge",
@@ -22,16 +23,6 @@ REQUIRED_TYPES = {
     "p5.48xlarge",
     "p5en.48xlarge",
 }
-
-
-def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
-    """A copy of the real catalog with the first `old` in `file` replaced by `new`."""
-    for name in ("instances.toml", "amis.toml"):
-        shutil.copy(CATALOG_DIR / name, tmp_path / name)
-    text = (tmp_path / file).read_text()
-    assert old in text, f"test fixture out of date: {old!r} not in {file}"
-    (tmp_path / file).write_text(text.replace(old, new, 1))
-    return tmp_path
 
 
 def load_error(directory: Path) -> str:
