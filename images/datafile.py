@@ -45,8 +45,14 @@ def build_record(cls: type[T], raw: Any, *, where: str, error: type[Exception]) 
 
 
 def describe_first_error(cls: type, exc: ValidationError) -> str:
-    """The first pydantic error as "field 'x': problem (got value)"."""
-    first = exc.errors()[0]
+    """The first pydantic error as "field 'x': problem (got value)".
+
+    An unknown field comes first: a misspelt key also shows up as a missing one,
+    and the misspelling is the cause.
+    """
+    errors = exc.errors()
+    unknown = [e for e in errors if e["type"] == "unexpected_keyword_argument"]
+    first = (unknown or errors)[0]
     field = ".".join(str(part) for part in first["loc"]) or "?"
     if first["type"] == "unexpected_keyword_argument":
         if len(first["loc"]) > 1:  # inside a nested table: the outer fields would mislead

@@ -153,7 +153,10 @@ def _check_gpu_runs(
     )
 
 
-def _alternatives(instance: Instance, catalog: Catalog, matrix: Matrix, today) -> str:
+def _alternatives(
+    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+) -> str:
+    """The variants that do run on `instance`, for "use ..." in an error message."""
     names = [v.name for v, _ in _runnable_variants(instance, catalog, matrix, today)]
     if not names:
         return "an instance with a GPU this matrix supports"

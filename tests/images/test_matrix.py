@@ -70,6 +70,12 @@ BAD_MATRICES = [
         id="misspelt-key",
     ),
     pytest.param(
+        'torch_index = "https://download.pytorch.org/whl/cu130"',
+        'torch_indx = "https://download.pytorch.org/whl/cu130"',
+        ["variant 'cu130'", "field 'torch_indx'", "unknown field"],
+        id="misspelt-required-key",
+    ),
+    pytest.param(
         'cudnn = "9.20.0.48"',
         'cudnn = "9.19.0.56"',
         ["variant 'cu130'", "field 'cudnn'", "9.19.0.56", "9.20.0.48"],
