@@ -73,7 +73,7 @@ def check_keys(raw: dict[str, Any], known: set[str], *, where: str, error: type[
 
 
 def version_key(version: str) -> tuple[int, ...]:
-    """ "570.195.03" -> (570, 195, 3), for comparing driver and package versions."""
+    """Split a dotted version for comparison: 570.195.03 -> (570, 195, 3)."""
     if not _VERSION.match(version):
         raise ValueError(f"not a dotted version number: {version!r}")
     return tuple(int(part) for part in version.split("."))

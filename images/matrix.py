@@ -6,6 +6,7 @@ start-up check) reads variants from here, never from its own copy of the facts.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import field
 from pathlib import Path
@@ -37,7 +38,7 @@ class MatrixError(ValueError):
 
 
 def arch_key(capability: str) -> tuple[int, int]:
-    """ "8.6" -> (8, 6)."""
+    """Split a compute capability for comparison: 8.6 -> (8, 6)."""
     major, _, minor = capability.partition(".")
     return int(major), int(minor)
 
@@ -120,7 +121,7 @@ class Variant:
         )
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Matrix:
     """All variants (oldest CUDA first, cpu first of all) and the image release."""
 

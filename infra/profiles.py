@@ -52,7 +52,7 @@ class Profile:
         return value
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Profiles:
     default: str
     exchange_rate: ExchangeRate

@@ -184,7 +184,8 @@ def _no_ami_message(
     if not for_gpu:
         return (
             f"no AMI family in the catalog supports {instance.gpu_model} "
-            f"(compute capability {instance.compute_capability}) of {instance.type}"
+            f"(compute capability {instance.compute_capability}) of {instance.type}; add an "
+            "AMI family whose driver does to infra/catalog/amis.toml, or pick another instance type"
         )
     drivers = ", ".join(f"{ami.name} has {ami.driver_version}" for ami in for_gpu)
     return (
@@ -202,7 +203,7 @@ def _warnings(
         warnings.append(
             f"AMI family {ami.name} ({ami.os}) is past end of life since "
             f"{ami.end_of_life.isoformat()}: no security updates; it is the only AMI family "
-            f"whose driver supports {instance.gpu_model}, so plan a move to a newer GPU"
+            f"here that runs this image on {instance.gpu_model}, so plan a move to a newer GPU"
         )
     # Multi-node without EFA is allowed, not refused: NCCL falls back to TCP sockets,
     # which is slow for large all-reduces but works, and small data-parallel jobs on

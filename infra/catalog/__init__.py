@@ -6,6 +6,7 @@ sources); this module only reads and checks them.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from dataclasses import field
 from pathlib import Path
@@ -114,7 +115,7 @@ class AmiFamily:
         return today > self.end_of_life
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Catalog:
     region: str
     instances: dict[str, Instance] = field(hash=False)
