@@ -166,3 +166,16 @@ def test_unknown_top_level_key_and_bad_toml(tmp_path):
 
 def test_missing_file(tmp_path):
     assert "file not found" in load_error(tmp_path / "absent.toml")
+
+
+def test_pins_agree_with_requirements_train():
+    # The trainer outside an image runs the cpu variant's stack: one set of pins.
+    repo = MATRIX_PATH.parents[1]
+    pins = dict(
+        line.split("==", 1)
+        for line in (repo / "requirements-train.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    matrix = load_matrix()
+    assert matrix.variant("cpu").torch == pins["torch"]
+    assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}
