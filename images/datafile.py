@@ -13,11 +13,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import tomllib
-from pydantic import ValidationError
+from pydantic import ConfigDict, ValidationError
 
 T = TypeVar("T")
 
 _VERSION = re.compile(r"^\d+(\.\d+)*$")
+
+# Records refuse unknown keys. Their numbers and flags are Strict* types besides:
+# "3.06" is not a price and true is not a count.
+RECORD_CONFIG = ConfigDict(extra="forbid")
 
 
 def read_toml(path: Path, error: type[Exception]) -> dict[str, Any]:

@@ -12,10 +12,11 @@ from dataclasses import field
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, field_validator
+from pydantic import field_validator
 from pydantic.dataclasses import dataclass
 
 from images.datafile import (
+    RECORD_CONFIG,
     build_record,
     check_keys,
     dotted_version,
@@ -28,7 +29,6 @@ MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 # CUDA 13.0 removed Maxwell, Pascal and Volta (sm_50-sm_72): Turing (7.5) is its oldest arch.
 CUDA13_OLDEST_ARCH = "7.5"
 
-_STRICT = ConfigDict(extra="forbid")
 _NAME = re.compile(r"^[a-z0-9]+$")
 _NVIDIA_CUDA_IMAGE = re.compile(r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+$")
 
@@ -54,7 +54,7 @@ def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(map(check_capability, values), key=arch_key))
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class TorchWheels:
     """What one torch release ships in one wheel variant (cu126, cu130, cpu...)."""
 
@@ -66,7 +66,7 @@ class TorchWheels:
     _check_capabilities = field_validator("compute_capabilities")(_capabilities)
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Variant:
     """One image variant: what the image carries and which GPUs and drivers it needs."""
 

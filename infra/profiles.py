@@ -8,10 +8,10 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, StrictFloat, StrictInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from images.datafile import build_record, check_keys, read_toml
+from images.datafile import RECORD_CONFIG, build_record, check_keys, read_toml
 from images.matrix import Matrix
 from infra.catalog import Catalog
 from infra.errors import ConfigError
@@ -19,12 +19,10 @@ from infra.resolver import AUTO, Plan, resolve
 
 PROFILES_PATH = Path(__file__).with_name("profiles.toml")
 
-_STRICT = ConfigDict(extra="forbid")
 
-
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class ExchangeRate:
-    cny_per_usd: Annotated[float, Field(gt=0)]
+    cny_per_usd: Annotated[StrictFloat, Field(gt=0)]
     as_of: datetime.date
     source: str
 
@@ -32,7 +30,7 @@ class ExchangeRate:
         return usd * self.cny_per_usd
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Profile:
     """A named workload: where it runs and why that instance was chosen."""
 
@@ -41,8 +39,8 @@ class Profile:
     instance_type: str
     mapping: str  # why this instance answers the workload, and the trade-off
     variant: str = AUTO
-    nodes: Annotated[int, Field(ge=1)] = 1
-    seed_cny_per_hour: tuple[float, float] | None = None  # the seed's quoted range
+    nodes: Annotated[StrictInt, Field(ge=1)] = 1
+    seed_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # the seed's quoted range
 
     @field_validator("seed_cny_per_hour")
     @classmethod

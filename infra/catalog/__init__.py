@@ -12,45 +12,50 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
 from pydantic.dataclasses import dataclass
 
-from images.datafile import build_record, check_keys, dotted_version, read_toml, version_key
+from images.datafile import (
+    RECORD_CONFIG,
+    build_record,
+    check_keys,
+    dotted_version,
+    read_toml,
+    version_key,
+)
 from images.matrix import check_capability
 from infra.errors import ConfigError
 
 CATALOG_DIR = Path(__file__).parent
 
-_STRICT = ConfigDict(extra="forbid")
 
-
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class InstanceSources:
     hardware: str
     on_demand: str
     spot: str
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class Instance:
     """One EC2 GPU instance type (prices per instance, us-east-1)."""
 
     type: str
     gpu_model: str
-    gpu_count: Annotated[int, Field(ge=1)]
-    gpu_memory_gib: Annotated[int, Field(gt=0)]  # per GPU
+    gpu_count: Annotated[StrictInt, Field(ge=1)]
+    gpu_memory_gib: Annotated[StrictInt, Field(gt=0)]  # per GPU
     gpu_interconnect: Literal["none", "PCIe", "NVLink", "NVSwitch"]
     compute_capability: str
-    vcpus: Annotated[int, Field(gt=0)]
-    memory_gib: Annotated[int, Field(gt=0)]
-    efa_interfaces: Annotated[int, Field(ge=0)]
-    network_cards: Annotated[int, Field(ge=1)]
-    instance_store_nvme: Annotated[int, Field(ge=0)]  # drives
-    instance_store_gb: Annotated[int, Field(ge=0)]  # all drives together
-    on_demand_usd_per_hour: Annotated[float, Field(gt=0)]
-    spot_usd_per_hour: Annotated[float, Field(gt=0)]
-    on_demand_upper_bound: bool  # figure predates the June 2025 P-family price cut
-    spot_estimated: bool  # no observed spot price: 30% of on-demand
+    vcpus: Annotated[StrictInt, Field(gt=0)]
+    memory_gib: Annotated[StrictInt, Field(gt=0)]
+    efa_interfaces: Annotated[StrictInt, Field(ge=0)]
+    network_cards: Annotated[StrictInt, Field(ge=1)]
+    instance_store_nvme: Annotated[StrictInt, Field(ge=0)]  # drives
+    instance_store_gb: Annotated[StrictInt, Field(ge=0)]  # all drives together
+    on_demand_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
+    spot_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
+    on_demand_upper_bound: StrictBool  # figure predates the June 2025 P-family price cut
+    spot_estimated: StrictBool  # no observed spot price: 30% of on-demand
     prices_checked: datetime.date
     sources: InstanceSources
 
@@ -64,7 +69,7 @@ class Instance:
         return self.gpu_count * self.gpu_memory_gib
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class AmiSources:
     ssm_parameter: str
     driver_version: str
@@ -72,7 +77,7 @@ class AmiSources:
     end_of_life: str
 
 
-@dataclass(frozen=True, config=_STRICT)
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class AmiFamily:
     """An AMI family, found at deploy time through its public SSM parameter."""
 

@@ -85,6 +85,20 @@ BAD_CATALOGS = [
     ),
     pytest.param(
         "instances.toml",
+        "on_demand_usd_per_hour = 3.06",
+        'on_demand_usd_per_hour = "3.06"',
+        ["instance 'p3.2xlarge'", "field 'on_demand_usd_per_hour'", "'3.06'"],
+        id="price-as-text",
+    ),
+    pytest.param(
+        "instances.toml",
+        "gpu_count = 1",
+        "gpu_count = true",
+        ["instance 'p3.2xlarge'", "field 'gpu_count'", "valid integer"],
+        id="count-as-flag",
+    ),
+    pytest.param(
+        "instances.toml",
         "spot_usd_per_hour = 0.75",
         "spot_usd_per_hour = 4.0",
         ["instance 'p3.2xlarge'", "field 'spot_usd_per_hour'", "4.0", "3.06"],
