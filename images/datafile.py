@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
-import tomllib
 from pydantic import ConfigDict, ValidationError
 
 T = TypeVar("T")
