@@ -1,0 +1,7 @@
+"""`python -m infra ...`: see infra/cli.py."""
+
+import sys
+
+from infra.cli import main
+
+sys.exit(main())
