@@ -17,12 +17,14 @@ STACK = "test"
 
 @dataclass(frozen=True)
 class Registered:
-    """One resource as the engine saw it: type token, logical name, inputs (camelCase), id."""
+    """One resource as the engine saw it: type token, logical name, inputs (camelCase), id, and
+    the outputs the mocks answered (the state a stack policy sees)."""
 
     type: str
     name: str
     inputs: dict[str, Any]
     id: str
+    outputs: dict[str, Any]
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
@@ -43,7 +45,9 @@ class RecordingMocks(pulumi.runtime.Mocks):
             outputs["actionId"] = f"action-{digest[:8]}"
         if args.typ in ("aws:s3/bucket:Bucket", "aws:s3/bucketV2:BucketV2"):
             outputs.setdefault("bucket", args.name)
-        self.resources.append(Registered(args.typ, args.name, dict(args.inputs), resource_id))
+        self.resources.append(
+            Registered(args.typ, args.name, dict(args.inputs), resource_id, outputs)
+        )
         return resource_id, outputs
 
     def call(self, args: pulumi.runtime.MockCallArgs) -> dict[str, Any]:
