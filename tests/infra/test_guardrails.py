@@ -8,9 +8,12 @@ from infra.errors import ConfigError
 from infra.guardrails import Guardrails
 from infra.guardrails_config import GuardrailConfig
 from infra.guardrails_metrics import GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
+from infra.offline import PLACEHOLDER_ACCOUNT as ACCOUNT
+from infra.offline import PLACEHOLDER_REGION as REGION
+from infra.offline import PROJECT
 from infra.profiles import resolve_profile
 from infra.resolver import resolve
-from tests.policy.recording_mocks import ACCOUNT, PROJECT, REGION, STACK, resolved, run_program
+from tests.policy.mock_runs import STACK, of_type, one, resolved, run_under_mocks
 
 PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
 EMAILS = ("ml@example.com", "ops@example.org")
@@ -27,25 +30,22 @@ TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 
 
 def guarded_stack(plan, config, *, spot=False):
-    """Instances for every node of `plan`, and the guardrails around them."""
+    """Instances for every node of `plan`, and the guardrails around them:
+    (mocks, the Guardrails component, the instance ids)."""
 
     def program():
         nodes = [
             aws.ec2.Instance(f"node-{rank}", instance_type=plan.instance.type, ami="ami-test")
             for rank in range(plan.nodes)
         ]
-        return Guardrails(
-            "gpu",
-            config,
-            instance_ids=[node.id for node in nodes],
-            plan=plan,
-            cost_tag=COST_TAG,
-            spot=spot,
+        instance_ids = [node.id for node in nodes]
+        guardrails = Guardrails(
+            "gpu", config, instance_ids=instance_ids, plan=plan, cost_tag=COST_TAG, spot=spot
         )
+        return guardrails, instance_ids
 
-    mocks = run_program(program)
-    instance_ids = [node.id for node in mocks.of_type("aws:ec2/instance:Instance")]
-    return mocks, instance_ids
+    mocks, (guardrails, instance_ids) = run_under_mocks(program)
+    return mocks, guardrails, [resolved(instance_id) for instance_id in instance_ids]
 
 
 def budget_for(plan):
@@ -56,10 +56,10 @@ def budget_for(plan):
 def test_every_profile_gets_budget_action_and_idle_alarms(profile):
     plan = resolve_profile(profile)
     config = GuardrailConfig(budget_usd=budget_for(plan), alert_emails=EMAILS, idle_minutes=45)
-    mocks, instance_ids = guarded_stack(plan, config)
-    topic_arn = f"arn:aws:sns:{REGION}:{ACCOUNT}:{mocks.one(TOPIC).name}"
+    mocks, _, instance_ids = guarded_stack(plan, config)
+    topic_arn = one(mocks, TOPIC).state["arn"]
 
-    budget = mocks.one(BUDGET).inputs
+    budget = one(mocks, BUDGET).inputs
     assert (budget["budgetType"], budget["limitUnit"], budget["timeUnit"]) == (
         "COST",
         "USD",
@@ -77,7 +77,7 @@ def test_every_profile_gets_budget_action_and_idle_alarms(profile):
         assert notification["subscriberEmailAddresses"] == list(EMAILS)
         assert notification["subscriberSnsTopicArns"] == [topic_arn]
 
-    action = mocks.one(ACTION).inputs
+    action = one(mocks, ACTION).inputs
     assert action["budgetName"] == budget["name"]
     assert action["actionType"] == "RUN_SSM_DOCUMENTS"
     assert action["approvalModel"] == "AUTOMATIC"
@@ -93,15 +93,14 @@ def test_every_profile_gets_budget_action_and_idle_alarms(profile):
             "region": REGION,
         }
     }
-    role = mocks.one(ROLE)
-    assert action["executionRoleArn"] == f"arn:aws:iam:{REGION}:{ACCOUNT}:{role.name}"
+    assert action["executionRoleArn"] == one(mocks, ROLE).state["arn"]
     assert {(s["subscriptionType"], s["address"]) for s in action["subscribers"]} == {
         ("EMAIL", EMAILS[0]),
         ("EMAIL", EMAILS[1]),
         ("SNS", topic_arn),
     }
 
-    alarms = mocks.of_type(ALARM)
+    alarms = of_type(mocks, ALARM)
     assert len(alarms) == len(instance_ids) == plan.nodes
     assert [alarm.inputs["dimensions"] for alarm in alarms] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
@@ -122,16 +121,17 @@ def test_every_profile_gets_budget_action_and_idle_alarms(profile):
 
 def test_execution_role_is_trusted_by_budgets_and_stops_only_these_instances():
     plan = resolve("p4d.24xlarge", nodes=3)
-    mocks, instance_ids = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS))
+    config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS)
+    mocks, guardrails, instance_ids = guarded_stack(plan, config)
 
-    trust = json.loads(mocks.one(ROLE).inputs["assumeRolePolicy"])
+    trust = json.loads(one(mocks, ROLE).inputs["assumeRolePolicy"])
     (statement,) = trust["Statement"]
     assert statement["Principal"] == {"Service": "budgets.amazonaws.com"}
     assert statement["Action"] == "sts:AssumeRole"
     assert statement["Condition"] == {"StringEquals": {"aws:SourceAccount": ACCOUNT}}
 
-    role_policy = mocks.one(ROLE_POLICY)
-    assert role_policy.inputs["role"] == mocks.one(ROLE).id
+    role_policy = one(mocks, ROLE_POLICY)
+    assert role_policy.inputs["role"] == resolved(guardrails.budget_action_role.id)
     statements = {s["Sid"]: s for s in json.loads(role_policy.inputs["policy"])["Statement"]}
     assert statements["StopTheseInstances"]["Action"] == "ec2:StopInstances"
     assert statements["StopTheseInstances"]["Resource"] == [
@@ -141,14 +141,14 @@ def test_execution_role_is_trusted_by_budgets_and_stops_only_these_instances():
         f"arn:aws:ssm:{REGION}:*:automation-definition/AWS-StopEC2Instance:*"
     )
     assert "*" not in json.dumps(statements["StopTheseInstances"]["Resource"])
-    assert len(mocks.of_type(ALARM)) == 3
+    assert len(of_type(mocks, ALARM)) == 3
 
 
 def test_topic_accepts_budget_and_alarm_notifications_of_this_account_only():
     plan = resolve_profile("v100x1")
-    mocks, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, alert_emails=EMAILS))
-    topic_arn = f"arn:aws:sns:{REGION}:{ACCOUNT}:{mocks.one(TOPIC).name}"
-    policy = mocks.one(TOPIC_POLICY).inputs
+    mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, alert_emails=EMAILS))
+    topic_arn = one(mocks, TOPIC).state["arn"]
+    policy = one(mocks, TOPIC_POLICY).inputs
     assert policy["arn"] == topic_arn
     statements = json.loads(policy["policy"])["Statement"]
     assert {s["Principal"]["Service"] for s in statements} == {
@@ -163,8 +163,8 @@ def test_topic_accepts_budget_and_alarm_notifications_of_this_account_only():
 def test_max_runtime_adds_a_stop_alarm_per_instance():
     plan = resolve("p4d.24xlarge", nodes=2)
     config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, max_runtime_hours=72)
-    mocks, instance_ids = guarded_stack(plan, config)
-    runtime = [a.inputs for a in mocks.of_type(ALARM) if a.inputs["namespace"] == "AWS/EC2"]
+    mocks, _, instance_ids = guarded_stack(plan, config)
+    runtime = [a.inputs for a in of_type(mocks, ALARM) if a.inputs["namespace"] == "AWS/EC2"]
     assert [alarm["dimensions"] for alarm in runtime] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
     ]
@@ -180,8 +180,8 @@ def test_max_runtime_adds_a_stop_alarm_per_instance():
 
 def test_no_runtime_alarm_without_a_maximum():
     plan = resolve_profile("a100x8")
-    mocks, _ = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS))
-    assert {alarm.inputs["namespace"] for alarm in mocks.of_type(ALARM)} == {GPU_METRIC_NAMESPACE}
+    mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS))
+    assert {alarm.inputs["namespace"] for alarm in of_type(mocks, ALARM)} == {GPU_METRIC_NAMESPACE}
 
 
 def test_daily_budget_and_custom_thresholds_reach_the_budget():
@@ -193,8 +193,8 @@ def test_daily_budget_and_custom_thresholds_reach_the_budget():
         actual_thresholds_percent=(90,),
         forecast_thresholds_percent=(),
     )
-    mocks, _ = guarded_stack(plan, config)
-    budget = mocks.one(BUDGET).inputs
+    mocks, _, _ = guarded_stack(plan, config)
+    budget = one(mocks, BUDGET).inputs
     assert budget["timeUnit"] == "DAILY"
     assert budget["limitAmount"] == "40.00"
     assert [(n["notificationType"], n["threshold"]) for n in budget["notifications"]] == [
@@ -204,18 +204,18 @@ def test_daily_budget_and_custom_thresholds_reach_the_budget():
 
 def test_without_alert_addresses_the_topic_is_the_only_subscriber():
     plan = resolve_profile("v100x1")
-    mocks, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, allow_no_alerts=True))
-    action = mocks.one(ACTION).inputs
+    mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, allow_no_alerts=True))
+    action = one(mocks, ACTION).inputs
     assert [s["subscriptionType"] for s in action["subscribers"]] == ["SNS"]
-    for notification in mocks.one(BUDGET).inputs["notifications"]:
+    for notification in one(mocks, BUDGET).inputs["notifications"]:
         assert "subscriberEmailAddresses" not in notification
         assert len(notification["subscriberSnsTopicArns"]) == 1
 
 
 def test_costs_and_budget_name_are_outputs():
     plan = resolve_profile("a100x8")
-    mocks, _ = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS), spot=True)
-    guardrails = mocks.result
+    config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS)
+    _, guardrails, _ = guarded_stack(plan, config, spot=True)
     assert resolved(guardrails.budget_name) == f"{PROJECT}-{STACK}"
     assert resolved(guardrails.alert_topic_arn).startswith(f"arn:aws:sns:{REGION}:")
     assert guardrails.costs["market"] == "spot"
@@ -245,5 +245,5 @@ def test_refusals_come_before_any_resource(config, message):
 def test_budget_below_one_hour_allowed_with_the_override():
     plan = resolve_profile("a100x8")
     config = GuardrailConfig(budget_usd=20, alert_emails=EMAILS, allow_budget_below_one_hour=True)
-    mocks, _ = guarded_stack(plan, config)
-    assert mocks.one(BUDGET).inputs["limitAmount"] == "20.00"
+    mocks, _, _ = guarded_stack(plan, config)
+    assert one(mocks, BUDGET).inputs["limitAmount"] == "20.00"
