@@ -103,7 +103,7 @@ def careless_stack():
     """GPU instances with every guardrail missing."""
     aws.ec2.Instance(
         "node",
-        instance_type="p5.48xlarge",
+        instance_type="p6-b200.48xlarge",
         ami="ami-test",
         metadata_options={"http_tokens": "optional"},
         root_block_device={"volume_size": 500},
@@ -132,8 +132,8 @@ def test_every_violation_is_reported_with_its_message():
         by_policy.setdefault(name, []).append(message)
 
     assert by_policy["gpu-budget-required"] == [
-        "the stack launches GPU instances [node (p5.48xlarge), template (p4d.24xlarge)] without "
-        "an AWS Budget: add a budget with notifications (the Guardrails component does) so "
+        "the stack launches GPU instances [node (p6-b200.48xlarge), template (p4d.24xlarge)] "
+        "without an AWS Budget: add a budget with notifications (the Guardrails component does) so "
         "spending is seen and stopped"
     ]
     assert [m.split(": ")[0] for m in by_policy["imdsv2-required"]] == [
@@ -152,19 +152,19 @@ def test_every_violation_is_reported_with_its_message():
         "security group allows SSH (port 22) from 0.0.0.0/0",
         "ingress rule allows SSH (port 22) from ::/0",
     ]
-    # p5.48xlarge is not in the catalog: the default allowed list stops it.
+    # p6-b200.48xlarge is not in the catalog: the default allowed list stops it.
     assert [m.split(": ")[0] for m in by_policy["gpu-instance-types-allowed"]] == [
-        "GPU instance type p5.48xlarge is not allowed"
+        "GPU instance type p6-b200.48xlarge is not allowed"
     ]
     assert len(found) == 10
 
 
 def test_allowed_gpu_types_come_from_the_policy_config():
     mocks, _ = run_under_mocks(careless_stack)
-    config = {"gpu-instance-types-allowed": {"allowedInstanceTypes": ["p5.48xlarge"]}}
+    config = {"gpu-instance-types-allowed": {"allowedInstanceTypes": ["p6-b200.48xlarge"]}}
     flagged = [m for name, m in evaluate(mocks.resources, config) if "types-allowed" in name]
     assert flagged == [
-        "GPU instance type p4d.24xlarge is not allowed: use one of p5.48xlarge, "
+        "GPU instance type p4d.24xlarge is not allowed: use one of p6-b200.48xlarge, "
         "or add it to the policy's allowedInstanceTypes"
     ]
 
