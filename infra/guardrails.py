@@ -71,11 +71,11 @@ class Guardrails(pulumi.ComponentResource):
         Raises ConfigError before creating anything when the budget would not buy one hour of
         the stack, when nobody would be alerted, or when the instance type is not allowed.
         """
-        super().__init__("gpu:infra:Guardrails", name, None, opts)
         if not instance_ids:
             raise ValueError("Guardrails needs the ids of the instances it guards")
         config.check_instance_type(plan.instance.type)
         config.check_against(hourly_usd(plan, spot=spot))
+        super().__init__("gpu:infra:Guardrails", name, None, opts)
         self.costs = cost_summary(plan, config, spot=spot)
 
         tag_key, tag_value = cost_tag

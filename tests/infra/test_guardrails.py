@@ -10,7 +10,7 @@ from infra.guardrails_config import GuardrailConfig
 from infra.guardrails_metrics import GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 from infra.offline import PLACEHOLDER_ACCOUNT as ACCOUNT
 from infra.offline import PLACEHOLDER_REGION as REGION
-from infra.offline import PROJECT
+from infra.offline import PROJECT, RecordingMocks
 from infra.profiles import resolve_profile
 from infra.resolver import resolve
 from tests.policy.mock_runs import STACK, of_type, one, resolved, run_under_mocks
@@ -238,8 +238,14 @@ def test_costs_and_budget_name_are_outputs():
 )
 def test_refusals_come_before_any_resource(config, message):
     plan = resolve_profile("a100x8")
+
+    def program():
+        Guardrails("gpu", config, instance_ids=["i-0"], plan=plan, cost_tag=COST_TAG)
+
+    mocks = RecordingMocks()
     with pytest.raises(ConfigError, match=message):
-        guarded_stack(plan, config)
+        run_under_mocks(program, mocks)
+    assert mocks.resources == []  # not even the component
 
 
 def test_budget_below_one_hour_allowed_with_the_override():

@@ -12,9 +12,11 @@ from infra.offline import PROJECT, Recorded, RecordingMocks
 STACK = "test"
 
 
-def run_under_mocks(program: Callable[[], Any]) -> tuple[RecordingMocks, Any]:
+def run_under_mocks(
+    program: Callable[[], Any], mocks: RecordingMocks | None = None
+) -> tuple[RecordingMocks, Any]:
     """Run `program` until every resource it started is registered: (mocks, its return value)."""
-    mocks = RecordingMocks()
+    mocks = mocks if mocks is not None else RecordingMocks()
     pulumi.runtime.set_all_config({"aws:region": mocks.region})
     pulumi.runtime.reset_options(project=PROJECT, stack=STACK, preview=False)
     pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=STACK, preview=False)
