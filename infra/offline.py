@@ -41,8 +41,9 @@ class Recorded:
 
     type: str
     name: str
+    id: str
     inputs: dict[str, Any]
-    provider: str | None
+    provider: str | None  # "<provider urn>::<provider id>"
     state: dict[str, Any]
 
 
@@ -82,7 +83,7 @@ class RecordingMocks(pulumi.runtime.Mocks):
         resource_id, computed = self._computed(args.typ, args.name, args.inputs, number)
         state = {**args.inputs, **computed}
         self.resources.append(
-            Recorded(args.typ, args.name, dict(args.inputs), args.provider, state)
+            Recorded(args.typ, args.name, resource_id, dict(args.inputs), args.provider, state)
         )
         return resource_id, state
 

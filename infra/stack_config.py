@@ -205,8 +205,8 @@ def load_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     unknown = sorted(set(raw) - known)
     if unknown:
         raise ConfigError(
-            f"gpu:{unknown[0]}: unknown config key (value {raw[unknown[0]]!r}); the known keys "
-            f"are {', '.join(f'gpu:{key}' for key in sorted(known))}"
+            f"gpu:{unknown[0]} is not a config key of this stack (value {raw[unknown[0]]!r}); "
+            f"check the spelling against {', '.join(f'gpu:{key}' for key in sorted(known))}"
         )
     guardrails = GuardrailConfig.from_config(
         {key: value for key, value in raw.items() if key in guardrail_keys}
@@ -228,7 +228,7 @@ def _first_error(exc: ValidationError, raw: Mapping[str, Any]) -> str:
         message = f"must be at most {error['ctx']['le']}"
     elif error["type"] == "string_pattern_mismatch" and key == "imageTag":
         message = "is not a valid image tag (letters, digits, '_', '.', '-'; at most 128)"
-    return f"gpu:{key}: {raw.get(key)!r} {message}"
+    return f"gpu:{key} is {raw.get(key)!r}: it {message}"
 
 
 def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:

@@ -27,9 +27,15 @@ log() { echo "gpu-stack: $*"; }
 
 # The AMI brings the kernel driver, the image only the CUDA user space: refuse to
 # start an image whose CUDA needs a newer driver than the one actually loaded.
-driver=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n 1)
-oldest=$(printf '%s\n%s\n' "$MIN_DRIVER" "$driver" | sort -V | head -n 1)
-if [ "$oldest" != "$MIN_DRIVER" ]; then
+# One line per GPU; read them all (a pipe into head could kill nvidia-smi with SIGPIPE).
+mapfile -t drivers < <(nvidia-smi --query-gpu=driver_version --format=csv,noheader)
+driver=${drivers[0]:-}
+if [ -z "$driver" ]; then
+  log "nvidia-smi reported no GPU driver; retrying later"
+  exit 1
+fi
+# Sorted (minimum first, equal allowed) means the driver is new enough.
+if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" | sort --version-sort --check=quiet; then
   log "NVIDIA driver $driver is older than $MIN_DRIVER, the minimum for $IMAGE_URI;" \
     "not starting. Pick an image variant this AMI's driver runs (gpu:imageVariant) or a newer AMI."
   exit 2
