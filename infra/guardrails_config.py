@@ -162,6 +162,27 @@ class GuardrailConfig(pydantic.BaseModel):
             raise ValueError("an empty list would allow no instance at all")
         return types
 
+    @model_validator(mode="before")
+    @classmethod
+    def _forecast_default(cls, data: Any) -> Any:
+        """AWS Budgets forecasts no daily budget: by default only a monthly one gets a forecast."""
+        keys = ("forecastThresholdsPercent", "forecast_thresholds_percent")
+        if not isinstance(data, Mapping) or any(key in data for key in keys):
+            return data
+        period = data.get("budgetPeriod", data.get("budget_period", "MONTHLY"))
+        daily = isinstance(period, str) and period.strip().upper() == "DAILY"
+        return {**data, "forecastThresholdsPercent": [] if daily else [100.0]}
+
+    @model_validator(mode="after")
+    def _no_forecast_for_daily(self) -> GuardrailConfig:
+        if self.budget_period == "DAILY" and self.forecast_thresholds_percent:
+            shown = ", ".join(f"{threshold:g}" for threshold in self.forecast_thresholds_percent)
+            raise ValueError(
+                f"gpu:forecastThresholdsPercent is [{shown}] but AWS Budgets makes no forecast "
+                "for a DAILY budget; leave it unset or [] with gpu:budgetPeriod DAILY"
+            )
+        return self
+
     @model_validator(mode="after")
     def _notification_count(self) -> GuardrailConfig:
         count = len(self.actual_thresholds_percent) + len(self.forecast_thresholds_percent)

@@ -92,6 +92,18 @@ def test_bad_values_name_key_value_and_a_fix(values, message):
     assert "\n" not in str(raised.value)
 
 
+def test_daily_budget_has_no_forecast_alert():
+    # AWS Budgets makes no forecast for a daily budget.
+    assert GuardrailConfig.from_config({"budgetPeriod": "DAILY"}).forecast_thresholds_percent == ()
+    assert GuardrailConfig.from_config({}).forecast_thresholds_percent == (100,)
+    with pytest.raises(ConfigError) as raised:
+        GuardrailConfig.from_config({"budgetPeriod": "DAILY", "forecastThresholdsPercent": "[90]"})
+    assert str(raised.value) == (
+        "gpu:forecastThresholdsPercent is [90] but AWS Budgets makes no forecast for a DAILY "
+        "budget; leave it unset or [] with gpu:budgetPeriod DAILY"
+    )
+
+
 def test_budget_below_one_hour_fails_unless_overridden():
     config = GuardrailConfig.from_config({"budgetUsd": "20", "alertEmails": "ml@example.com"})
     with pytest.raises(ConfigError) as raised:
