@@ -20,8 +20,9 @@ from infra.errors import ConfigError
 
 CONFIG_NAMESPACE = "gpu"
 
-# The idle alarm looks at GPU use in 5-minute periods: the agent publishes every minute, and a
-# 5-minute period keeps the alarm a standard-resolution one (high-resolution alarms cost 3x).
+# The idle alarm looks at GPU use in 5-minute periods. The agent publishes every minute, so each
+# period holds five samples: one late or lost sample does not leave a period empty (and an empty
+# period counts as not idle, see the alarm).
 IDLE_PERIOD_SECONDS = 300
 MAX_IDLE_MINUTES = 1440  # CloudWatch: periods under an hour may span at most one day
 
