@@ -121,7 +121,7 @@ class Guardrails(pulumi.ComponentResource):
                 ),
             ],
             tags=tags,
-            # Budgets checks that it may publish to the topic when the notification is created.
+            # Budgets must be allowed to publish before its first notification goes out.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[topic_policy]),
         )
 
