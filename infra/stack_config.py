@@ -23,16 +23,13 @@ from infra.guardrails_config import GuardrailConfig
 from infra.guardrails_cost import hourly_usd
 from infra.profiles import resolve_profile
 from infra.resolver import AUTO, Plan, resolve
+from infra.userdata import MAX_USER_DATA_BYTES, largest_user_data_bytes
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy API).
 LOG_RETENTION_DAYS = (
     1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
     2922, 3288, 3653,
 )  # fmt: skip
-
-# A user data document may not exceed 16 KB (EC2 RunInstances); the boot scripts
-# take about 8 KB, which leaves this much for a shipped training config.
-MAX_TRAIN_CONFIG_BYTES = 6 * 1024
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
@@ -53,7 +50,7 @@ class S3Uri(BaseModel):
 class StackConfig(BaseModel):
     """All `gpu:` keys of one stack. Field aliases are the config key names."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     profile: str = "a100x8"
     instance_type: str | None = Field(None, alias="instanceType")
@@ -136,16 +133,17 @@ class StackConfig(BaseModel):
             raise ValueError(
                 "is not a file (give the path of a training TOML, relative to Pulumi.yaml)"
             )
-        size = path.stat().st_size
-        if size > MAX_TRAIN_CONFIG_BYTES:
-            raise ValueError(
-                f"is {size} bytes; user data carries at most {MAX_TRAIN_CONFIG_BYTES}: "
-                "keep large settings in the image or in S3"
-            )
         try:
-            tomllib.loads(path.read_text())
+            text = path.read_text()
+            tomllib.loads(text)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"is not valid TOML ({exc})") from None
+        size = largest_user_data_bytes(text)
+        if size > MAX_USER_DATA_BYTES:
+            raise ValueError(
+                f"is {len(text.encode())} bytes, which makes the user data {size} bytes, over "
+                f"EC2's {MAX_USER_DATA_BYTES}: keep large settings in the image or in S3"
+            )
         return path
 
     @property

@@ -161,6 +161,17 @@ def render_files(node: NodeBoot) -> dict[str, str]:
 
 def render_user_data(node: NodeBoot) -> str:
     """The node's `#cloud-config` user data."""
+    text = _cloud_config(node)
+    size = len(text.encode())
+    if size > MAX_USER_DATA_BYTES:
+        raise ValueError(
+            f"user data for node {node.node_rank} is {size} bytes, over EC2's "
+            f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
+        )
+    return text
+
+
+def _cloud_config(node: NodeBoot) -> str:
     files = render_files(node)
     document = {
         "write_files": [
@@ -180,16 +191,33 @@ def render_user_data(node: NodeBoot) -> str:
             [f"{BIN_DIR}/start-gpu-metrics.sh"],
         ],
     }
-    text = "#cloud-config\n" + yaml.dump(
+    return "#cloud-config\n" + yaml.dump(
         document, Dumper=_LiteralDumper, sort_keys=False, width=1000
     )
-    size = len(text.encode())
-    if size > MAX_USER_DATA_BYTES:
-        raise ValueError(
-            f"user data for node {node.node_rank} is {size} bytes, over EC2's "
-            f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
-        )
-    return text
+
+
+def largest_user_data_bytes(train_config: str | None) -> int:
+    """Size of the largest user data any node could get with this training config.
+
+    Renders a node with every option on and the longest values the config allows
+    (ECR URI with a 128-character tag, a long S3 data URI), so the config check can
+    refuse a training TOML that would push some node past EC2's 16 KB.
+    """
+    longest = NodeBoot(
+        image_uri=f"123456789012.dkr.ecr.ap-southeast-2.amazonaws.com/{'r' * 64}:{'t' * 128}",
+        region="ap-southeast-2",
+        log_group=f"/gpu-training/{'s' * 128}",
+        min_driver="999.999.99",
+        nnodes=999,
+        node_rank=998,
+        master_addr="255.255.255.255",
+        checkpoint_s3_uri=f"s3://{'b' * 63}/checkpoints",
+        instance_store_drives=99,
+        efa=True,
+        data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
+        train_config=train_config,
+    )
+    return len(_cloud_config(longest).encode())
 
 
 def _env_file(env: dict[str, str]) -> str:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -228,3 +231,33 @@ def test_instance_store_count_reaches_the_scratch_script():
         f'readonly EXPECTED_DRIVES="{resolve_profile("a100x8").instance.instance_store_nvme}"'
         in (script)
     )
+
+
+@pytest.mark.skipif(
+    not (shutil.which("cloud-init") and shutil.which("shellcheck")),
+    reason="needs cloud-init and shellcheck (Debian packages)",
+)
+def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
+    toml = tmp_path / "job.toml"
+    toml.write_text("[optimizer]\nlr = 3e-4\n")
+    run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
+    for node in nodes_in_rank_order(run):
+        user_data = tmp_path / f"{node.name}.yaml"
+        user_data.write_text(node.inputs["userData"])
+        schema = subprocess.run(
+            ["cloud-init", "schema", "--config-file", str(user_data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert schema.returncode == 0 and "Valid cloud-config" in schema.stdout, schema.stdout
+        scripts = []
+        for path, content in boot_files(node).items():
+            if path.endswith(".sh"):
+                scripts.append(tmp_path / f"{node.name}-{Path(path).name}")
+                scripts[-1].write_text(content)
+        assert len(scripts) == 3
+        lint = subprocess.run(
+            ["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=60
+        )
+        assert lint.returncode == 0, lint.stdout

@@ -69,7 +69,7 @@ def test_train_config_too_big_for_user_data_is_refused(tmp_path):
     big = tmp_path / "train.toml"
     big.write_text("".join(f"key{i} = {i}\n" for i in range(1000)))
     with pytest.raises(
-        ConfigError, match=r"gpu:trainConfig is .*: it is \d+ bytes; user data carries at most"
+        ConfigError, match=r"gpu:trainConfig is .*: it is \d+ bytes, .* over EC2's 16384"
     ):
         load_stack_config({**BASE_CONFIG, "trainConfig": str(big)})
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from infra import userdata
-from infra.userdata import NodeBoot, render_files, render_user_data
+from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 
 CLOUD_INIT = shutil.which("cloud-init")
 SHELLCHECK = shutil.which("shellcheck")
@@ -120,6 +120,21 @@ def test_no_secret_reaches_user_data():
         assert word not in text
     # The registry login reads a short-lived token from the instance role at boot.
     assert "--password-stdin" in text
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_size_check_bounds_every_real_node(shape):
+    # The config check uses largest_user_data_bytes; a real node must never be bigger.
+    toml = "".join(f"key_{i} = {i}\n" for i in range(200))
+    boot = SHAPES[shape]
+    real = render_user_data(NodeBoot(**{**boot.__dict__, "train_config": toml}))
+    assert len(real.encode()) <= largest_user_data_bytes(toml)
+
+
+def test_user_data_over_16_kb_is_refused():
+    toml = "".join(f"key_{i} = {i}\n" for i in range(900))
+    with pytest.raises(ValueError, match="over EC2's 16384"):
+        render_user_data(node(train_config=toml))
 
 
 def test_values_that_could_break_out_of_quotes_are_refused():
