@@ -12,6 +12,7 @@ import pytest
 from infra.profiles import load_profiles, resolve_profile
 from infra.resolver import resolve
 from infra.userdata import MASTER_PORT
+from policy import rules
 from tests.infra.stack_runs import (
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
@@ -261,3 +262,18 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
             ["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=60
         )
         assert lint.returncode == 0, lint.stdout
+
+
+@pytest.mark.parametrize(("nodes", "spot"), [(1, False), (2, True)])
+def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
+    run = run_stack(nodes=nodes, spot=spot, sshCidr="203.0.113.7/32")
+    allowed = rules.catalog_instance_types()
+    for resource in run.resources:
+        props = resource.state
+        assert rules.check_imdsv2(resource.type, props) == [], resource.name
+        assert rules.check_volume_encryption(resource.type, props) == [], resource.name
+        assert rules.check_no_public_ssh(resource.type, props) == [], resource.name
+        assert rules.check_gpu_instance_type(resource.type, props, allowed) == [], resource.name
+    stack = [rules.StackResource(r.type, r.name, r.state, id=r.id) for r in run.resources]
+    assert rules.check_budget_for_gpus(stack) == []
+    assert rules.check_bucket_encryption(stack) == []
