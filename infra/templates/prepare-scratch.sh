@@ -9,6 +9,7 @@ set -euo pipefail
 readonly SCRATCH_DIR="@@scratch_dir@@"
 readonly EXPECTED_DRIVES="@@instance_store_drives@@"
 readonly ARRAY=/dev/md/scratch
+readonly SYS_BLOCK=/sys/block
 
 log() { echo "gpu-stack scratch: $*"; }
 
@@ -19,7 +20,7 @@ if mountpoint -q "$SCRATCH_DIR"; then
 fi
 
 drives=()
-for model in /sys/block/nvme*n1/device/model; do
+for model in "$SYS_BLOCK"/nvme*n1/device/model; do
   [ -e "$model" ] || continue
   if grep -q "Instance Storage" "$model"; then
     block=${model%/device/model}
@@ -33,6 +34,14 @@ if [ "${#drives[@]}" -eq 0 ]; then
 fi
 if [ "${#drives[@]}" -ne "$EXPECTED_DRIVES" ]; then
   log "found ${#drives[@]} instance-store drives, the catalog says $EXPECTED_DRIVES; using what is there"
+fi
+
+if ! command -v mdadm >/dev/null; then
+  log "installing mdadm"
+  if command -v dnf >/dev/null; then dnf install -y mdadm
+  elif command -v yum >/dev/null; then yum install -y mdadm
+  else apt-get install -y mdadm
+  fi
 fi
 
 if mdadm --assemble "$ARRAY" "${drives[@]}" 2>/dev/null; then

@@ -6,7 +6,6 @@ on PATH that record how they were called.
 
 from __future__ import annotations
 
-import os
 import shutil
 import stat
 import subprocess
@@ -264,21 +263,81 @@ def test_finished_job_is_marked_done_so_later_boots_leave_it(tmp_path):
     assert (root / "var/lib/gpu-stack/job-done").exists()
 
 
-def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
-    scratch = tmp_path / "scratch"
-    script = render_files(node(instance_store_drives=0))[f"{userdata.BIN_DIR}/prepare-scratch.sh"]
-    script = script.replace(f'"{userdata.SCRATCH_DIR}"', f'"{scratch}"')
-    path = tmp_path / "prepare-scratch.sh"
-    path.write_text(script)
-    if any(Path("/sys/block").glob("nvme*n1")):
-        pytest.skip("this machine has NVMe drives; the script would look at them")
+FAKE_RAID_TOOL = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$CALLS/raid"
+case "$(basename "$0")" in
+  mdadm) [ "$1" != --assemble ] || [ -n "$ARRAY_SURVIVED" ] ;;
+  blkid) [ -n "$ARRAY_SURVIVED" ] ;;
+  mountpoint) exit 1 ;;
+  df) printf 'Size\\n 7.0T\\n' ;;
+esac
+"""
+
+
+def run_scratch_script(tmp_path: Path, drives: int, *, expected: int = 8, survived: bool = False):
+    """Run prepare-scratch.sh over a fake /sys/block with `drives` instance-store NVMe drives."""
+    sys_block = tmp_path / "sys-block"
+    models = {"nvme0n1": "Amazon Elastic Block Store"}  # the root volume: never touched
+    models |= {f"nvme{i}n1": "Amazon EC2 NVMe Instance Storage" for i in range(1, drives + 1)}
+    for device, model in models.items():
+        (sys_block / device / "device").mkdir(parents=True)
+        (sys_block / device / "device" / "model").write_text(model + "\n")
+    script = render_files(node(instance_store_drives=expected))[
+        f"{userdata.BIN_DIR}/prepare-scratch.sh"
+    ]
+    script = script.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={sys_block}")
+    script = script.replace(f'"{userdata.SCRATCH_DIR}"', f'"{tmp_path / "scratch"}"')
+    (tmp_path / "prepare-scratch.sh").write_text(script)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    for tool in ("mdadm", "blkid", "mkfs.ext4", "mount", "mountpoint", "df"):
+        (bin_dir / tool).write_text(FAKE_RAID_TOOL)
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls)}
+    if survived:
+        env["ARRAY_SURVIVED"] = "1"
     result = subprocess.run(
-        ["bash", str(path)],
+        ["bash", str(tmp_path / "prepare-scratch.sh")],
+        env=env,
         capture_output=True,
         text=True,
         timeout=60,
-        env={"PATH": os.environ["PATH"]},
     )
+    raid = (calls / "raid").read_text().splitlines() if (calls / "raid").exists() else []
+    return result, raid
+
+
+def test_scratch_after_a_stop_recreates_raid0_over_the_instance_store(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=8)
+    assert result.returncode == 0, result.stdout + result.stderr
+    drives = " ".join(f"/dev/nvme{i}n1" for i in range(1, 9))
+    assert (
+        f"mdadm --create /dev/md/scratch --run --force --level=0 --raid-devices=8 {drives}" in raid
+    )
+    assert any(line.startswith("mkfs.ext4 ") and "/dev/md/scratch" in line for line in raid)
+    assert f"mount -o noatime /dev/md/scratch {tmp_path / 'scratch'}" in raid
+    assert not any("nvme0n1" in line for line in raid)
+
+
+def test_scratch_after_a_reboot_reassembles_without_formatting(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=8, survived=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert any(line.startswith("mdadm --assemble /dev/md/scratch") for line in raid)
+    assert not any("--create" in line or line.startswith("mkfs") for line in raid)
+    assert f"mount -o noatime /dev/md/scratch {tmp_path / 'scratch'}" in raid
+
+
+def test_scratch_says_when_fewer_drives_than_the_catalog_appear(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=6, expected=8)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "found 6 instance-store drives, the catalog says 8" in result.stdout
+    assert any("--raid-devices=6" in line for line in raid)
+
+
+def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=0, expected=0)
     assert result.returncode == 0, result.stderr
     assert "no instance-store NVMe drive found" in result.stdout
-    assert scratch.is_dir()
+    assert (tmp_path / "scratch").is_dir()
+    assert not any(line.startswith(("mdadm", "mkfs", "mount ")) for line in raid)
