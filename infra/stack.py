@@ -74,20 +74,17 @@ class TrainingStack(pulumi.ComponentResource):
         efa = any(i.interface_type for i in interface_layout(plan))
 
         def user_data(rank: int, master_addr: pulumi.Input[str]) -> pulumi.Output[str]:
-            return pulumi.Output.all(
-                self.image_uri,
-                region.region,
-                storage.log_group_name,
-                storage.checkpoint_uri,
-                master_addr,
-            ).apply(
+            known_at_deploy = pulumi.Output.all(
+                image_uri=self.image_uri,
+                region=region.region,
+                log_group=storage.log_group_name,
+                checkpoint_s3_uri=storage.checkpoint_uri,
+                master_addr=master_addr,
+            )
+            return known_at_deploy.apply(
                 lambda values: render_user_data(
                     NodeBoot(
-                        image_uri=values[0],
-                        region=values[1],
-                        log_group=values[2],
-                        checkpoint_s3_uri=values[3],
-                        master_addr=values[4],
+                        **values,
                         min_driver=plan.variant.min_driver,
                         nnodes=plan.nodes,
                         node_rank=rank,
@@ -147,11 +144,11 @@ class TrainingStack(pulumi.ComponentResource):
             # A persistent spot request outlives its instance: cancel it before destroying
             # the stack, or EC2 launches a replacement outside Pulumi (docs/stack.md).
             self.outputs["cancel_spot_requests"] = pulumi.Output.all(
-                *compute.spot_request_ids
+                region.region, *compute.spot_request_ids
             ).apply(
-                lambda ids: (
-                    "aws ec2 cancel-spot-instance-requests --spot-instance-request-ids "
-                    + " ".join(ids)
+                lambda values: (
+                    f"aws ec2 cancel-spot-instance-requests --region {values[0]} "
+                    f"--spot-instance-request-ids {' '.join(values[1:])}"
                 )
             )
         self.register_outputs(self.outputs)

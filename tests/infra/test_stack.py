@@ -201,6 +201,12 @@ def test_outputs_name_instances_sessions_image_bucket_and_cost(case):
     assert outputs["on_demand_usd_per_hour"] == pytest.approx(plan.on_demand_usd_per_hour)
     assert ("spot_usd_per_hour" in outputs) == spot
     assert ("cancel_spot_requests" in outputs) == spot
+    if spot:
+        requests = [node.state["spotInstanceRequestId"] for node in nodes]
+        assert outputs["cancel_spot_requests"] == (
+            "aws ec2 cancel-spot-instance-requests --region us-east-1 "
+            f"--spot-instance-request-ids {' '.join(requests)}"
+        )
 
 
 def _as_list(value: str | list[str]) -> list[str]:
