@@ -22,6 +22,7 @@ readonly ENV_FILE="@@env_file@@"
 readonly TRAIN_CONFIG_FILE="@@train_config_file@@"
 readonly DONE_MARKER="@@done_marker@@"
 readonly CONTAINER=gpu-training
+readonly PULL_RETRY_SECONDS=60
 
 log() { echo "gpu-stack: $*"; }
 
@@ -50,9 +51,14 @@ if [ -n "$DATA_S3_URI" ]; then
   aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors
 fi
 
-aws ecr get-login-password --region "$REGION" |
-  docker login --username AWS --password-stdin "$REGISTRY"
-docker pull --quiet "$IMAGE_URI"
+# The stack creates the repository, so on a new stack the image is pushed after the
+# nodes boot: wait for it. (A node that waits too long is stopped by the idle alarm.)
+until aws ecr get-login-password --region "$REGION" |
+  docker login --username AWS --password-stdin "$REGISTRY" &&
+  docker pull --quiet "$IMAGE_URI"; do
+  log "waiting for $IMAGE_URI to be pushed to the stack's repository; retrying in ${PULL_RETRY_SECONDS}s"
+  sleep "$PULL_RETRY_SECONDS"
+done
 docker rm --force "$CONTAINER" >/dev/null 2>&1 || true
 
 docker_args=(

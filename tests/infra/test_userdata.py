@@ -156,17 +156,24 @@ if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
 """
 FAKE_DOCKER = """#!/bin/bash
 printf '%s\\n' "$@" > "$CALLS/docker-$1"
-cat > /dev/null
+echo "$1" >> "$CALLS/docker"
+if [ "$1" = login ]; then cat > /dev/null; fi
+if [ "$1" = pull ] && [ "$(grep -c pull "$CALLS/docker")" -le "$FAKE_PULL_FAILURES" ]; then
+  exit 1
+fi
 if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
 """
 
 
-def run_training_script(tmp_path: Path, boot: NodeBoot, *, driver: str, exit_code: int = 0):
+def run_training_script(
+    tmp_path: Path, boot: NodeBoot, *, driver: str, exit_code: int = 0, pull_failures: int = 0
+):
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
     script = render_files(boot)[f"{userdata.BIN_DIR}/run-training.sh"]
     for directory in (userdata.STATE_DIR, userdata.SCRATCH_DIR, userdata.ETC_DIR):
         script = script.replace(directory, f"{root}{directory}")
+    script = script.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
     path = tmp_path / "run-training.sh"
     path.write_text(script)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -180,6 +187,7 @@ def run_training_script(tmp_path: Path, boot: NodeBoot, *, driver: str, exit_cod
         "CALLS": str(calls),
         "FAKE_DRIVER": driver,
         "FAKE_EXIT": str(exit_code),
+        "FAKE_PULL_FAILURES": str(pull_failures),
     }
     result = subprocess.run(
         ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
@@ -249,6 +257,15 @@ def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
     assert "--device=/dev/infiniband" not in args
     assert "--gpus" in args and "--ipc=host" in args
     assert not (calls / "aws").read_text().count("s3 sync")
+
+
+def test_an_image_not_pushed_yet_is_waited_for(tmp_path):
+    result, calls, _ = run_training_script(tmp_path, node(), driver="595.91.07", pull_failures=3)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(f"waiting for {IMAGE} to be pushed") == 3
+    steps = (calls / "docker").read_text().split()
+    assert steps.count("login") == 4  # a fresh login each try: ECR tokens expire
+    assert steps[-3:] == ["pull", "rm", "run"]
 
 
 def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
