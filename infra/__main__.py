@@ -2,6 +2,10 @@
 
 import sys
 
-from infra.cli import main
+from infra.cli import COMMANDS, main
+from infra.offline import with_resources
+
+# `plan --resources`: run the real Pulumi program offline and list what it creates.
+COMMANDS["plan"] = with_resources(*COMMANDS["plan"])
 
 sys.exit(main())
