@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -23,6 +22,7 @@ from tests.infra.stack_runs import (
     nodes_in_rank_order,
     run_stack,
 )
+from tests.tools import require_tool
 
 PROFILES = tuple(load_profiles().profiles)
 CASES = [
@@ -240,11 +240,9 @@ def test_instance_store_count_reaches_the_scratch_script():
     )
 
 
-@pytest.mark.skipif(
-    not (shutil.which("cloud-init") and shutil.which("shellcheck")),
-    reason="needs cloud-init and shellcheck (Debian packages)",
-)
 def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
+    cloud_init = require_tool("cloud-init", "cloud-init")
+    shellcheck = require_tool("shellcheck", "shellcheck")
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
     run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
@@ -252,7 +250,7 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
         user_data = tmp_path / f"{node.name}.yaml"
         user_data.write_text(node.inputs["userData"])
         schema = subprocess.run(
-            ["cloud-init", "schema", "--config-file", str(user_data)],
+            [cloud_init, "schema", "--config-file", str(user_data)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -265,7 +263,7 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
                 scripts[-1].write_text(content)
         assert len(scripts) == 3
         lint = subprocess.run(
-            ["shellcheck", *map(str, scripts)], capture_output=True, text=True, timeout=60
+            [shellcheck, *map(str, scripts)], capture_output=True, text=True, timeout=60
         )
         assert lint.returncode == 0, lint.stdout
 

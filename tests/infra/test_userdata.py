@@ -6,7 +6,6 @@ on PATH that record how they were called.
 
 from __future__ import annotations
 
-import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -16,9 +15,8 @@ import yaml
 
 from infra import userdata
 from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
+from tests.tools import require_tool
 
-CLOUD_INIT = shutil.which("cloud-init")
-SHELLCHECK = shutil.which("shellcheck")
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
 
 
@@ -54,13 +52,13 @@ SHAPES = {
 }
 
 
-@pytest.mark.skipif(CLOUD_INIT is None, reason="cloud-init (Debian package) not installed")
 @pytest.mark.parametrize("shape", SHAPES)
 def test_user_data_is_valid_cloud_config(shape, tmp_path):
+    cloud_init = require_tool("cloud-init", "cloud-init")
     path = tmp_path / "user-data"
     path.write_text(render_user_data(SHAPES[shape]))
     result = subprocess.run(
-        [CLOUD_INIT, "schema", "--config-file", str(path)],
+        [cloud_init, "schema", "--config-file", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -69,26 +67,26 @@ def test_user_data_is_valid_cloud_config(shape, tmp_path):
     assert "Valid cloud-config" in result.stdout
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed")
 @pytest.mark.parametrize("shape", SHAPES)
 def test_rendered_scripts_pass_shellcheck(shape, tmp_path):
+    shellcheck = require_tool("shellcheck", "shellcheck")
     scripts = {p: c for p, c in render_files(SHAPES[shape]).items() if p.endswith(".sh")}
     assert len(scripts) == 3
     for path, content in scripts.items():
         script = tmp_path / Path(path).name
         script.write_text(content)
         result = subprocess.run(
-            [SHELLCHECK, str(script)], capture_output=True, text=True, timeout=60
+            [shellcheck, str(script)], capture_output=True, text=True, timeout=60
         )
         assert result.returncode == 0, f"{path}:\n{result.stdout}"
 
 
-@pytest.mark.skipif(SHELLCHECK is None, reason="shellcheck not installed")
 def test_templates_themselves_pass_shellcheck():
+    shellcheck = require_tool("shellcheck", "shellcheck")
     templates = sorted(userdata.TEMPLATES.glob("*.sh"))
     assert templates
     result = subprocess.run(
-        [SHELLCHECK, *map(str, templates)], capture_output=True, text=True, timeout=60
+        [shellcheck, *map(str, templates)], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 0, result.stdout
 
