@@ -21,17 +21,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.errors import ConfigError
 from infra.resolver import Plan
-
-# Root device name per AMI operating system: a block device mapping under another
-# name would add a second volume instead of resizing the root one.
-ROOT_DEVICE_BY_OS = {"Ubuntu": "/dev/sda1", "Amazon Linux": "/dev/xvda"}
-
-# Families whose secondary EFA interfaces AWS documents as EFA-only (no IP address
-# each): "EFA configuration for P5 instances", docs.aws.amazon.com/AWSEC2/latest/
-# UserGuide/efa-acc-inst-types.html. Others get EFA-with-ENA on every card.
-EFA_ONLY_SECONDARY_FAMILIES = ("p5", "p5e", "p5en")
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
 ROOT_VOLUME_THROUGHPUT_MIBPS = 500
@@ -51,28 +41,16 @@ def interface_layout(plan: Plan) -> list[Interface]:
     Single node, or a type without EFA: one ENA interface. Multi-node on an EFA
     type: one EFA interface per network card up to the catalog's EFA count; the
     primary (card 0, device 0) is "efa" (an EFA-only interface cannot be primary),
-    the others sit at device index 1.
+    the others sit at device index 1, of the catalog's `efa_secondary_interface` kind.
     """
     efa_count = plan.instance.efa_interfaces
     if plan.nodes == 1 or efa_count == 0:
         return [Interface(network_card_index=0, device_index=0, interface_type=None)]
-    family = plan.instance.type.split(".", 1)[0]
-    secondary = "efa-only" if family in EFA_ONLY_SECONDARY_FAMILIES else "efa"
+    secondary = plan.instance.efa_secondary_interface
     return [Interface(network_card_index=0, device_index=0, interface_type="efa")] + [
         Interface(network_card_index=card, device_index=1, interface_type=secondary)
         for card in range(1, efa_count)
     ]
-
-
-def root_device_name(plan: Plan) -> str:
-    for prefix, device in ROOT_DEVICE_BY_OS.items():
-        if plan.ami.os.startswith(prefix):
-            return device
-    raise ConfigError(
-        f"AMI family {plan.ami.name!r} runs {plan.ami.os!r}, whose root device name the "
-        f"stack does not know; add it to ROOT_DEVICE_BY_OS in infra/compute.py "
-        f"(known: {', '.join(ROOT_DEVICE_BY_OS)})"
-    )
 
 
 class Compute(pulumi.ComponentResource):
@@ -123,7 +101,8 @@ class Compute(pulumi.ComponentResource):
             },
             block_device_mappings=[
                 {
-                    "device_name": root_device_name(plan),
+                    # The AMI's own root device: under another name this would add a volume.
+                    "device_name": plan.ami.root_device_name,
                     "ebs": {
                         "volume_size": root_volume_gib,
                         "volume_type": "gp3",

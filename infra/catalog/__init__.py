@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
@@ -27,6 +28,7 @@ from images.matrix import check_capability
 from infra.errors import ConfigError
 
 CATALOG_DIR = Path(__file__).parent
+_ROOT_DEVICE_NAME = re.compile(r"/dev/(sd[a-z][0-9]*|xvd[a-z])")
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -58,6 +60,9 @@ class Instance:
     spot_estimated: StrictBool  # no observed spot price: 30% of on-demand
     prices_checked: datetime.date
     sources: InstanceSources
+    # The kind of EFA interface on network cards 1..n in a multi-node layout; the primary
+    # (card 0) is always "efa", since an EFA-only interface carries no IP traffic.
+    efa_secondary_interface: Literal["efa", "efa-only"] = "efa"
 
     @field_validator("compute_capability")
     @classmethod
@@ -75,6 +80,7 @@ class AmiSources:
     driver_version: str
     compute_capabilities: str
     end_of_life: str
+    root_device_name: str
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -85,6 +91,9 @@ class AmiFamily:
     description: str
     ssm_parameter: str
     os: str
+    # The AMI's RootDeviceName: a block device mapping under another name would add a
+    # second volume instead of resizing the root one.
+    root_device_name: str
     driver_kind: Literal["open", "proprietary"]
     driver_branch: str
     driver_version: str
@@ -100,6 +109,13 @@ class AmiFamily:
     def _public_parameter(cls, value: str) -> str:
         if not value.startswith("/aws/service/") or " " in value:
             raise ValueError("must be a public SSM parameter path starting with /aws/service/")
+        return value
+
+    @field_validator("root_device_name")
+    @classmethod
+    def _device_name(cls, value: str) -> str:
+        if not _ROOT_DEVICE_NAME.fullmatch(value):
+            raise ValueError("must be an EC2 root device name such as /dev/xvda or /dev/sda1")
         return value
 
     @field_validator("compute_capabilities")
@@ -172,6 +188,12 @@ def _load_instances(path: Path) -> dict[str, Instance]:
             raise ConfigError(
                 f"{where}, field 'efa_interfaces': {entry.efa_interfaces} is more than "
                 f"network_cards {entry.network_cards} (one EFA interface per network card)"
+            )
+        if entry.efa_secondary_interface == "efa-only" and entry.efa_interfaces < 2:
+            raise ConfigError(
+                f"{where}, field 'efa_secondary_interface': 'efa-only' needs at least 2 EFA "
+                f"interfaces (the primary is always 'efa'), efa_interfaces is "
+                f"{entry.efa_interfaces}; use 'efa' or leave it out"
             )
         instances[name] = entry
     if not instances:

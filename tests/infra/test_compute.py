@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-import pytest
-
-from infra.compute import interface_layout, root_device_name
-from infra.errors import ConfigError
+from infra.catalog import load_catalog
+from infra.compute import interface_layout
 from infra.resolver import resolve
 from tests.infra.stack_runs import (
     INSTANCE,
@@ -49,15 +45,20 @@ def test_multi_node_without_efa_keeps_one_plain_interface():
     assert kinds(resolve("p3.2xlarge", nodes=2)) == [(0, 0, None)]
 
 
-def test_root_device_follows_the_ami_os():
-    al2023 = resolve("p4d.24xlarge")
-    assert al2023.ami.os.startswith("Amazon Linux")
-    assert root_device_name(al2023) == "/dev/xvda"
-    ubuntu = dataclasses.replace(al2023, ami=dataclasses.replace(al2023.ami, os="Ubuntu 22.04"))
-    assert root_device_name(ubuntu) == "/dev/sda1"
-    unknown = dataclasses.replace(al2023, ami=dataclasses.replace(al2023.ami, os="Rocky Linux 9"))
-    with pytest.raises(ConfigError, match="Rocky Linux 9"):
-        root_device_name(unknown)
+def test_only_families_documented_efa_only_get_efa_only_secondaries():
+    for instance in load_catalog().instances.values():
+        if instance.efa_interfaces < 2:
+            continue
+        layout = kinds(resolve(instance.type, nodes=2))
+        expected = "efa-only" if instance.type.startswith("p5") else "efa"
+        assert {kind for _, _, kind in layout[1:]} == {expected}, instance.type
+
+
+def test_root_volume_is_mapped_on_the_amis_root_device():
+    # Both profiles boot Amazon Linux (2023 and 2), whose AMIs name the root /dev/xvda.
+    for profile in ("a100x8", "v100x1"):
+        (root,) = run_stack(profile=profile).one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+        assert root["deviceName"] == "/dev/xvda"
 
 
 def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
