@@ -133,14 +133,18 @@ class TrainingStack(pulumi.ComponentResource):
             "checkpoint_bucket": storage.bucket_name,
             "checkpoint_uri": storage.checkpoint_uri,
             "log_group": storage.log_group_name,
-            "on_demand_usd_per_hour": plan.on_demand_usd_per_hour,
+            # What the stack costs (infra.guardrails_cost): $/h of all nodes in each market and
+            # in the one it uses, the budget per month, and the hours of full load it buys.
+            "on_demand_usd_per_hour": guardrails.costs["on_demand_usd_per_hour"],
+            "spot_usd_per_hour": guardrails.costs["spot_usd_per_hour"],
             "hourly_cost_usd": guardrails.costs["hourly_usd"],
+            "monthly_budget_usd": guardrails.costs["monthly_budget_usd"],
+            "runway_hours": guardrails.costs["runway_hours"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
             "warnings": list(plan.warnings),
         }
         if config.spot:
-            self.outputs["spot_usd_per_hour"] = plan.spot_usd_per_hour
             # A persistent spot request outlives its instance: cancel it before destroying
             # the stack, or EC2 launches a replacement outside Pulumi (docs/stack.md).
             self.outputs["cancel_spot_requests"] = pulumi.Output.all(

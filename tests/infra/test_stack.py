@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from infra.catalog import load_catalog
 from infra.profiles import load_profiles, resolve_profile
 from infra.resolver import resolve
 from infra.userdata import MASTER_PORT
 from policy import rules
 from tests.infra.stack_runs import (
+    BASE_CONFIG,
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
     SECURITY_GROUP,
@@ -186,8 +188,8 @@ def test_every_aws_resource_uses_the_tagged_provider(case):
         assert resource.provider.endswith(f"::{provider.name}::{provider.id}"), resource.type
 
 
-def test_outputs_name_instances_sessions_image_bucket_and_cost(case):
-    plan, spot, run = case
+def test_outputs_name_instances_sessions_image_and_bucket(case):
+    _, spot, run = case
     outputs = run.outputs
     nodes = nodes_in_rank_order(run)
     assert outputs["instance_ids"] == [node.id for node in nodes]
@@ -196,10 +198,6 @@ def test_outputs_name_instances_sessions_image_bucket_and_cost(case):
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
     assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
-    expected = plan.spot_usd_per_hour if spot else plan.on_demand_usd_per_hour
-    assert outputs["hourly_cost_usd"] == pytest.approx(expected, abs=0.01)
-    assert outputs["on_demand_usd_per_hour"] == pytest.approx(plan.on_demand_usd_per_hour)
-    assert ("spot_usd_per_hour" in outputs) == spot
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
         requests = [node.state["spotInstanceRequestId"] for node in nodes]
@@ -207,6 +205,29 @@ def test_outputs_name_instances_sessions_image_bucket_and_cost(case):
             "aws ec2 cancel-spot-instance-requests --region us-east-1 "
             f"--spot-instance-request-ids {' '.join(requests)}"
         )
+
+
+def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
+    plan, spot, run = case
+    outputs = run.outputs
+    instance = load_catalog().instance(plan.instance.type)
+    on_demand = instance.on_demand_usd_per_hour * plan.nodes
+    spot_price = instance.spot_usd_per_hour * plan.nodes
+    hourly = spot_price if spot else on_demand
+    budget = BASE_CONFIG["budgetUsd"]  # monthly, the default period
+    assert outputs["on_demand_usd_per_hour"] == pytest.approx(on_demand, abs=0.005)
+    assert outputs["spot_usd_per_hour"] == pytest.approx(spot_price, abs=0.005)
+    assert outputs["hourly_cost_usd"] == pytest.approx(hourly, abs=0.005)
+    assert outputs["monthly_budget_usd"] == budget
+    assert outputs["runway_hours"] == pytest.approx(budget / hourly, abs=0.05)
+
+
+def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
+    outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
+    spot_price = load_catalog().instance("p3.2xlarge").spot_usd_per_hour
+    assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
+    # The runway is what one period's budget buys: hours a day here.
+    assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
 
 
 def _as_list(value: str | list[str]) -> list[str]:
