@@ -14,9 +14,11 @@ from pathlib import Path
 from images.matrix import MatrixError, load_matrix
 from infra.catalog import load_catalog
 from infra.errors import ConfigError
-from infra.plan_report import format_plan
+from infra.guardrails_cost import cost_summary
+from infra.plan_report import format_costs, format_plan
 from infra.profiles import load_profiles, resolve_profile
-from infra.resolver import AUTO, resolve
+from infra.resolver import AUTO, Plan, resolve
+from infra.stack_file import load_stack_file, stack_file_path
 
 EXIT_BAD_INPUT = 2
 
@@ -59,7 +61,35 @@ def _run_plan(args: argparse.Namespace) -> str:
         raise ConfigError("--variant and --nodes go with --instance; a profile sets its own")
     name = args.profile or profiles.default
     plan = resolve_profile(name, profiles=profiles, catalog=catalog, matrix=matrix)
-    return format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
+    report = format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
+    costs = _stack_file_costs(name, plan)
+    return report if costs is None else f"{report}\n{costs}"
+
+
+def _stack_file_costs(profile: str, plan: Plan) -> str | None:
+    """The cost summary with the budget and market of the profile's Pulumi.<profile>.yaml.
+
+    None without that file; a note when the file runs another plan (gpu:instanceType,
+    gpu:nodes, ...): `--resources` prices that one.
+    """
+    path = stack_file_path(profile)
+    if not path.is_file():
+        return None
+    stack = load_stack_file(path)
+    stack_plan = stack.resolve_plan()
+    # Compared by what runs, not by prices: with --catalog the plan may carry other prices.
+    if _runs(stack_plan) != _runs(plan):
+        return (
+            f"stack file     {path.name} runs {stack_plan.nodes} x {stack_plan.instance.type} "
+            f"({stack_plan.variant.name}): `python -m infra plan {profile} --resources` "
+            "prices that stack"
+        )
+    summary = cost_summary(plan, stack.guardrails, spot=stack.spot)
+    return f"stack file     {path.name}\n{format_costs(summary)}"
+
+
+def _runs(plan: Plan) -> tuple[str, int, str]:
+    return plan.instance.type, plan.nodes, plan.variant.name
 
 
 COMMANDS: dict[

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import logging
 import runpy
 from collections.abc import Callable, Mapping
@@ -27,8 +26,18 @@ import pulumi
 import yaml
 
 from infra.errors import ConfigError
+from infra.guardrails_cost import cost_summary
+from infra.plan_report import format_costs, format_plan
+from infra.profiles import load_profiles, resolve_profile
+from infra.stack_config import StackConfig
+from infra.stack_file import (
+    REPO_ROOT,
+    config_text,
+    load_stack_file,
+    stack_file_config,
+    stack_file_path,
+)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 PROGRAM = REPO_ROOT / "__main__.py"
 PROJECT = "gpu-training-stack"
 PLACEHOLDER_ACCOUNT = "123456789012"
@@ -179,7 +188,7 @@ def run_program(
     region = aws_region or (mocks.region if mocks else PLACEHOLDER_REGION)
     mocks = mocks if mocks is not None else RecordingMocks(region=region)
     settings = {"aws:region": region}
-    settings.update({(k if ":" in k else f"gpu:{k}"): _config_text(v) for k, v in config.items()})
+    settings.update({(k if ":" in k else f"gpu:{k}"): config_text(v) for k, v in config.items()})
     pulumi.runtime.set_all_config(settings)
     pulumi.runtime.reset_options(project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_mocks(
@@ -197,30 +206,11 @@ def run_program(
     return ProgramRun(resources=list(mocks.resources), outputs=outputs)
 
 
-# The program's warnings reach the run's outputs (and describe_run); keep the
-# mock engine's own log quiet instead of printing them a second time.
+# The program's warnings reach the run's outputs (and the plan `--resources` prints);
+# keep the mock engine's own log quiet instead of printing them a second time.
 _QUIET_ENGINE = logging.getLogger("infra.offline.engine")
 _QUIET_ENGINE.addHandler(logging.NullHandler())
 _QUIET_ENGINE.propagate = False
-
-
-def _config_text(value: Any) -> str:
-    """Config as the Pulumi CLI hands it over: strings, structured values as JSON."""
-    if isinstance(value, str):
-        return value
-    return json.dumps(value)
-
-
-def stack_file_config(path: Path) -> dict[str, Any]:
-    """The `config:` map of a Pulumi.<stack>.yaml file."""
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read stack file {path}: {exc}") from None
-    config = document.get("config") or {}
-    if not isinstance(config, dict):
-        raise ConfigError(f"{path}: 'config' must be a mapping of keys to values")
-    return config
 
 
 def run_stack_file(path: Path) -> ProgramRun:
@@ -316,7 +306,7 @@ def _user_data_env(user_data: str) -> dict[str, str]:
 
 
 def describe_run(run: ProgramRun) -> str:
-    """The resources the program would create, key properties, outputs and hourly cost."""
+    """The resources the program would create, with their key properties, and its image."""
     lines = [f"{len(run.resources)} resources (offline run of __main__.py under mocks):"]
     width = max(len(short_type(r.type)) for r in run.resources)
     for resource in run.resources:
@@ -325,21 +315,23 @@ def describe_run(run: ProgramRun) -> str:
             f"  {short_type(resource.type):<{width}}  {resource.name}"
             + (f"  {details}" if details else "")
         )
-    outputs = run.outputs
-    lines.append("")
-    lines.append(
-        f"{outputs['nodes']} x {outputs['instance_type']} ({outputs['market']}): "
-        f"${outputs['hourly_cost_usd']:.2f}/h for the stack"
-        + (
-            f" (on-demand would be ${outputs['on_demand_usd_per_hour']:.2f}/h)"
-            if outputs["market"] == "spot"
-            else ""
-        )
-    )
-    lines.append(f"image: {outputs['image_uri']}")
-    lines += [f"warning: {warning}" for warning in outputs["warnings"]]
+    lines.append(f"image: {run.outputs['image_uri']}")
     lines.append("IDs, addresses and names above are offline placeholders.")
     return "\n".join(lines)
+
+
+def describe_stack(stack: StackConfig) -> str:
+    """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
+    plan = stack.resolve_plan()
+    profiles = load_profiles()
+    # The profile's description and rationale hold only if the config keeps its plan.
+    profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
+    return "\n".join(
+        [
+            format_plan(plan, profile=profile, rate=profiles.exchange_rate),
+            format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
+        ]
+    )
 
 
 Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]
@@ -350,7 +342,8 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
 
     `python -m infra plan NAME --resources` runs the program with the config of
     the stack file Pulumi.NAME.yaml (NAME defaults to the default profile);
-    `--stack-file PATH` names another one.
+    `--stack-file PATH` names another one. It prints that config's plan and costs
+    (`describe_stack`), then the resources (`describe_run`).
     """
 
     def add(parser: argparse.ArgumentParser) -> None:
@@ -375,22 +368,27 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
                 "--resources runs a stack file: set gpu:instanceType, gpu:imageVariant or "
                 "gpu:nodes there instead of --instance, --variant or --nodes"
             )
-        path = args.stack_file or REPO_ROOT / f"Pulumi.{args.profile or _default_stack()}.yaml"
+        path = args.stack_file or stack_file_path(args.profile or _default_stack())
         if not path.is_file():
             raise ConfigError(
                 f"no stack file {path}: give a profile with a Pulumi.<profile>.yaml "
                 "(a100x8, a100x8-80g, a100x2, v100x1) or --stack-file PATH"
             )
         try:
-            run_result = run_stack_file(path)
+            run_result = run_stack_file(path)  # checks every key and value first
         except pulumi.RunError as exc:
             raise ConfigError(f"{path.name}: {exc}") from None
-        return f"stack file {path.name}\n" + describe_run(run_result)
+        return "\n".join(
+            [
+                f"stack file     {path.name}",
+                describe_stack(load_stack_file(path)),
+                "",
+                describe_run(run_result),
+            ]
+        )
 
     return add, run_command
 
 
 def _default_stack() -> str:
-    from infra.profiles import load_profiles
-
     return load_profiles().default

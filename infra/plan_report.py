@@ -1,6 +1,9 @@
-"""A resolved Plan as the text `python -m infra plan` prints."""
+"""A resolved Plan, and what its stack costs, as the text `python -m infra plan` prints."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 from infra.profiles import ExchangeRate, Profile
 from infra.resolver import Plan
@@ -38,4 +41,28 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
     if profile is not None:
         lines.append(f"why            {profile.mapping}")
     lines += [f"warning        {warning}" for warning in plan.warnings]
+    return "\n".join(lines)
+
+
+def format_costs(costs: Mapping[str, Any]) -> str:
+    """A cost summary (infra.guardrails_cost.cost_summary), to follow format_plan's lines
+    (which give the stack's $/h in both markets).
+    """
+    market, hours = costs["market"], costs["max_runtime_hours"]
+    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
+    budget = f"${costs['budget_usd']:,.2f} {period}"
+    if costs["budget_period"] == "DAILY":
+        budget += f" (${costs['monthly_budget_usd']:,.2f} a month)"
+    lines = [
+        f"market         {market}: ${costs['hourly_usd']:.2f}/h for the stack",
+        f"budget         {budget}",
+        f"runway         {costs['runway_hours']:.1f} h {period} at full load {market} "
+        f"(on-demand {costs['runway_hours_on_demand']:.1f} h, "
+        f"spot {costs['runway_hours_spot']:.1f} h)",
+    ]
+    if hours is not None:
+        lines.append(
+            f"longest run    ${costs['max_run_usd']:,.2f} {market}: gpu:maxRuntimeHours "
+            f"stops each node after {hours:g} h"
+        )
     return "\n".join(lines)

@@ -5,8 +5,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from images.matrix import MATRIX_PATH
+from infra import cli
+from infra.catalog import load_catalog
 from tests.infra.helpers import modified_catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,6 +37,46 @@ def test_default_profile_prints_the_plan():
     assert "$32.77/h" in out and "$9.90/h" in out  # on-demand and spot
     assert "0.1.0-torch2.13.0-cu130-py3.11" in out and "595.91.07" in out
     assert "upper bound" in out
+
+
+def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
+    result = run_cli("plan", "a100x8")
+    assert result.returncode == 0, result.stderr
+    config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
+    budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
+    p4d = load_catalog().instance("p4d.24xlarge")
+    assert on_demand
+    lines = result.stdout.splitlines()
+    assert "stack file     Pulumi.a100x8.yaml" in lines
+    assert f"market         on-demand: ${p4d.on_demand_usd_per_hour:.2f}/h for the stack" in lines
+    assert f"budget         ${budget:,.2f} a month" in lines
+    assert (
+        f"runway         {budget / p4d.on_demand_usd_per_hour:.1f} h a month at full load "
+        f"on-demand (on-demand {budget / p4d.on_demand_usd_per_hour:.1f} h, "
+        f"spot {budget / p4d.spot_usd_per_hour:.1f} h)"
+    ) in lines
+
+
+def test_stack_file_that_changes_the_profiles_plan_is_not_priced_as_the_profile(
+    tmp_path, monkeypatch, capsys
+):
+    (tmp_path / "Pulumi.a100x8.yaml").write_text(
+        "config:\n  gpu:profile: a100x8\n  gpu:nodes: 2\n  gpu:budgetUsd: 5000\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setattr(cli, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
+    assert cli.main(["plan", "a100x8"]) == 0
+    out = capsys.readouterr().out
+    assert "Pulumi.a100x8.yaml runs 2 x p4d.24xlarge (cu130)" in out
+    assert "--resources` prices that stack" in out
+    assert "runway" not in out
+
+
+def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
+    assert cli.main(["plan", "a100x8"]) == 0
+    out = capsys.readouterr().out
+    assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
 
 
 def test_v100_profile_shows_eol_and_seed_range():
