@@ -1,0 +1,299 @@
+"""The image variant matrix: images/matrix.toml loaded into checked, frozen records.
+
+Every consumer (the image build, CI, the infra resolver, the container's
+start-up check) reads variants from here, never from its own copy of the facts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from pydantic import field_validator
+from pydantic.dataclasses import dataclass
+
+from images.datafile import (
+    RECORD_CONFIG,
+    build_record,
+    check_keys,
+    dotted_version,
+    read_toml,
+    version_key,
+)
+
+MATRIX_PATH = Path(__file__).with_name("matrix.toml")
+
+# CUDA 13.0 removed Maxwell, Pascal and Volta (sm_50-sm_72): Turing (7.5) is its oldest arch.
+CUDA13_OLDEST_ARCH = "7.5"
+
+_NAME = re.compile(r"^[a-z0-9]+$")
+_NVIDIA_CUDA_IMAGE = re.compile(r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+$")
+
+
+class MatrixError(ValueError):
+    """A matrix file that is malformed or contradicts itself (one line)."""
+
+
+def arch_key(capability: str) -> tuple[int, int]:
+    """Split a compute capability for comparison: 8.6 -> (8, 6)."""
+    major, _, minor = capability.partition(".")
+    return int(major), int(minor)
+
+
+def check_capability(value: str) -> str:
+    """A compute capability written "X.Y" (8.0, not sm_80 or 8)."""
+    if not re.fullmatch(r"\d+\.\d", value):
+        raise ValueError(f"compute capability {value!r} is not written X.Y (e.g. 8.0 for sm_80)")
+    return value
+
+
+def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
+    return tuple(sorted(map(check_capability, values), key=arch_key))
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class TorchWheels:
+    """What one torch release ships in one wheel variant (cu126, cu130, cpu...)."""
+
+    source: str
+    compute_capabilities: tuple[str, ...] = ()
+    cudnn: str | None = None
+    nccl: str | None = None
+
+    _check_capabilities = field_validator("compute_capabilities")(_capabilities)
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class Variant:
+    """One image variant: what the image carries and which GPUs and drivers it needs."""
+
+    name: str
+    base_build: str
+    base_runtime: str
+    python: str
+    torch: str
+    torch_index: str
+    deepspeed: str
+    cuda: str | None = None
+    cudnn: str | None = None
+    nccl: str | None = None
+    compute_capabilities: tuple[str, ...] = ()
+    min_driver: str | None = None
+    compat_driver_floor: str | None = None
+    sources: dict[str, str] = field(default_factory=dict, hash=False)
+
+    _check_capabilities = field_validator("compute_capabilities")(_capabilities)
+    _check_versions = field_validator(
+        "cuda", "python", "torch", "deepspeed", "cudnn", "nccl", "min_driver", "compat_driver_floor"
+    )(dotted_version)
+
+    @field_validator("name")
+    @classmethod
+    def _lowercase_name(cls, value: str) -> str:
+        if not _NAME.match(value):
+            raise ValueError("must be lowercase letters and digits (it is part of the image tag)")
+        return value
+
+    @property
+    def wheel_variant(self) -> str:
+        """The torch wheel variant this image installs: the last part of torch_index."""
+        return self.torch_index.rstrip("/").rsplit("/", 1)[-1]
+
+    def tag(self, release: str) -> str:
+        """The image tag: <release>-torch<torch>-<name>-py<python>."""
+        return f"{release}-torch{self.torch}-{self.name}-py{self.python}"
+
+    def runs_on(self, capability: str) -> bool:
+        """True when the torch wheels have kernels a GPU of `capability` can run.
+
+        A GPU runs cubins built for its own major architecture and a lower or
+        equal minor one (sm_89 L40S runs sm_86 code; sm_90 cannot run sm_86).
+        PTX just-in-time compilation is not counted: it is slow to start and
+        fails on drivers older than the compiler.
+        """
+        major, minor = arch_key(capability)
+        return any(
+            built_major == major and built_minor <= minor
+            for built_major, built_minor in map(arch_key, self.compute_capabilities)
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Matrix:
+    """All variants (oldest CUDA first, cpu first of all) and the image release."""
+
+    release: str
+    variants: tuple[Variant, ...]
+    torch_wheels: dict[str, dict[str, TorchWheels]] = field(hash=False)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.variants)
+
+    def variant(self, name: str) -> Variant:
+        for candidate in self.variants:
+            if candidate.name == name:
+                return candidate
+        raise MatrixError(f"unknown image variant {name!r} (known: {', '.join(self.names)})")
+
+
+def load_matrix(path: Path | str | None = None) -> Matrix:
+    """Load and check images/matrix.toml (or `path`); raise MatrixError in one line."""
+    path = Path(path) if path is not None else MATRIX_PATH
+    raw = read_toml(path, MatrixError)
+    where = path.name
+    check_keys(raw, {"release", "variant", "torch_wheels"}, where=where, error=MatrixError)
+    release = raw.get("release")
+    if not isinstance(release, str) or not release:
+        raise MatrixError(f"{where}: key 'release' must be a version string, got {release!r}")
+
+    wheels = _load_torch_wheels(raw.get("torch_wheels", {}), where)
+    variants: list[Variant] = []
+    for index, table in enumerate(raw.get("variant", [])):
+        label = table.get("name", f"#{index + 1}") if isinstance(table, dict) else f"#{index + 1}"
+        variant = build_record(
+            Variant, table, where=f"{where}: variant '{label}'", error=MatrixError
+        )
+        _check_variant(variant, wheels, f"{where}: variant '{variant.name}'")
+        variants.append(variant)
+    if not variants:
+        raise MatrixError(f"{where}: no [[variant]] tables")
+    _check_unique(variants, where)
+    variants.sort(key=lambda v: version_key(v.cuda) if v.cuda else ())
+    return Matrix(release=release, variants=tuple(variants), torch_wheels=wheels)
+
+
+def _load_torch_wheels(raw: Any, where: str) -> dict[str, dict[str, TorchWheels]]:
+    if not isinstance(raw, dict):
+        raise MatrixError(f"{where}: 'torch_wheels' must be a table of torch releases")
+    releases: dict[str, dict[str, TorchWheels]] = {}
+    for torch, per_variant in raw.items():
+        if not isinstance(per_variant, dict):
+            raise MatrixError(f"{where}: torch_wheels.{torch} must be a table of wheel variants")
+        releases[torch] = {
+            name: build_record(
+                TorchWheels,
+                table,
+                where=f"{where}: torch_wheels '{torch}' variant '{name}'",
+                error=MatrixError,
+            )
+            for name, table in per_variant.items()
+        }
+    return releases
+
+
+def _check_variant(v: Variant, wheels: dict[str, dict[str, TorchWheels]], where: str) -> None:
+    def fail(field_name: str, problem: str) -> MatrixError:
+        return MatrixError(f"{where}, field '{field_name}': {problem}")
+
+    _check_bases(v, fail)
+    _check_cuda_fields(v, fail)
+
+    release = wheels.get(v.torch)
+    if release is None:
+        known = ", ".join(wheels) or "none"
+        raise fail("torch", f"no torch_wheels facts for torch {v.torch} (known: {known})")
+    facts = release.get(v.wheel_variant)
+    if facts is None:
+        raise fail(
+            "torch_index",
+            f"torch {v.torch} ships no {v.wheel_variant!r} wheels "
+            f"(torch_wheels knows: {', '.join(release)})",
+        )
+    for name in ("cudnn", "nccl"):
+        have, want = getattr(v, name), getattr(facts, name)
+        if have != want:
+            raise fail(name, f"{have} disagrees with torch {v.torch} {v.wheel_variant} ({want})")
+
+    # Checked before the arch list so the message names the real cause.
+    if v.cuda and version_key(v.cuda) >= (13,):
+        too_old = [c for c in v.compute_capabilities if arch_key(c) < arch_key(CUDA13_OLDEST_ARCH)]
+        if too_old:
+            raise fail(
+                "compute_capabilities",
+                f"CUDA {v.cuda} cannot build for {', '.join(too_old)} "
+                "(CUDA 13 dropped Maxwell, Pascal and Volta); Volta needs a cu126 variant",
+            )
+    if v.compute_capabilities != facts.compute_capabilities:
+        raise fail(
+            "compute_capabilities",
+            f"{list(v.compute_capabilities)} differs from what torch {v.torch} "
+            f"{v.wheel_variant} wheels carry ({list(facts.compute_capabilities)})",
+        )
+    missing = [name for name in _figures(v) if name not in v.sources]
+    if missing:
+        raise fail("sources", f"no source for {', '.join(missing)}")
+    unknown = [name for name in v.sources if name not in _figures(v)]
+    if unknown:
+        raise fail("sources", f"source for a field that is not set: {', '.join(unknown)}")
+
+
+def _figures(v: Variant) -> list[str]:
+    """The fields of `v` that carry a fact (and so need a source)."""
+    skip = {"name", "sources"}
+    return [
+        name
+        for name in Variant.__dataclass_fields__
+        if name not in skip and getattr(v, name) not in (None, ())
+    ]
+
+
+def _check_bases(v: Variant, fail) -> None:
+    if v.cuda is None:
+        for name in ("base_build", "base_runtime"):
+            if getattr(v, name).startswith("nvidia/cuda"):
+                raise fail(
+                    name, "a CPU variant needs no nvidia/cuda base (use debian:bookworm-slim)"
+                )
+        return
+    if "-cudnn" in v.base_runtime:
+        raise fail(
+            "base_runtime",
+            f"{v.base_runtime} is a -cudnn- image; the torch wheels bring their own cuDNN, "
+            "use the -base or -runtime tag",
+        )
+    for name, kinds in (("base_build", ("devel",)), ("base_runtime", ("base", "runtime"))):
+        image = getattr(v, name)
+        match = _NVIDIA_CUDA_IMAGE.match(image)
+        if not match or match.group(2) not in kinds:
+            example = f"nvidia/cuda:{v.cuda}.0-{kinds[0]}-ubuntu22.04"
+            raise fail(name, f"{image} is not an nvidia/cuda -{'/-'.join(kinds)} image ({example})")
+        if match.group(1) != v.cuda:
+            raise fail(name, f"{image} carries CUDA {match.group(1)}, the variant says {v.cuda}")
+
+
+def _check_cuda_fields(v: Variant, fail) -> None:
+    gpu_only = ("cudnn", "nccl", "compute_capabilities", "min_driver", "compat_driver_floor")
+    if v.cuda is None:
+        for name in gpu_only:
+            if getattr(v, name) not in (None, ()):
+                raise fail(name, "set on a variant without 'cuda' (a CPU image has no GPU code)")
+        if v.wheel_variant != "cpu":
+            raise fail("torch_index", f"a CPU variant installs whl/cpu, not {v.wheel_variant}")
+        return
+    for name in gpu_only:
+        if getattr(v, name) in (None, ()):
+            raise fail(name, f"required for a CUDA variant (cuda = {v.cuda})")
+    expected = "cu" + v.cuda.replace(".", "")
+    if v.wheel_variant != expected:
+        raise fail("torch_index", f"{v.torch_index} does not end in /{expected} (cuda = {v.cuda})")
+    if version_key(v.compat_driver_floor) > version_key(v.min_driver):
+        raise fail(
+            "compat_driver_floor",
+            f"{v.compat_driver_floor} is above min_driver {v.min_driver}",
+        )
+
+
+def _check_unique(variants: list[Variant], where: str) -> None:
+    # The tag embeds the name, so unique names mean unique tags.
+    seen: set[str] = set()
+    for v in variants:
+        if v.name in seen:
+            raise MatrixError(
+                f"{where}: variant '{v.name}', field 'name': duplicate variant name "
+                "(its image tag would overwrite the other's)"
+            )
+        seen.add(v.name)

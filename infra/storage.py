@@ -1,0 +1,111 @@
+"""Where the stack keeps what outlives its nodes: checkpoints, images and logs.
+
+- An S3 bucket for checkpoints: private (public access blocked), encrypted,
+  versioned so an overwritten checkpoint can be recovered, with noncurrent
+  versions expiring so that versioning does not double the bill forever.
+- An ECR repository for the training image: scanned on push, immutable tags (a
+  tag names one image, so a resumed job runs the code it started with).
+- A CloudWatch Logs group for the containers' output, with a retention period.
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+CHECKPOINT_PREFIX = "checkpoints"
+NONCURRENT_VERSION_DAYS = 7
+ABORT_MULTIPART_DAYS = 2
+
+
+class Storage(pulumi.ComponentResource):
+    """Checkpoint bucket, image repository and log group."""
+
+    bucket_name: pulumi.Output[str]
+    bucket_arn: pulumi.Output[str]
+    checkpoint_uri: pulumi.Output[str]
+    repository_arn: pulumi.Output[str]
+    repository_url: pulumi.Output[str]
+    log_group_name: pulumi.Output[str]
+    log_group_arn: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        log_retention_days: int,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("gpu:infra:Storage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+
+        bucket = aws.s3.Bucket(f"{name}-checkpoints", opts=child)
+        aws.s3.BucketPublicAccessBlock(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            block_public_acls=True,
+            block_public_policy=True,
+            ignore_public_acls=True,
+            restrict_public_buckets=True,
+            opts=child,
+        )
+        aws.s3.BucketServerSideEncryptionConfiguration(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
+            opts=child,
+        )
+        versioning = aws.s3.BucketVersioning(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            versioning_configuration={"status": "Enabled"},
+            opts=child,
+        )
+        aws.s3.BucketLifecycleConfiguration(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            rules=[
+                {
+                    "id": "expire-old-checkpoint-versions",
+                    "status": "Enabled",
+                    "filter": {},
+                    "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_VERSION_DAYS},
+                    "abort_incomplete_multipart_upload": {
+                        "days_after_initiation": ABORT_MULTIPART_DAYS
+                    },
+                }
+            ],
+            # S3 wants versioning configured before a noncurrent-version rule.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
+        )
+
+        repository = aws.ecr.Repository(
+            f"{name}-images",
+            image_tag_mutability="IMMUTABLE",
+            image_scanning_configuration={"scan_on_push": True},
+            encryption_configurations=[{"encryption_type": "AES256"}],
+            opts=child,
+        )
+
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-training",
+            name=f"/gpu-training/{name}",
+            retention_in_days=log_retention_days,
+            opts=child,
+        )
+
+        self.bucket_name = bucket.bucket
+        self.bucket_arn = bucket.arn
+        self.checkpoint_uri = bucket.bucket.apply(lambda b: f"s3://{b}/{CHECKPOINT_PREFIX}")
+        self.repository_arn = repository.arn
+        self.repository_url = repository.repository_url
+        self.log_group_name = log_group.name
+        self.log_group_arn = log_group.arn
+        self.register_outputs(
+            {
+                "bucket_name": self.bucket_name,
+                "checkpoint_uri": self.checkpoint_uri,
+                "repository_url": self.repository_url,
+                "log_group_name": self.log_group_name,
+            }
+        )

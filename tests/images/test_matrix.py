@@ -1,0 +1,181 @@
+"""images/matrix.toml loads; each bad matrix fails in one line naming variant and field."""
+
+from pathlib import Path
+
+import pytest
+
+from images.matrix import MATRIX_PATH, MatrixError, load_matrix
+
+MATRIX_TEXT = MATRIX_PATH.read_text()
+
+
+def write_modified(tmp_path: Path, old: str, new: str) -> Path:
+    """A copy of the real matrix with the first `old` replaced by `new`."""
+    assert old in MATRIX_TEXT, f"test fixture out of date: {old!r} not in matrix.toml"
+    path = tmp_path / "matrix.toml"
+    path.write_text(MATRIX_TEXT.replace(old, new, 1))
+    return path
+
+
+def load_error(path: Path) -> str:
+    with pytest.raises(MatrixError) as caught:
+        load_matrix(path)
+    message = str(caught.value)
+    assert "\n" not in message
+    return message
+
+
+def test_real_matrix_loads_with_the_required_variants():
+    matrix = load_matrix()
+    assert matrix.names == ("cpu", "cu126", "cu128", "cu130")  # oldest CUDA first
+    cpu, cu126, cu128, cu130 = matrix.variants
+    assert cpu.cuda is None and cpu.torch == "2.13.0" and cpu.min_driver is None
+    assert cpu.base_runtime == cpu.base_build == "debian:bookworm-slim"
+    assert "7.0" in cu126.compute_capabilities and cu126.torch == "2.13.0"
+    assert "7.0" not in cu130.compute_capabilities and cu130.cuda == "13.0"
+    assert cu128.torch == "2.10.0" and cu128.torch_index.endswith("/cu128")
+    for variant in (cu126, cu128, cu130):
+        assert "-cudnn" not in variant.base_runtime
+        assert variant.base_runtime.split("-")[1] in ("base", "runtime")
+        assert "-devel-" in variant.base_build
+        assert variant.deepspeed == "0.19.8"
+        assert set(variant.sources) >= {"cudnn", "nccl", "min_driver", "compute_capabilities"}
+
+
+def test_tag_and_lookup():
+    matrix = load_matrix()
+    assert matrix.variant("cu126").tag("1.2.0") == "1.2.0-torch2.13.0-cu126-py3.11"
+    with pytest.raises(MatrixError, match=r"unknown image variant 'cu999'.*cu126"):
+        matrix.variant("cu999")
+
+
+@pytest.mark.parametrize(
+    ("capability", "runs"),
+    [("8.9", True), ("8.6", True), ("8.0", True), ("9.0", True), ("7.0", False), ("10.3", True)],
+)
+def test_cu130_arch_compatibility_is_same_major_lower_minor(capability, runs):
+    # cu130 carries 7.5 8.0 8.6 9.0 10.0 12.0: sm_89 runs the 8.6 cubins, sm_70 has none.
+    assert load_matrix().variant("cu130").runs_on(capability) is runs
+
+
+def test_a_newer_major_does_not_run_older_major_cubins():
+    assert load_matrix().variant("cu126").runs_on("10.0") is False  # cu126 stops at 9.0
+
+
+BAD_MATRICES = [
+    pytest.param(
+        'cudnn = "9.10.2.21"\nnccl = "2.29.7"',
+        'cudnm = "9.10.2.21"\nnccl = "2.29.7"',
+        ["variant 'cu126'", "field 'cudnm'", "unknown field"],
+        id="misspelt-key",
+    ),
+    pytest.param(
+        'torch_index = "https://download.pytorch.org/whl/cu130"',
+        'torch_indx = "https://download.pytorch.org/whl/cu130"',
+        ["variant 'cu130'", "field 'torch_indx'", "unknown field"],
+        id="misspelt-required-key",
+    ),
+    pytest.param(
+        'cudnn = "9.20.0.48"',
+        'cudnn = "9.19.0.56"',
+        ["variant 'cu130'", "field 'cudnn'", "9.19.0.56", "9.20.0.48"],
+        id="cudnn-mismatch",
+    ),
+    pytest.param(
+        'nccl = "2.27.5"',
+        'nccl = "2.28.9"',
+        ["variant 'cu128'", "field 'nccl'", "2.28.9", "2.27.5"],
+        id="nccl-mismatch",
+    ),
+    pytest.param(
+        'compute_capabilities = ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]',
+        'compute_capabilities = ["7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]',
+        ["variant 'cu130'", "field 'compute_capabilities'", "7.0", "cu126"],
+        id="cuda13-claims-volta",
+    ),
+    pytest.param(
+        'name = "cu128"',
+        'name = "cu126"',
+        ["variant 'cu126'", "field 'name'", "duplicate"],
+        id="duplicate-name",
+    ),
+    pytest.param(
+        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu22.04"',
+        'base_runtime = "nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04"',
+        ["variant 'cu126'", "field 'base_runtime'", "-cudnn-", "-base"],
+        id="cudnn-runtime-base",
+    ),
+    pytest.param(
+        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu22.04"',
+        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu22.04"',
+        ["variant 'cu128'", "field 'base_build'", "CUDA 12.6"],
+        id="base-image-cuda-mismatch",
+    ),
+    pytest.param(
+        'torch_index = "https://download.pytorch.org/whl/cu128"',
+        'torch_index = "https://download.pytorch.org/whl/cu126"',
+        ["variant 'cu128'", "field 'torch_index'", "/cu128"],
+        id="index-for-another-cuda",
+    ),
+    pytest.param(
+        'torch = "2.10.0"',
+        'torch = "2.11.0"',
+        ["variant 'cu128'", "field 'torch'", "2.11.0"],
+        id="torch-release-without-facts",
+    ),
+    pytest.param(
+        'min_driver = "570.26"',
+        'min_driver = "five-seventy"',
+        ["variant 'cu128'", "field 'min_driver'", "five-seventy"],
+        id="driver-not-a-version",
+    ),
+    pytest.param(
+        'python = "3.11"',
+        "python = 3.11",
+        ["variant 'cpu'", "field 'python'", "3.11"],
+        id="version-as-number",
+    ),
+]
+
+
+@pytest.mark.parametrize(("old", "new", "expected"), BAD_MATRICES)
+def test_bad_matrix_is_rejected_naming_variant_and_field(tmp_path, old, new, expected):
+    message = load_error(write_modified(tmp_path, old, new))
+    for part in expected:
+        assert part in message
+
+
+def test_missing_source_is_rejected(tmp_path):
+    old = 'nccl = "PyPI torch-2.10.0 metadata (cu128 build): nvidia-nccl-cu12==2.27.5"\n'
+    message = load_error(write_modified(tmp_path, old, ""))
+    assert "variant 'cu128'" in message and "field 'sources'" in message and "nccl" in message
+
+
+def test_gpu_field_on_cpu_variant_is_rejected(tmp_path):
+    old = 'torch_index = "https://download.pytorch.org/whl/cpu"'
+    message = load_error(write_modified(tmp_path, old, old + '\nnccl = "2.29.7"'))
+    assert "variant 'cpu'" in message and "field 'nccl'" in message
+
+
+def test_unknown_top_level_key_and_bad_toml(tmp_path):
+    path = write_modified(tmp_path, 'release = "0.1.0"', 'release = "0.1.0"\nrelaese = "x"')
+    assert "unknown key 'relaese'" in load_error(path)
+    path = write_modified(tmp_path, 'release = "0.1.0"', 'release = "0.1.0')
+    assert "not valid TOML" in load_error(path)
+
+
+def test_missing_file(tmp_path):
+    assert "file not found" in load_error(tmp_path / "absent.toml")
+
+
+def test_pins_agree_with_requirements_train():
+    # The trainer outside an image runs the cpu variant's stack: one set of pins.
+    repo = MATRIX_PATH.parents[1]
+    pins = dict(
+        line.split("==", 1)
+        for line in (repo / "requirements-train.txt").read_text().splitlines()
+        if "==" in line and not line.startswith("#")
+    )
+    matrix = load_matrix()
+    assert matrix.variant("cpu").torch == pins["torch"]
+    assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}

@@ -1,0 +1,358 @@
+"""Boot user data: valid cloud-config, shellcheck-clean scripts, and scripts that do their job.
+
+The boot scripts run here for real, with stand-ins for nvidia-smi, aws and docker
+on PATH that record how they were called.
+"""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra import userdata
+from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
+from tests.tools import require_tool
+
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
+
+
+def node(**overrides) -> NodeBoot:
+    values = {
+        "image_uri": IMAGE,
+        "region": "us-east-1",
+        "log_group": "/gpu-training/stack",
+        "min_driver": "580.65.06",
+        "nnodes": 2,
+        "node_rank": 1,
+        "master_addr": "10.42.0.7",
+        "checkpoint_s3_uri": "s3://stack-checkpoints/checkpoints",
+        "instance_store_drives": 8,
+        "efa": True,
+        "data_s3_uri": "s3://corpus/tokens",
+        "train_config": "[optimizer]\nlr = 3e-4\n",
+    }
+    return NodeBoot(**{**values, **overrides})
+
+
+SHAPES = {
+    "multi-node-efa-data-config": node(),
+    "single-node-plain": node(
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        efa=False,
+        data_s3_uri=None,
+        train_config=None,
+        instance_store_drives=0,
+    ),
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_user_data_is_valid_cloud_config(shape, tmp_path):
+    cloud_init = require_tool("cloud-init", "cloud-init")
+    path = tmp_path / "user-data"
+    path.write_text(render_user_data(SHAPES[shape]))
+    result = subprocess.run(
+        [cloud_init, "schema", "--config-file", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Valid cloud-config" in result.stdout
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rendered_scripts_pass_shellcheck(shape, tmp_path):
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    scripts = {p: c for p, c in render_files(SHAPES[shape]).items() if p.endswith(".sh")}
+    assert len(scripts) == 3
+    for path, content in scripts.items():
+        script = tmp_path / Path(path).name
+        script.write_text(content)
+        result = subprocess.run(
+            [shellcheck, str(script)], capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, f"{path}:\n{result.stdout}"
+
+
+def test_templates_themselves_pass_shellcheck():
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    templates = sorted(userdata.TEMPLATES.glob("*.sh"))
+    assert templates
+    result = subprocess.run(
+        [shellcheck, *map(str, templates)], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
+    document = yaml.safe_load(render_user_data(node()))
+    paths = [item["path"] for item in document["write_files"]]
+    assert "/etc/systemd/system/gpu-training.service" in paths
+    assert "/etc/gpu-stack/train.toml" in paths
+    assert ["systemctl", "enable", "--now", "--no-block", "gpu-training.service"] in document[
+        "runcmd"
+    ]
+    unit = render_files(node())["/etc/systemd/system/gpu-training.service"]
+    for line in (
+        "Restart=on-failure",
+        "RestartPreventExitStatus=2",
+        "WantedBy=multi-user.target",
+        "ExecStartPre=/opt/gpu-stack/prepare-scratch.sh",
+        "ExecStart=/opt/gpu-stack/run-training.sh",
+        "ConditionPathExists=!/var/lib/gpu-stack/job-done",
+    ):
+        assert line in unit.splitlines()
+
+
+def test_no_secret_reaches_user_data():
+    text = render_user_data(node())
+    for word in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "--password ", "PRIVATE KEY"):
+        assert word not in text
+    # The registry login reads a short-lived token from the instance role at boot.
+    assert "--password-stdin" in text
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_the_size_check_bounds_every_real_node(shape):
+    # The config check uses largest_user_data_bytes; a real node must never be bigger.
+    toml = "".join(f"key_{i} = {i}\n" for i in range(200))
+    boot = SHAPES[shape]
+    real = render_user_data(NodeBoot(**{**boot.__dict__, "train_config": toml}))
+    assert len(real.encode()) <= largest_user_data_bytes(toml)
+
+
+def test_user_data_over_16_kb_is_refused():
+    toml = "".join(f"key_{i} = {i}\n" for i in range(900))
+    with pytest.raises(ValueError, match="over EC2's 16384"):
+        render_user_data(node(train_config=toml))
+
+
+def test_values_that_could_break_out_of_quotes_are_refused():
+    with pytest.raises(ValueError, match="image_uri"):
+        render_files(node(image_uri='registry/repo:tag"; rm -rf /; "'))
+
+
+# --- the scripts, run with stand-ins --------------------------------------------------------
+
+# One line per GPU, as on an 8-GPU node.
+FAKE_NVIDIA_SMI = """#!/bin/bash
+echo "$*" >> "$CALLS/nvidia-smi"
+if [ -n "$FAKE_DRIVER" ]; then
+  for _ in 1 2 3 4 5 6 7 8; do echo "$FAKE_DRIVER"; done
+fi
+"""
+FAKE_AWS = """#!/bin/bash
+echo "$*" >> "$CALLS/aws"
+if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
+"""
+FAKE_DOCKER = """#!/bin/bash
+printf '%s\\n' "$@" > "$CALLS/docker-$1"
+echo "$1" >> "$CALLS/docker"
+if [ "$1" = login ]; then cat > /dev/null; fi
+if [ "$1" = pull ] && [ "$(grep -c pull "$CALLS/docker")" -le "$FAKE_PULL_FAILURES" ]; then
+  exit 1
+fi
+if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
+"""
+
+
+def run_training_script(
+    tmp_path: Path, boot: NodeBoot, *, driver: str, exit_code: int = 0, pull_failures: int = 0
+):
+    """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
+    root = tmp_path / "node"
+    script = render_files(boot)[f"{userdata.BIN_DIR}/run-training.sh"]
+    for directory in (userdata.STATE_DIR, userdata.SCRATCH_DIR, userdata.ETC_DIR):
+        script = script.replace(directory, f"{root}{directory}")
+    script = script.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
+    path = tmp_path / "run-training.sh"
+    path.write_text(script)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    for name, body in (("nvidia-smi", FAKE_NVIDIA_SMI), ("aws", FAKE_AWS), ("docker", FAKE_DOCKER)):
+        (bin_dir / name).write_text(body)
+        (bin_dir / name).chmod(stat.S_IRWXU)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "CALLS": str(calls),
+        "FAKE_DRIVER": driver,
+        "FAKE_EXIT": str(exit_code),
+        "FAKE_PULL_FAILURES": str(pull_failures),
+    }
+    result = subprocess.run(
+        ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
+    )
+    return result, calls, root
+
+
+def docker_run_args(calls: Path) -> list[str]:
+    return (calls / "docker-run").read_text().splitlines()
+
+
+def test_missing_driver_is_a_retryable_failure(tmp_path):
+    result, calls, _ = run_training_script(tmp_path, node(), driver="")
+    assert result.returncode == 1  # not 2: systemd tries again once the driver is up
+    assert not (calls / "docker-run").exists()
+
+
+def test_old_driver_stops_with_a_message_and_exit_2(tmp_path):
+    result, calls, _ = run_training_script(tmp_path, node(), driver="535.104.05")
+    assert result.returncode == 2  # systemd: RestartPreventExitStatus=2, no retry loop
+    assert "NVIDIA driver 535.104.05 is older than 580.65.06" in result.stdout
+    assert IMAGE in result.stdout
+    assert not (calls / "docker-run").exists()
+    assert not (calls / "docker-pull").exists()
+
+
+@pytest.mark.parametrize("driver", ["580.65.06", "580.105.08", "595.91.07"])
+def test_driver_at_or_above_the_minimum_starts_the_job(tmp_path, driver):
+    result, calls, _ = run_training_script(tmp_path, node(), driver=driver)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (calls / "docker-run").exists()
+
+
+def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
+    result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
+    assert result.returncode == 0, result.stdout + result.stderr
+    args = docker_run_args(calls)
+    for flag in (
+        "--gpus",
+        "--ipc=host",
+        "--device=/dev/infiniband",
+        "--cap-add=IPC_LOCK",
+        "memlock=-1:-1",
+        "host",
+        "awslogs",
+        "awslogs-group=/gpu-training/stack",
+        "awslogs-stream=node-1",
+        f"{root}/etc/gpu-stack/training.env",
+        f"{root}/etc/gpu-stack/train.toml:{root}/etc/gpu-stack/train.toml:ro",
+    ):
+        assert flag in args, flag
+    assert args[-1] == IMAGE
+    aws_calls = (calls / "aws").read_text()
+    assert f"s3 sync s3://corpus/tokens {root}/scratch/data" in aws_calls
+    assert "ecr get-login-password --region us-east-1" in aws_calls
+    assert (calls / "docker-login").read_text().splitlines()[-1] == IMAGE.split("/")[0]
+    assert (calls / "docker-pull").read_text().splitlines()[-1] == IMAGE
+
+
+def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
+    result, calls, _ = run_training_script(
+        tmp_path, SHAPES["single-node-plain"], driver="595.91.07"
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    args = docker_run_args(calls)
+    assert "--network" not in args
+    assert "--device=/dev/infiniband" not in args
+    assert "--gpus" in args and "--ipc=host" in args
+    assert not (calls / "aws").read_text().count("s3 sync")
+
+
+def test_an_image_not_pushed_yet_is_waited_for(tmp_path):
+    result, calls, _ = run_training_script(tmp_path, node(), driver="595.91.07", pull_failures=3)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count(f"waiting for {IMAGE} to be pushed") == 3
+    steps = (calls / "docker").read_text().split()
+    assert steps.count("login") == 4  # a fresh login each try: ECR tokens expire
+    assert steps[-3:] == ["pull", "rm", "run"]
+
+
+def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
+    result, _, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=75)
+    assert result.returncode == 75  # Restart=on-failure starts it again, from its checkpoint
+    assert not (root / "var/lib/gpu-stack/job-done").exists()
+
+
+def test_finished_job_is_marked_done_so_later_boots_leave_it(tmp_path):
+    result, _, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
+    assert result.returncode == 0
+    assert (root / "var/lib/gpu-stack/job-done").exists()
+
+
+FAKE_RAID_TOOL = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$CALLS/raid"
+case "$(basename "$0")" in
+  mdadm) [ "$1" != --assemble ] || [ -n "$ARRAY_SURVIVED" ] ;;
+  blkid) [ -n "$ARRAY_SURVIVED" ] ;;
+  mountpoint) exit 1 ;;
+  df) printf 'Size\\n 7.0T\\n' ;;
+esac
+"""
+
+
+def run_scratch_script(tmp_path: Path, drives: int, *, expected: int = 8, survived: bool = False):
+    """Run prepare-scratch.sh over a fake /sys/block with `drives` instance-store NVMe drives."""
+    sys_block = tmp_path / "sys-block"
+    models = {"nvme0n1": "Amazon Elastic Block Store"}  # the root volume: never touched
+    models |= {f"nvme{i}n1": "Amazon EC2 NVMe Instance Storage" for i in range(1, drives + 1)}
+    for device, model in models.items():
+        (sys_block / device / "device").mkdir(parents=True)
+        (sys_block / device / "device" / "model").write_text(model + "\n")
+    script = render_files(node(instance_store_drives=expected))[
+        f"{userdata.BIN_DIR}/prepare-scratch.sh"
+    ]
+    script = script.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={sys_block}")
+    script = script.replace(f'"{userdata.SCRATCH_DIR}"', f'"{tmp_path / "scratch"}"')
+    (tmp_path / "prepare-scratch.sh").write_text(script)
+    bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    calls.mkdir()
+    for tool in ("mdadm", "blkid", "mkfs.ext4", "mount", "mountpoint", "df"):
+        (bin_dir / tool).write_text(FAKE_RAID_TOOL)
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls)}
+    if survived:
+        env["ARRAY_SURVIVED"] = "1"
+    result = subprocess.run(
+        ["bash", str(tmp_path / "prepare-scratch.sh")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    raid = (calls / "raid").read_text().splitlines() if (calls / "raid").exists() else []
+    return result, raid
+
+
+def test_scratch_after_a_stop_recreates_raid0_over_the_instance_store(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=8)
+    assert result.returncode == 0, result.stdout + result.stderr
+    drives = " ".join(f"/dev/nvme{i}n1" for i in range(1, 9))
+    assert (
+        f"mdadm --create /dev/md/scratch --run --force --level=0 --raid-devices=8 {drives}" in raid
+    )
+    assert any(line.startswith("mkfs.ext4 ") and "/dev/md/scratch" in line for line in raid)
+    assert f"mount -o noatime /dev/md/scratch {tmp_path / 'scratch'}" in raid
+    assert not any("nvme0n1" in line for line in raid)
+
+
+def test_scratch_after_a_reboot_reassembles_without_formatting(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=8, survived=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert any(line.startswith("mdadm --assemble /dev/md/scratch") for line in raid)
+    assert not any("--create" in line or line.startswith("mkfs") for line in raid)
+    assert f"mount -o noatime /dev/md/scratch {tmp_path / 'scratch'}" in raid
+
+
+def test_scratch_says_when_fewer_drives_than_the_catalog_appear(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=6, expected=8)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "found 6 instance-store drives, the catalog says 8" in result.stdout
+    assert any("--raid-devices=6" in line for line in raid)
+
+
+def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
+    result, raid = run_scratch_script(tmp_path, drives=0, expected=0)
+    assert result.returncode == 0, result.stderr
+    assert "no instance-store NVMe drive found" in result.stdout
+    assert (tmp_path / "scratch").is_dir()
+    assert not any(line.startswith(("mdadm", "mkfs", "mount ")) for line in raid)
