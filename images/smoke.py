@@ -1,17 +1,23 @@
 """`python -m images smoke <variant>`: check a built image from the inside, with buildah.
 
 No Docker engine is needed (and `podman run` may not work where this runs): a working
-container from the image runs (1) image_check.py, which compares the versions inside
-with the matrix, and (2) a short 2-rank ZeRO-2 training job whose checkpoints and
-metrics land in host folders; the job must finish, its loss must fall, and a committed
-checkpoint must exist. The image's config (labels, env, user, entrypoint) is checked too.
+container of the image runs, with the image's own entrypoint and command,
+(1) image_check.py, which compares the versions inside with the matrix; (2) a short
+2-rank ZeRO-2 job whose checkpoints and metrics land in host folders: it must exit 0,
+its loss must fall and a committed checkpoint must exist; (3) a long job stopped with
+SIGTERM sent to the entrypoint (tini, PID 1 under `docker run`), which must checkpoint
+and exit 75. The image's config (labels, env, user, entrypoint) is checked too.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import shutil
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 from images.base import buildah_command
@@ -27,7 +33,6 @@ TRAINING_OVERRIDES = (
     "train.steps=12",
     "checkpoint.every_steps=6",
     "logging.every_steps=1",
-    "logging.progress_bar=false",
 )
 COMMIT_MARKER = "commit.json"  # the trainer writes it last: a checkpoint only counts with it
 
@@ -95,78 +100,148 @@ def run_problems(output_dir: Path, checkpoint_dir: Path) -> list[str]:
     return problems
 
 
-def _buildah(storage_driver: str | None, *args: str, capture: bool = False) -> str:
+def _buildah(storage_driver: str | None, *args: str) -> str:
+    """Run a buildah command that must succeed; return its output."""
     argv = [*buildah_command(storage_driver), *args]
-    print("+", " ".join(argv), flush=True)
-    result = subprocess.run(argv, capture_output=capture, text=True, check=False)
+    result = subprocess.run(argv, capture_output=True, text=True, check=False)
     if result.returncode != 0:
-        detail = (result.stderr or "").strip().splitlines()[-1:] if capture else []
-        reason = f": {detail[0]}" if detail else " (its output is above)"
-        raise SmokeError(f"{' '.join(argv[:4])}... exited {result.returncode}{reason}")
-    return result.stdout if capture else ""
+        detail = result.stderr.strip().splitlines()[-1:] or ["no output"]
+        raise SmokeError(f"{' '.join(argv[:4])}... exited {result.returncode}: {detail[0]}")
+    return result.stdout
 
 
-def image_size(image: str, storage_driver: str | None) -> str:
-    out = _buildah(storage_driver, "images", "--format", "{{.Size}}", image, capture=True)
-    return out.strip()
+def descendants(pid: int) -> list[int]:
+    """Every process below pid (chroot isolation shares the host's PID namespace)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the process ended while we looked
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, queue = [], [pid]
+    while queue:
+        for child in children.get(queue.pop(), []):
+            found.append(child)
+            queue.append(child)
+    return found
+
+
+def _process_running(pid: int, executable: str) -> bool:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == executable.encode()
+    except OSError:
+        return False
+
+
+class SmokeContainer:
+    """A buildah working container of the image, run like `docker run` would run it."""
+
+    def __init__(self, image: str, storage_driver: str | None, name: str, config: dict):
+        self.buildah = buildah_command(storage_driver)
+        self.name = name
+        self.entrypoint = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+        subprocess.run([*self.buildah, "rm", name], capture_output=True, check=False)
+        _buildah(storage_driver, "from", "--name", name, "--pull-never", image)
+
+    def argv(self, command: list[str], mounts: dict[Path, str], env: dict[str, str]) -> list[str]:
+        argv = [*self.buildah, "run", "--isolation", "chroot", "--network", "host"]
+        argv += [arg for host, inside in mounts.items() for arg in ("-v", f"{host}:{inside}")]
+        argv += [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
+        return [*argv, self.name, "--", *command]
+
+    def run(self, command: list[str], mounts: dict[Path, str], env: dict[str, str]) -> int:
+        argv = self.argv(command, mounts, env)
+        print("+", shlex.join(argv), flush=True)
+        return subprocess.run(argv, check=False).returncode
+
+    def remove(self) -> None:
+        subprocess.run([*self.buildah, "rm", self.name], capture_output=True, check=False)
+
+
+def _job_folders(root: Path) -> tuple[Path, Path]:
+    """(checkpoints, outputs) for one job, writable by the image's user."""
+    checkpoints, outputs = root / "checkpoints", root / "out"
+    for folder in (checkpoints, outputs):
+        folder.mkdir(parents=True)
+        shutil.chown(folder, TRAINER_UID, TRAINER_UID)
+    return checkpoints, outputs
+
+
+def check_training(container: SmokeContainer, root: Path) -> list[str]:
+    """The image's default command, 2 ranks, ZeRO-2: exit 0, loss falls, checkpoint committed."""
+    checkpoints, outputs = _job_folders(root)
+    overrides = [arg for item in TRAINING_OVERRIDES for arg in ("--set", item)]
+    code = container.run(
+        [*container.entrypoint, *overrides],
+        {checkpoints: "/checkpoints", outputs: "/smoke/out"},
+        {"TRAIN_OUTPUT_DIR": "/smoke/out", "TRAIN_NPROC_PER_NODE": "2"},
+    )
+    problems = [] if code == 0 else [f"the training job exited {code}, expected 0"]
+    return problems + run_problems(outputs, checkpoints)
+
+
+def check_interrupt(container: SmokeContainer, root: Path, timeout: float = 300) -> list[str]:
+    """SIGTERM to the entrypoint (what `docker stop` does) must end in a checkpoint and exit 75."""
+    checkpoints, outputs = _job_folders(root)
+    overrides = ["--set", "train.steps=1000000", "--set", "logging.every_steps=1"]
+    argv = container.argv(
+        [*container.entrypoint, *overrides],
+        {checkpoints: "/checkpoints", outputs: "/smoke/out"},
+        {"TRAIN_OUTPUT_DIR": "/smoke/out", "TRAIN_NPROC_PER_NODE": "2"},
+    )
+    print("+", shlex.join(argv), flush=True)
+    job = subprocess.Popen(argv)
+    metrics, deadline = outputs / "metrics.jsonl", time.monotonic() + timeout
+    try:
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            if job.poll() is not None or time.monotonic() > deadline:
+                return [f"the long job never logged 3 steps (exit code {job.poll()})"]
+            time.sleep(0.5)
+        pid1 = next(
+            (pid for pid in descendants(job.pid) if _process_running(pid, container.entrypoint[0])),
+            None,
+        )
+        if pid1 is None:
+            return [f"no {container.entrypoint[0]} process under buildah run"]
+        os.kill(pid1, signal.SIGTERM)
+        code = job.wait(timeout=max(deadline - time.monotonic(), 1))
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    problems = [] if code == 75 else [f"after SIGTERM the job exited {code}, expected 75"]
+    if not list(checkpoints.rglob(COMMIT_MARKER)):
+        problems.append("after SIGTERM no committed checkpoint exists")
+    return problems
 
 
 def main(matrix: Matrix, variant: Variant, storage_driver: str | None, workdir: Path) -> None:
     if shutil.which("buildah") is None:
         raise SmokeError("smoke needs buildah on PATH (Debian: apt-get install buildah)")
     image = local_image(variant, matrix.release)
-    inspected = json.loads(
-        _buildah(storage_driver, "inspect", "--type", "image", image, capture=True)
-    )
-    problems = config_problems(inspected["Docker"]["config"], variant, matrix.release)
+    inspected = json.loads(_buildah(storage_driver, "inspect", "--type", "image", image))
+    config = inspected["Docker"]["config"]
+    problems = config_problems(config, variant, matrix.release)
 
     workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)
-    checkpoints, outputs = workdir / "checkpoints", workdir / "out"
-    for folder in (checkpoints, outputs):
-        folder.mkdir(parents=True)
-        shutil.chown(folder, TRAINER_UID, TRAINER_UID)
+    workdir.mkdir(parents=True)
     shutil.copy(IMAGE_CHECK, workdir / IMAGE_CHECK.name)
-
-    container = f"smoke-{variant.name}"
-    subprocess.run(
-        [*buildah_command(storage_driver), "rm", container], capture_output=True, check=False
-    )
-    _buildah(storage_driver, "from", "--name", container, "--pull-never", image, capture=True)
-    run = ["run", "--isolation", "chroot", "--network", "host", "-v", f"{workdir}:/smoke"]
+    container = SmokeContainer(image, storage_driver, f"smoke-{variant.name}", config)
     try:
-        _buildah(
-            storage_driver,
-            *run,
-            container,
-            "--",
-            "python",
-            f"/smoke/{IMAGE_CHECK.name}",
-            *expectations(variant),
-        )
-        overrides = [arg for item in TRAINING_OVERRIDES for arg in ("--set", item)]
-        _buildah(
-            storage_driver,
-            *run,
-            "-v",
-            f"{checkpoints}:/checkpoints",
-            "-e",
-            "TRAIN_OUTPUT_DIR=/smoke/out",
-            "-e",
-            "TRAIN_NPROC_PER_NODE=2",
-            container,
-            "--",
-            "python",
-            "-m",
-            "training",
-            *overrides,
-        )
+        check = ["python", f"/smoke/{IMAGE_CHECK.name}", *expectations(variant)]
+        if container.run(check, {workdir: "/smoke"}, {}) != 0:
+            problems.append("image_check.py found versions that differ from the matrix (above)")
+        problems += check_training(container, workdir / "train")
+        problems += check_interrupt(container, workdir / "interrupt")
     finally:
-        subprocess.run(
-            [*buildah_command(storage_driver), "rm", container], capture_output=True, check=False
-        )
-    problems += run_problems(outputs, checkpoints)
-    print(f"image {image}: {image_size(image, storage_driver)} uncompressed")
+        container.remove()
+    size = _buildah(storage_driver, "images", "--format", "{{.Size}}", image).strip()
+    print(f"image {image}: {size} uncompressed")
     if problems:
         raise SmokeError("; ".join(problems))
-    print(f"smoke {variant.name}: OK (versions, config, 2-rank ZeRO-2 run, committed checkpoint)")
+    print(
+        f"smoke {variant.name}: OK (versions, image config, 2-rank ZeRO-2 job with a committed "
+        "checkpoint, SIGTERM through the entrypoint -> checkpoint and exit 75)"
+    )

@@ -8,7 +8,11 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/../.."
-PYTHON=${PYTHON:-python3}
+# The project's virtualenv (make bootstrap) has what `python -m images` imports.
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=python3
+    [ -x .venv/bin/python ] && PYTHON=.venv/bin/python
+fi
 WHEELHOUSE=${WHEELHOUSE:-/opt/wheels}
 CA_BUNDLE=${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}
 STORAGE_DRIVER=${STORAGE_DRIVER:-vfs}
@@ -36,7 +40,7 @@ stage "bootstrap Debian base" \
 stage "build cpu image" \
     "$PYTHON" -m images build cpu --engine buildah --storage-driver "$STORAGE_DRIVER" \
     --wheelhouse "$WHEELHOUSE" "${ca_args[@]}"
-stage "smoke: versions + 2-rank ZeRO-2 training in the image" \
+stage "smoke: versions, 2-rank ZeRO-2 job, SIGTERM -> exit 75, in the image" \
     "$PYTHON" -m images smoke cpu --storage-driver "$STORAGE_DRIVER" --workdir "$WORKDIR"
 # Earlier builds' images lose their tag to this one: drop them, keep the new image.
 buildah --storage-driver "$STORAGE_DRIVER" rmi --prune >/dev/null || true

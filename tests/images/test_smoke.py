@@ -1,7 +1,10 @@
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -110,3 +113,22 @@ def test_missing_image_fails_with_one_line(tmp_path, monkeypatch, capsys):
     assert main(["smoke", "cpu", "--workdir", str(tmp_path / "w")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: buildah inspect --type image... exited 125: Error: image not known"]
+
+
+def test_descendants_finds_grandchildren():
+    shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
+    found: list[int] = []
+    try:
+        for _ in range(100):
+            found = smoke.descendants(shell.pid)
+            if found:
+                break
+            time.sleep(0.05)
+        names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in found}
+        assert names == {b"sleep"}
+        assert shell.pid not in found
+    finally:
+        for pid in found:
+            os.kill(pid, signal.SIGKILL)
+        shell.kill()
+        shell.wait()
