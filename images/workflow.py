@@ -10,7 +10,7 @@ import json
 import sys
 
 from images.build_args import DEEPSPEED_OPS, IMAGE_NAME, REPO_ROOT, accelerator
-from images.locks import requirements
+from images.locks import LOCKS_DIR, read_lock, requirements
 from images.matrix import Matrix
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
@@ -74,7 +74,25 @@ jobs:
           python-version: "3.11"
 
       - name: Install what python -m images needs
-        run: python -m pip install "@PYDANTIC@"
+        run: python -m pip install @TOOLS@
+
+      # Locks made where the torch index was unreachable say INCOMPLETE at the top.
+      # Here it is reachable: complete the lock for this build and keep it as an
+      # artifact to commit. A release builds only from complete, committed locks.
+      - name: Complete an INCOMPLETE lock (not on releases)
+        id: lock
+        if: env.IS_RELEASE != 'true'
+        run: |
+          if grep -q '^# INCOMPLETE:' "images/locks/$VARIANT.txt"; then
+            python -m images lock "$VARIANT"
+            echo "completed=true" >> "$GITHUB_OUTPUT"
+          fi
+
+      - uses: actions/upload-artifact@v4
+        if: steps.lock.outputs.completed == 'true'
+        with:
+          name: lock-${{ matrix.variant }}
+          path: images/locks/${{ matrix.variant }}.txt
 
       - name: Release tag must match the matrix release
         if: env.IS_RELEASE == 'true'
@@ -143,6 +161,15 @@ def expectations(variant) -> list[str]:
     return [*expect, *(arg for op in ops for arg in ("--op", op))]
 
 
+def tool_pins() -> list[str]:
+    """What `python -m images` imports beyond the standard library, pinned.
+
+    pydantic (the matrix loader) as the trainer pins it; packaging (locks) as the cpu image.
+    """
+    packaging = read_lock(LOCKS_DIR / "cpu.txt").pins["packaging"].version
+    return [requirements()["pydantic"], f"packaging=={packaging}"]
+
+
 def render(matrix: Matrix) -> str:
     include = []
     for variant in matrix.variants:
@@ -157,8 +184,7 @@ def render(matrix: Matrix) -> str:
         _TEMPLATE.replace("@INCLUDE@", "\n".join(include))
         .replace("@IMAGE@", IMAGE_NAME)
         .replace("@RELEASE@", matrix.release)
-        # images/matrix.py validates with pydantic: the same pin as the trainer's.
-        .replace("@PYDANTIC@", requirements()["pydantic"])
+        .replace("@TOOLS@", " ".join(f'"{pin}"' for pin in tool_pins()))
     )
 
 

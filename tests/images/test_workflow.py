@@ -86,3 +86,12 @@ def test_matrix_entries_are_json_flow_mappings():
     for line in workflow.render(MATRIX).splitlines():
         if line.startswith("          - {"):
             json.loads(line.removeprefix("          - "))
+
+
+def test_incomplete_locks_are_completed_except_on_releases():
+    steps = yaml.safe_load(workflow.WORKFLOW.read_text())["jobs"]["build"]["steps"]
+    names = [s.get("name", s.get("uses")) for s in steps]
+    complete = steps[names.index("Complete an INCOMPLETE lock (not on releases)")]
+    assert complete["if"] == "env.IS_RELEASE != 'true'"
+    assert 'python -m images lock "$VARIANT"' in complete["run"]
+    assert names.index("Complete an INCOMPLETE lock (not on releases)") < names.index("Build")
