@@ -5,7 +5,7 @@
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
   python -m images workflow [--check]
-  python -m images smoke <variant> [--storage-driver vfs] [--wheelhouse DIR] ...
+  python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
 
 Bad input prints one line and exits 2; a failed build or smoke run exits 1.
 """
@@ -147,7 +147,10 @@ def _run(options: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    options = _parser().parse_args(argv)
+    parser = _parser()
+    options = parser.parse_args(argv)
+    if getattr(options, "cache_write", False) and not options.cache:
+        parser.error("--cache-write needs --cache REF (the registry ref to write the cache to)")
     try:
         return _run(options)
     except (MatrixError, builder.BuildError, locks.LockError, base.BaseError) as error:

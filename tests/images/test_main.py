@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from images.__main__ import main
 from images.build_args import IMAGE_NAME, REPO_ROOT
 from images.matrix import load_matrix
@@ -66,3 +68,10 @@ def test_workflow_check_passes_on_the_committed_file():
         check=False,
     )
     assert result.returncode == 0, result.stderr
+
+
+def test_cache_write_without_a_cache_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["build", "cpu", "--cache-write", "--dry-run"])
+    assert exit_info.value.code == 2
+    assert "--cache-write needs --cache REF" in capsys.readouterr().err
