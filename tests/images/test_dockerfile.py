@@ -63,3 +63,15 @@ def test_stages_come_from_the_matrix_bases_and_the_trainer_is_copied_in():
     assert "COPY training/ /opt/app/training/" in RUNTIME
     assert "COPY images/locks/${VARIANT}.txt" in TEXT
     assert "--require-hashes" in TEXT and "--no-build-isolation" in TEXT
+
+
+def test_context_ignore_file_lets_in_exactly_what_the_dockerfile_copies():
+    ignore = DOCKERFILE.with_name("Dockerfile.dockerignore").read_text().splitlines()
+    rules = [line for line in ignore if line and not line.startswith("#")]
+    assert rules[0] == "*", "everything else stays out of the context (.venv, node_modules)"
+    allowed = [rule[1:] for rule in rules if rule.startswith("!")]
+    copied = re.findall(r"^COPY (?!--from)(\S+)", TEXT, flags=re.M)
+    assert copied == ["images/locks/${VARIANT}.txt", "training/"]
+    for source in copied:
+        assert any(source.startswith(prefix) for prefix in allowed), source
+    assert len(allowed) == len(copied)
