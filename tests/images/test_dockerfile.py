@@ -39,7 +39,7 @@ def test_hadolint_flags_what_the_dockerfile_avoids(tmp_path):
 
 def test_runtime_runs_the_demo_as_non_root_behind_tini():
     assert re.search(r"^USER 1000:1000$", RUNTIME, flags=re.M)
-    assert 'ENTRYPOINT ["/usr/bin/tini", "--"]' in RUNTIME
+    assert 'ENTRYPOINT ["/usr/bin/tini", "-s", "--"]' in RUNTIME
     assert RUNTIME.rstrip().endswith('CMD ["python", "-m", "training"]')
 
 

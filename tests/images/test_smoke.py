@@ -30,7 +30,7 @@ def good_config(variant=CPU):
             f"TRAIN_MIN_DRIVER={variant.min_driver or ''}",
         ],
         "User": "1000:1000",
-        "Entrypoint": ["/usr/bin/tini", "--"],
+        "Entrypoint": ["/usr/bin/tini", "-s", "--"],
         "Cmd": ["python", "-m", "training"],
     }
 
