@@ -4,7 +4,7 @@
 Your own builders are called as
 
     model = build(**model.options, vocab_size=..., seq_len=...)   -> nn.Module
-    dataset = build(**data.options, seq_len=..., seed=...)         -> torch Dataset
+    dataset = build(**data.options, seq_len=..., seed=..., vocab_size=...)  -> Dataset
 
 The module's forward(inputs, targets) returns the scalar loss; each dataset item is an
 (inputs, targets) pair of LongTensors. See examples/custom_model/.
@@ -69,7 +69,9 @@ def build_dataset(config: Config) -> Dataset:
     data = config.data
     if data.builder:
         build = resolve(data.builder, "data.builder")
-        return build(**data.options, seq_len=data.seq_len, seed=config.run.seed)
+        return build(
+            **data.options, seq_len=data.seq_len, seed=config.run.seed, vocab_size=config.vocab_size
+        )
     if data.kind == "synthetic":
         return SyntheticSequences(
             vocab_size=config.vocab_size,

@@ -9,11 +9,12 @@ would work.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from training.model import PRESETS
 
@@ -26,7 +27,16 @@ ENV_OVERRIDES = {
     "TRAIN_CHECKPOINT_DIR": "checkpoint.dir",
 }
 
-IMPORT_STRING = r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$"
+_IMPORT_STRING = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _import_string(value: str) -> str:
+    if not _IMPORT_STRING.match(value):
+        raise ValueError("expected 'package.module:function', e.g. 'mypkg.models:build'")
+    return value
+
+
+ImportString = Annotated[str, AfterValidator(_import_string)]
 
 
 class ConfigError(Exception):
@@ -47,7 +57,7 @@ class RunConfig(Section):
 class ModelConfig(Section):
     preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
     # "package.module:function" building your own nn.Module; see docs/training.md.
-    builder: str | None = Field(default=None, pattern=IMPORT_STRING)
+    builder: ImportString | None = None
     # Keyword arguments for `builder` (free-form: they belong to your model).
     options: dict[str, Any] = Field(default_factory=dict)
     # Overrides of the preset's shape (GPT presets only).
@@ -63,7 +73,7 @@ class DataConfig(Section):
     # text: raw bytes of a text file as tokens (vocab 256).
     kind: Literal["synthetic", "tokens", "text"] = "synthetic"
     # "package.module:function" building your own Dataset; replaces `kind`.
-    builder: str | None = Field(default=None, pattern=IMPORT_STRING)
+    builder: ImportString | None = None
     options: dict[str, Any] = Field(default_factory=dict)
     # File, or a directory holding train.bin (tokens) / *.txt (text). TRAIN_DATA_PATH overrides.
     path: str | None = None

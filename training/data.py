@@ -56,6 +56,8 @@ class TokenWindows(Dataset):
         return (len(self.tokens) - 1) // self.seq_len
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} is outside 0..{len(self) - 1}")
         start = index * self.seq_len
         window = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
         return window[:-1], window[1:]
