@@ -3,12 +3,14 @@
     checkpoint_worker.py save ROOT OUT.pt S3_URI     train 4 steps, save step 4
     checkpoint_worker.py resume ROOT OUT.pt S3_URI   resume, then train 2 more steps
 
+"{node}" in ROOT becomes the node's rank (each node gets its own disk).
 Rank 0 writes what it saw to OUT.pt for the test to compare.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import deepspeed
@@ -23,13 +25,14 @@ from training.s3_mirror import S3Mirror
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("mode", choices=["save", "resume"])
-    parser.add_argument("root", type=Path)
+    parser.add_argument("root")
     parser.add_argument("out", type=Path)
     parser.add_argument("s3_uri")
     args = parser.parse_args()
 
     deepspeed.init_distributed(dist_backend="gloo")
-    checkpointer = Checkpointer(args.root, mirror=S3Mirror.from_uri(args.s3_uri))
+    root = Path(args.root.format(node=os.environ["GROUP_RANK"]))
+    checkpointer = Checkpointer(root, mirror=S3Mirror.from_uri(args.s3_uri))
     if args.mode == "save":
         engine = build_engine()
         for step in range(4):
@@ -51,6 +54,7 @@ def main() -> None:
     if dist.get_rank() == 0:
         torch.save(report, args.out)
     dist.barrier()
+    dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -36,18 +36,37 @@ def launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(script: Path, nproc: int, *args: str, **popen) -> subprocess.Popen:
+def torchrun(script: Path, nproc: int, *args: str) -> subprocess.Popen:
     """Start ``script`` on ``nproc`` local ranks through torch's elastic launcher."""
+    return _torchrun([f"--nproc_per_node={nproc}", f"--master_port={free_port()}"], script, args)
+
+
+def torchrun_nodes(script: Path, nnodes: int, *args: str) -> list[subprocess.Popen]:
+    """Start ``script`` as ``nnodes`` one-rank "nodes" on this machine, one launcher each."""
+    port = free_port()
+    return [
+        _torchrun(
+            [
+                f"--nnodes={nnodes}",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                f"--master_port={port}",
+            ],
+            script,
+            args,
+        )
+        for node in range(nnodes)
+    ]
+
+
+def _torchrun(options: list[str], script: Path, args: tuple[str, ...]) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        f"--nproc_per_node={nproc}",
         "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
+        *options,
         str(script),
         *args,
     ]
-    popen.setdefault("env", launch_env())
-    popen.setdefault("cwd", REPO_ROOT)
-    return subprocess.Popen(command, **popen)
+    return subprocess.Popen(command, env=launch_env(), cwd=REPO_ROOT)

@@ -11,13 +11,17 @@ import pytest
 import torch
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
-from tests.training.multirank import torchrun
+from tests.training.multirank import torchrun, torchrun_nodes
 from training.checkpoint import (
     COMMIT_MARKER,
+    COMPLETE,
+    PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
     Checkpointer,
     CheckpointError,
+    committed_tags,
+    examine,
     parse_step,
     tag_for,
 )
@@ -115,7 +119,7 @@ def test_folder_without_marker_is_ignored_and_previous_used(single_rank, tmp_pat
     resumed = build_engine(seed=1)
     with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert checkpointer.resume(resumed)["step"] == 2
-    assert f"ignoring {tmp_path / tag_for(4)}: no {COMMIT_MARKER}" in caplog.text
+    assert f"{tmp_path / tag_for(4)} is uncommitted: no {COMMIT_MARKER}" in caplog.text
     assert_same_weights(resumed, at_two)
 
 
@@ -132,6 +136,24 @@ def test_truncated_shard_is_ignored_and_previous_used(single_rank, tmp_path, cap
         assert checkpointer.resume(resumed)["step"] == 2
     assert f"{shard.name} has 100 bytes" in caplog.text
     assert_same_weights(resumed, at_two)
+
+
+def test_only_checkpoint_damaged_raises_instead_of_starting_fresh(single_rank, tmp_path):
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.save(trained_engine(2), 2, {"step": 2})
+    shard = next((tmp_path / tag_for(2)).glob("*optim_states.pt"))
+    shard.write_bytes(b"")
+    with pytest.raises(CheckpointError, match=f"{tag_for(2)} were committed"):
+        checkpointer.resume(build_engine())
+
+
+def test_only_an_unfinished_first_save_starts_fresh(single_rank, tmp_path, caplog):
+    (tmp_path / tag_for(5)).mkdir()
+    (tmp_path / tag_for(5) / "mp_rank_00_model_states.pt").write_bytes(b"partial")
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
+        assert Checkpointer(tmp_path).resume(build_engine()) is None
+    assert f"{tmp_path / tag_for(5)} is uncommitted" in caplog.text
+    assert "starting fresh" in caplog.text
 
 
 def test_unloadable_committed_checkpoint_raises_instead_of_starting_fresh(single_rank, tmp_path):
@@ -234,7 +256,10 @@ def test_wiped_local_dir_resumes_from_s3(single_rank, tmp_path, s3_uri, caplog):
     resumed = build_engine(seed=1)
     with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(fresh_root, mirror=mirror).resume(resumed)["step"] == 3
-    assert f"newest checkpoint is {tag_for(3)} in {s3_uri}" in caplog.text
+    assert f"newest checkpoint: {tag_for(3)} (in {fresh_root}: none, in S3: {tag_for(3)})" in (
+        caplog.text
+    )
+    assert f"fetching {tag_for(3)} from {s3_uri}" in caplog.text
     assert (fresh_root / tag_for(3) / COMMIT_MARKER).is_file()
     assert_same_weights(resumed, engine)
 
@@ -251,6 +276,25 @@ def test_s3_newer_than_local_wins(single_rank, tmp_path, s3_uri):
 
     resumed = build_engine(seed=1)
     assert Checkpointer(stale_copy, mirror=mirror).resume(resumed)["step"] == 3
+    assert_same_weights(resumed, engine)
+
+
+def test_missing_local_file_is_fetched_alone_from_s3(single_rank, tmp_path, s3_uri, caplog):
+    mirror = S3Mirror.from_uri(s3_uri)
+    engine = trained_engine(2)
+    step_dir = Checkpointer(tmp_path, mirror=mirror).save(engine, 2, {"step": 2})
+    lost = next(step_dir.glob("*optim_states.pt"))
+    lost.unlink()
+    kept = step_dir / "mp_rank_00_model_states.pt"
+    kept_inode = kept.stat().st_ino
+    assert examine(step_dir)[0] == PARTIAL and committed_tags(tmp_path) == []
+
+    resumed = build_engine(seed=1)
+    with caplog.at_level(logging.INFO):
+        assert Checkpointer(tmp_path, mirror=mirror).resume(resumed)["step"] == 2
+    assert "(1 of 2 files fetched)" in caplog.text
+    assert kept.stat().st_ino == kept_inode  # the file already here was not fetched again
+    assert examine(step_dir)[0] == COMPLETE
     assert_same_weights(resumed, engine)
 
 
@@ -285,7 +329,7 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
     engine = trained_engine(2)
     with caplog.at_level(logging.ERROR, logger="training.checkpoint"):
         step_dir = Checkpointer(tmp_path, mirror=mirror).save(engine, 2, {"step": 2})
-    assert f"could not mirror {tag_for(2)} to {s3_uri}" in caplog.text
+    assert f"could not mirror {tmp_path / tag_for(2)} to {s3_uri}" in caplog.text
     assert (step_dir / COMMIT_MARKER).is_file()
 
 
@@ -293,18 +337,28 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
 
 
 @pytest.mark.slow
-def test_two_rank_zero2_checkpoint_resumes_on_one_rank(tmp_path, s3_uri):
-    """2 ranks save (ZeRO-2, mirrored to S3); 1 rank on a fresh disk resumes and trains on."""
-    saved = tmp_path / "saved.pt"
-    save = torchrun(WORKER, 2, "save", str(tmp_path / "two-ranks"), str(saved), s3_uri)
-    assert save.wait(timeout=240) == 0
-    resume = torchrun(
-        WORKER, 1, "resume", str(tmp_path / "one-rank"), str(tmp_path / "resumed.pt"), s3_uri
-    )
-    assert resume.wait(timeout=240) == 0
+def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri):
+    """2 one-rank "nodes", each with its own disk, save (ZeRO-2): each disk keeps that node's
+    part and S3 the whole. 1 rank on a fresh disk then resumes from S3 through a universal
+    checkpoint, and trains on."""
+    disks = str(tmp_path / "node{node}")
+    saved, resumed = tmp_path / "saved.pt", tmp_path / "resumed.pt"
+    for node in torchrun_nodes(WORKER, 2, "save", disks, str(saved), s3_uri):
+        assert node.wait(timeout=240) == 0
 
-    before = torch.load(saved)
-    after = torch.load(tmp_path / "resumed.pt")
+    tag = tag_for(4)
+    listed = json.loads((tmp_path / "node0" / tag / COMMIT_MARKER).read_text())["files"]
+    parts = [
+        {p.name for p in (tmp_path / f"node{n}" / tag).iterdir()} - {COMMIT_MARKER} for n in (0, 1)
+    ]
+    assert parts[0] and parts[1] and not parts[0] & parts[1]
+    assert parts[0] | parts[1] == set(listed)
+    assert [examine(tmp_path / f"node{n}" / tag)[0] for n in (0, 1)] == [PARTIAL, PARTIAL]
+    assert S3Mirror.from_uri(s3_uri).latest_tag() == tag
+
+    resume = torchrun(WORKER, 1, "resume", str(tmp_path / "fresh"), str(resumed), s3_uri)
+    assert resume.wait(timeout=240) == 0
+    before, after = torch.load(saved), torch.load(resumed)
     assert after["client_state"] == {"step": 4, "note": "saved by 2 ranks"}
     assert after["global_steps_after_load"] == 4
     for name, tensor in before["weights"].items():
@@ -313,6 +367,7 @@ def test_two_rank_zero2_checkpoint_resumes_on_one_rank(tmp_path, s3_uri):
     assert any(
         not torch.equal(after["weights_after_training"][n], t) for n, t in before["weights"].items()
     )
-    converted = tmp_path / "one-rank" / UNIVERSAL_DIR / tag_for(4)
-    assert (converted / COMMIT_MARKER).is_file()
+    assert examine(tmp_path / "fresh" / tag)[0] == COMPLETE
+    converted = tmp_path / "fresh" / UNIVERSAL_DIR / tag
+    assert examine(converted)[0] == COMPLETE
     assert (converted / "zero").is_dir()

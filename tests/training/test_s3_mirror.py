@@ -126,13 +126,42 @@ def test_unusable_pointer_falls_back_to_newest_committed(tmp_path, s3_uri, point
     assert mirror.latest_tag() == "step_00000002"
 
 
+def test_committed_tags_stop_at_the_pointer(tmp_path, s3_uri):
+    mirror = S3Mirror.from_uri(s3_uri)
+    for step in (1, 2):
+        tag = f"step_{step:08d}"
+        mirror.upload(committed_folder(tmp_path, tag, FILES), tag)
+    # Files and marker of step 3 arrived, its pointer write did not.
+    newer = committed_folder(tmp_path, "step_00000003", FILES)
+    mirror.upload_files(newer, "step_00000003")
+    boto3.client("s3").upload_file(
+        str(newer / COMMIT_MARKER), mirror.bucket, f"{mirror.prefix}/step_00000003/{COMMIT_MARKER}"
+    )
+    assert mirror.is_committed("step_00000003")
+    assert mirror.committed_tags() == ["step_00000001", "step_00000002"]
+
+
+def test_download_completes_a_partial_copy_of_the_same_checkpoint(tmp_path, s3_uri):
+    mirror = S3Mirror.from_uri(s3_uri)
+    folder = committed_folder(tmp_path / "a", "step_00000005", FILES)
+    mirror.upload(folder, "step_00000005")
+    (folder / "sub" / "optim.pt").unlink()  # this node never had that part
+    kept_inode = (folder / "model.pt").stat().st_ino
+    mirror.download("step_00000005", tmp_path / "a")
+    assert (folder / "model.pt").stat().st_ino == kept_inode
+    assert (folder / "sub" / "optim.pt").read_bytes() == FILES["sub/optim.pt"]
+
+
 def test_download_replaces_a_stale_local_folder(tmp_path, s3_uri):
     mirror = S3Mirror.from_uri(s3_uri)
     mirror.upload(committed_folder(tmp_path / "a", "step_00000005", FILES), "step_00000005")
     stale = tmp_path / "b" / "step_00000005"
     stale.mkdir(parents=True)
     (stale / "leftover.pt").write_bytes(b"half")
+    (stale / "model.pt").write_bytes(b"WEIGHTS" * 100)  # right size, another run's marker
+    (stale / COMMIT_MARKER).write_text('{"from": "another run"}')
     got = mirror.download("step_00000005", tmp_path / "b")
+    assert (got / "model.pt").read_bytes() == FILES["model.pt"]
     assert sorted(p.relative_to(got).as_posix() for p in got.rglob("*") if p.is_file()) == sorted(
         [*FILES, COMMIT_MARKER]
     )
