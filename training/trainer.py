@@ -131,6 +131,9 @@ class Trainer:
             drop_last=True,
             num_workers=config.data.num_workers,
             pin_memory=self.on_gpu,
+            # Its own generator: making an iterator then draws no number from the global one,
+            # which dropout uses and a resumed run restores exactly.
+            generator=torch.Generator().manual_seed(config.run.seed),
         )
         model_flops = flops_per_token(model, config.data.seq_len)
         engine, *_ = deepspeed.initialize(
