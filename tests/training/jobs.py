@@ -65,8 +65,10 @@ def read_metrics(output_dir: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def job_command(*overrides: str) -> list[str]:
+def job_command(*overrides: str, config: Path | None = None) -> list[str]:
     args = [arg for override in overrides for arg in ("--set", override)]
+    if config is not None:
+        args = ["--config", str(config), *args]
     return [sys.executable, "-m", "training", *args]
 
 
@@ -79,16 +81,24 @@ def job_env(output_dir: Path, **extra: str) -> dict[str, str]:
     )
 
 
-def start_job(output_dir: Path, *overrides: str, **popen) -> subprocess.Popen:
+def start_job(
+    output_dir: Path, *overrides: str, config: Path | None = None, **popen
+) -> subprocess.Popen:
     popen.setdefault("env", job_env(output_dir))
     popen.setdefault("cwd", REPO_ROOT)
     return subprocess.Popen(
-        job_command(*overrides), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        job_command(*overrides, config=config),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
     )
 
 
-def run_job(output_dir: Path, *overrides: str, timeout: float = 240, **popen) -> Job:
-    process = start_job(output_dir, *overrides, **popen)
+def run_job(
+    output_dir: Path, *overrides: str, config: Path | None = None, timeout: float = 240, **popen
+) -> Job:
+    process = start_job(output_dir, *overrides, config=config, **popen)
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
