@@ -44,4 +44,6 @@ def train_step(engine, step: int) -> float:
 
 
 def weights(engine) -> dict[str, torch.Tensor]:
-    return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
+    """Full copies of the weights (gathered first under ZeRO-3, a no-op otherwise)."""
+    with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
+        return {name: p.detach().clone() for name, p in engine.module.named_parameters()}
