@@ -18,7 +18,7 @@ from typing import NoReturn
 
 import torch
 
-from training.components import check_builders
+from training.components import preflight
 from training.config import Config, ConfigError, load_config, resolve_batch_sizes, validate
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
@@ -73,8 +73,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         topo = topology_from_env(os.environ)
         config = _load(args, topo.world_size)
-        # Import the user's model/data builders here: a typo fails before any rank starts.
-        check_builders(config)
+        preflight(config)
         check_driver(os.environ.get("TRAIN_MIN_DRIVER"), installed_driver())
     except (ConfigError, TopologyError, SelfCheckError) as error:
         print(f"error: {error}", file=sys.stderr)

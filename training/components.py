@@ -40,12 +40,18 @@ def resolve(import_string: str, key: str) -> Callable:
     return builder
 
 
-def check_builders(config: Config) -> None:
-    """Import the user's builders now, so a typo fails before any rank starts."""
+def preflight(config: Config) -> None:
+    """Checks that need imports or files, run by the launcher so they fail before any rank
+    starts: the user's builders import, the data path exists."""
     if config.model.builder:
         resolve(config.model.builder, "model.builder")
     if config.data.builder:
         resolve(config.data.builder, "data.builder")
+    elif config.data.path and not Path(config.data.path).exists():
+        raise ConfigError(
+            f"data.path = {config.data.path!r} does not exist: point it (or TRAIN_DATA_PATH) "
+            "at a file or directory"
+        )
 
 
 def build_model(config: Config) -> nn.Module:
@@ -79,8 +85,14 @@ def build_dataset(config: Config) -> Dataset:
             num_samples=data.synthetic_samples,
             seed=config.run.seed,
         )
-    if data.kind == "tokens":
-        return token_file(
-            Path(data.path), dtype=data.dtype, seq_len=data.seq_len, vocab_size=config.vocab_size
-        )
-    return text_bytes(Path(data.path), seq_len=data.seq_len)
+    try:
+        if data.kind == "tokens":
+            return token_file(
+                Path(data.path),
+                dtype=data.dtype,
+                seq_len=data.seq_len,
+                vocab_size=config.vocab_size,
+            )
+        return text_bytes(Path(data.path), seq_len=data.seq_len)
+    except ValueError as error:  # the file is missing, empty or too short: a config problem
+        raise ConfigError(str(error)) from None

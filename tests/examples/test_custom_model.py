@@ -7,7 +7,7 @@ import torch
 
 from tests.training.jobs import run_job
 from tests.training.multirank import REPO_ROOT
-from training.components import build_dataset, build_model, check_builders
+from training.components import build_dataset, build_model, preflight
 from training.config import ConfigError, load_config
 
 CONFIG = REPO_ROOT / "examples" / "custom_model" / "config.toml"
@@ -15,7 +15,7 @@ CONFIG = REPO_ROOT / "examples" / "custom_model" / "config.toml"
 
 def test_config_builds_the_users_model_and_dataset():
     config = load_config(CONFIG, env={})
-    check_builders(config)
+    preflight(config)
     model = build_model(config)
     assert type(model).__name__ == "LSTMLanguageModel"
     assert model.head.out_features == 32
@@ -28,7 +28,7 @@ def test_config_builds_the_users_model_and_dataset():
 def test_a_missing_builder_fails_before_launch(tmp_path):
     config = load_config(CONFIG, ["model.builder=examples.custom_model.model:missing"], env={})
     with pytest.raises(ConfigError, match="has no function 'missing'"):
-        check_builders(config)
+        preflight(config)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from tests.training.jobs import run_job
 from training.launcher import TopologyError, _job_exit_code, topology_from_env
 
 
@@ -56,3 +57,16 @@ def test_bad_topology_is_refused(env, words):
 )
 def test_job_exit_code_from_worker_codes(codes, job):
     assert _job_exit_code(codes) == job
+
+
+@pytest.mark.slow
+def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
+    """The user's model raises in the workers (after the launcher's checks passed)."""
+    job = run_job(
+        tmp_path,
+        "model.builder=examples.custom_model.model:build",
+        "model.options={hidden_size = -1}",
+    )
+    assert job.returncode == 1
+    assert "Traceback" in job.stderr and "hidden_size" in job.stderr
+    assert "a worker failed" in job.stderr

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from training.metrics import MetricsSink, load_peaks, mfu, peak_tflops
+from training.metrics import GpuMonitor, MetricsSink, load_peaks, mfu, peak_tflops
 from training.model import build_gpt
 
 
@@ -71,3 +71,10 @@ def test_sink_appends_jsonl_and_tensorboard(tmp_path):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["loss"] for line in lines] == [2.0, 1.0]
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_gpu_monitor_reads_nothing_without_a_gpu():
+    monitor = GpuMonitor(local_rank=0)
+    if monitor.name is not None:
+        pytest.skip("a GPU is present")
+    assert monitor.read() == {}
