@@ -113,8 +113,12 @@ class Checkpointer:
         """Write, commit, mirror and prune the checkpoint of ``step``. Every rank calls it."""
         tag = tag_for(step)
         step_dir = self.root / tag
-        if all(self._on_writers(lambda: self._prepare_save_dir(step_dir))):
+        if all(self._on_writers(lambda: examine(step_dir)[0] in (COMPLETE, PARTIAL))):
+            _log_rank0(logging.INFO, "%s is already committed; not writing it again", tag)
             return step_dir
+        # Committed on some nodes only (one was replaced): those copies go too, so that
+        # no committed folder is rewritten in place.
+        self._on_writers(lambda: self._clear_save_dir(step_dir))
 
         saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
         engine.save_checkpoint(str(self.root), tag=tag, client_state=saved_state, save_latest=False)
@@ -136,17 +140,11 @@ class Checkpointer:
             _on_rank0(self._prune_mirror)
         return step_dir
 
-    def _prepare_save_dir(self, step_dir: Path) -> bool:
-        """True when ``step_dir`` is already committed here (nothing to write)."""
-        state, _ = examine(step_dir)
-        if state in (COMPLETE, PARTIAL):
-            log.info("checkpoint %s is already committed; not writing it again", step_dir)
-            return True
+    def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():
-            log.warning("removing %s %s left by an earlier run", state, step_dir)
+            log.warning("removing %s, left by an earlier run", step_dir)
             _remove_step_dir(step_dir)
         self.root.mkdir(parents=True, exist_ok=True)
-        return False
 
     def _commit(self, step_dir: Path, record: dict) -> None:
         write_atomically(step_dir / COMMIT_MARKER, json.dumps(record, indent=1).encode())

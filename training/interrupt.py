@@ -42,11 +42,15 @@ class StopFlag:
         self._local = threading.Event()
         self._closed = threading.Event()
         self._poller: threading.Thread | None = None
+        self._started = False
         self._token: str | None = None
         self._token_time = 0.0
 
     def start(self) -> None:
         """Install the signal handlers and, on each node's first rank, the spot poller."""
+        if self._started:
+            return
+        self._started = True
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
         if self.spot_endpoint and int(os.environ.get("LOCAL_RANK", "0")) == 0:

@@ -36,9 +36,10 @@ def launch_env(**extra: str) -> dict[str, str]:
     return env
 
 
-def torchrun(script: Path, nproc: int, *args: str) -> subprocess.Popen:
+def torchrun(script: Path, nproc: int, *args: str, **popen) -> subprocess.Popen:
     """Start ``script`` on ``nproc`` local ranks through torch's elastic launcher."""
-    return _torchrun([f"--nproc_per_node={nproc}", f"--master_port={free_port()}"], script, args)
+    options = [f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    return _torchrun(options, script, args, **popen)
 
 
 def torchrun_nodes(script: Path, nnodes: int, *args: str) -> list[subprocess.Popen]:
@@ -59,7 +60,7 @@ def torchrun_nodes(script: Path, nnodes: int, *args: str) -> list[subprocess.Pop
     ]
 
 
-def _torchrun(options: list[str], script: Path, args: tuple[str, ...]) -> subprocess.Popen:
+def _torchrun(options: list[str], script: Path, args: tuple[str, ...], **popen) -> subprocess.Popen:
     command = [
         sys.executable,
         "-m",
@@ -69,4 +70,4 @@ def _torchrun(options: list[str], script: Path, args: tuple[str, ...]) -> subpro
         str(script),
         *args,
     ]
-    return subprocess.Popen(command, env=launch_env(), cwd=REPO_ROOT)
+    return subprocess.Popen(command, env=launch_env(), cwd=REPO_ROOT, **popen)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -374,3 +376,23 @@ def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri)
     converted = tmp_path / "fresh" / UNIVERSAL_DIR / tag
     assert examine(converted)[0] == COMPLETE
     assert (converted / "zero").is_dir()
+
+
+@pytest.mark.slow
+def test_a_failure_on_rank0_fails_every_rank_instead_of_hanging(tmp_path, s3_uri):
+    not_a_folder = tmp_path / "root"
+    not_a_folder.write_text("a file where the checkpoint root should be")
+    job = torchrun(
+        WORKER,
+        2,
+        "save",
+        str(not_a_folder),
+        str(tmp_path / "out.pt"),
+        s3_uri,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    _, stderr = job.communicate(timeout=240)
+    assert job.returncode != 0
+    for rank in (0, 1):
+        assert re.search(rf"\[rank{rank}\]: .*CheckpointError: rank 0: FileExistsError", stderr)
