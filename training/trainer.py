@@ -93,18 +93,20 @@ class Trainer:
 
     def run(self) -> int:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
-        job = self._setup()
-        if job.step >= self.config.train.steps:
-            log.info(
-                "already at step %d of train.steps = %d: nothing to do",
-                job.step,
-                self.config.train.steps,
-            )
-            return EXIT_DONE
+        # Listen for SIGTERM and spot notices from the start: one that arrives while the
+        # engine is being built stops the job after its first step, with a checkpoint.
         endpoint = self.env.get("TRAIN_SPOT_ENDPOINT", DEFAULT_SPOT_ENDPOINT)
         stop = StopFlag(spot_endpoint=endpoint or None)
         stop.start()
         try:
+            job = self._setup()
+            if job.step >= self.config.train.steps:
+                log.info(
+                    "already at step %d of train.steps = %d: nothing to do",
+                    job.step,
+                    self.config.train.steps,
+                )
+                return EXIT_DONE
             return self._loop(job, stop)
         finally:
             stop.close()

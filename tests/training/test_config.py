@@ -8,9 +8,16 @@ import time
 
 import pytest
 
-from tests.training.multirank import launch_env
+from tests.training.multirank import REPO_ROOT, launch_env
 from training.cli import main
-from training.config import ConfigError, TrainConfig, load_config, resolve_batch_sizes, validate
+from training.config import (
+    Config,
+    ConfigError,
+    TrainConfig,
+    load_config,
+    resolve_batch_sizes,
+    validate,
+)
 
 
 def _error(tmp_path, *overrides: str, toml: str = "", world_size: int = 2) -> str:
@@ -147,3 +154,20 @@ def test_launcher_rejects_bad_config_fast_without_traceback(tmp_path):
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "runs").exists()
     assert time.monotonic() - started < 30
+
+
+def test_the_gpu_example_config_is_valid_on_8_gpus():
+    config = load_config(
+        REPO_ROOT / "examples" / "gpt_350m_bf16.toml", env={"TRAIN_DATA_PATH": "/data/owt"}
+    )
+    batch = validate(config, world_size=8)
+    assert (batch.micro_batch_size, batch.gradient_accumulation_steps) == (8, 8)
+    assert config.precision.bf16 and config.model.preset == "gpt-350m"
+
+
+def test_every_config_key_is_documented():
+    docs = (REPO_ROOT / "docs" / "training.md").read_text()
+    for section, field in Config.model_fields.items():
+        assert f"[{section}]" in docs, section
+        for key in field.annotation.model_fields:
+            assert f"`{key}`" in docs or f"`{section}.{key}`" in docs, f"{section}.{key}"
