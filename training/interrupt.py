@@ -94,8 +94,9 @@ class StopFlag:
         while not self._closed.is_set() and not self._local.is_set():
             try:
                 notice = self._fetch_notice()
-            except (OSError, ValueError) as exc:
-                # The metadata service being away must never end training; say so once.
+            except Exception as exc:
+                # Whatever goes wrong with the metadata service must not end training
+                # nor this thread; say so once per distinct error.
                 error = f"{type(exc).__name__}: {exc}"
                 if error != last_error:
                     log.warning("spot notice check at %s failed: %s", self.spot_endpoint, error)
