@@ -263,7 +263,14 @@ class Checkpointer:
         return inventory
 
     def _remote_tags(self) -> list[str]:
-        return self.mirror.committed_tags() if self.mirror is not None else []
+        if self.mirror is None:
+            return []
+        try:
+            return self.mirror.committed_tags()
+        except Exception as exc:
+            raise CheckpointError(
+                f"cannot list the checkpoints in {self.mirror.uri}: {exc}"
+            ) from exc
 
     def _make_complete(self, tag: str, remote: list[str]) -> None:
         """Writers: fetch from S3 whatever this node's copy of ``tag`` lacks."""

@@ -315,6 +315,17 @@ def test_local_newer_than_s3_is_used_without_download(single_rank, tmp_path, s3_
     assert_same_weights(resumed, local_only)
 
 
+def test_unreachable_s3_at_resume_raises_rather_than_guessing(single_rank, tmp_path, s3_uri):
+    """S3 may hold a newer checkpoint than the local one: without S3, resume does not guess."""
+    mirror = S3Mirror.from_uri(s3_uri)
+    Checkpointer(tmp_path, mirror=mirror).save(trained_engine(1), 1, {"step": 1})
+    gone = S3Mirror.from_uri(f"s3://no-such-bucket-{mirror.bucket}/runs/test")
+    with pytest.raises(
+        CheckpointError, match=f"cannot list the checkpoints in {gone.uri}: .*NoSuchBucket"
+    ):
+        Checkpointer(tmp_path, mirror=gone).resume(build_engine())
+
+
 def test_s3_is_pruned_to_keep_last(single_rank, tmp_path, s3_uri):
     mirror = S3Mirror.from_uri(s3_uri)
     checkpointer = Checkpointer(tmp_path, keep_last=2, mirror=mirror)
