@@ -9,8 +9,9 @@ from tests.training.jobs import STEPS, TINY, job_env, run_job, shared_run
 pytestmark = pytest.mark.slow
 
 # fp32 losses of ZeRO 1-3 match stage 0 to this relative tolerance: the same math,
-# only summed in a different order across flattened/partitioned buffers.
-ZERO_RTOL = 1e-4
+# only summed in a different order across flattened/partitioned buffers (measured on
+# CPU: at most 1.3e-7 over 40 steps).
+ZERO_RTOL = 1e-5
 
 
 @pytest.fixture(scope="module")
