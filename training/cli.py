@@ -22,7 +22,13 @@ from training.components import preflight
 from training.config import Config, ConfigError, load_config, resolve_batch_sizes, validate
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
-from training.selfcheck import SelfCheckError, check_driver, installed_driver
+from training.selfcheck import (
+    SelfCheckError,
+    check_driver,
+    check_precision,
+    gpu_capability,
+    installed_driver,
+)
 
 log = logging.getLogger("training")
 
@@ -75,6 +81,12 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         config = _load(args, topo.world_size)
         preflight(config)
         check_driver(os.environ.get("TRAIN_MIN_DRIVER"), installed_driver())
+        check_precision(
+            bf16=config.precision.bf16,
+            fp16=config.precision.fp16,
+            on_gpu=torch.cuda.is_available(),
+            capability=gpu_capability(),
+        )
     except (ConfigError, TopologyError, SelfCheckError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG

@@ -250,7 +250,7 @@ class StepMetrics:
             **self.gpu.read(),
         }
         if self.config.precision.fp16:
-            record["loss_scale"] = job.engine.optimizer.cur_scale
+            record["loss_scale"] = float(job.engine.optimizer.loss_scale)
         self.sink.write(record)
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from training import cli, selfcheck
-from training.selfcheck import SelfCheckError, check_driver
+from training.selfcheck import SelfCheckError, check_driver, check_precision
 
 
 def test_an_older_driver_is_refused_naming_both_versions():
@@ -45,3 +45,23 @@ def test_launcher_refuses_to_start_on_an_old_driver(monkeypatch, capsys):
     assert err.startswith("error: NVIDIA driver 525.60.13 is older than 560.28.03")
     monkeypatch.setenv("TRAIN_MIN_DRIVER", "520.0")
     assert cli.main(["--print-ds-config"]) == 0
+
+
+def test_fp16_needs_a_gpu():
+    with pytest.raises(SelfCheckError, match="needs a GPU"):
+        check_precision(bf16=False, fp16=True, on_gpu=False, capability=None)
+    check_precision(bf16=False, fp16=True, on_gpu=True, capability=(7, 0))
+
+
+def test_bf16_needs_ampere_or_newer():
+    with pytest.raises(SelfCheckError, match=r"this GPU has 7\.0: use precision\.fp16"):
+        check_precision(bf16=True, fp16=False, on_gpu=True, capability=(7, 0))
+    check_precision(bf16=True, fp16=False, on_gpu=True, capability=(8, 0))
+    check_precision(bf16=True, fp16=False, on_gpu=True, capability=(9, 0))
+    check_precision(bf16=True, fp16=False, on_gpu=False, capability=None)  # CPU bf16 works
+
+
+def test_launcher_refuses_fp16_on_a_cpu_machine(monkeypatch, capsys):
+    monkeypatch.delenv("RANK", raising=False)
+    assert cli.main(["--set", "precision.fp16=true"]) == 2
+    assert capsys.readouterr().err.startswith("error: precision.fp16 = true needs a GPU")
