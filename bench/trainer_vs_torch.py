@@ -1,7 +1,7 @@
 """Side by side: the trainer's DeepSpeed engine vs. a plain PyTorch loop, same model and data.
 
-One process, one device, both loops in the same run so they share the machine's state.
-Reports tokens/s of each and the ratio (DeepSpeed / PyTorch), and peak GPU memory on GPU.
+One process, one device, both loops in the same run, timed in alternating rounds so that
+they share the machine's state. Reports tokens/s of each and the ratio DeepSpeed/PyTorch.
 
     # CPU, tiny model (a minute):
     python -m bench.trainer_vs_torch
@@ -65,7 +65,7 @@ def main() -> None:
     ]
 
     def model():
-        torch.manual_seed(0)
+        torch.manual_seed(0)  # the same initial weights for both loops
         return build_gpt(
             args.preset,
             vocab_size=config.vocab_size,
@@ -73,20 +73,30 @@ def main() -> None:
             activation_checkpointing=args.activation_checkpointing,
         )
 
-    results = {}
     plain = model().to(device)
     flops = flops_per_token(plain, args.seq_len)
-    results["pytorch"] = _time_pytorch(plain, batches, args, config, on_gpu)
-    del plain
-    _reset_memory(on_gpu)
-
     _init_single_process(on_gpu)
-    ds = build_ds_config(config, batch, on_gpu=on_gpu)
     net = model()
     engine, *_ = deepspeed.initialize(
-        model=net, model_parameters=param_groups(net, config.optimizer.weight_decay), config=ds
+        model=net,
+        model_parameters=param_groups(net, config.optimizer.weight_decay),
+        config=build_ds_config(config, batch, on_gpu=on_gpu),
     )
-    results["deepspeed"] = _time_deepspeed(engine, batches, args, on_gpu)
+    steps = {
+        "pytorch": _pytorch_step(plain, args, config, on_gpu),
+        "deepspeed": _deepspeed_step(engine),
+    }
+    for step in steps.values():
+        for inputs, targets in batches[: args.warmup]:
+            step(inputs, targets)
+    # Alternate timed rounds, so that a change in the machine's load (other jobs,
+    # clocks) hits both loops alike instead of whichever ran second.
+    seconds = dict.fromkeys(steps, 0.0)
+    timed = batches[args.warmup :]
+    for round_ in range(args.rounds):
+        chunk = timed[round_ :: args.rounds]
+        for name, step in steps.items():
+            seconds[name] += _timed(step, chunk, on_gpu)
 
     tokens = args.micro_batch * args.seq_len * args.steps
     report = {
@@ -97,15 +107,12 @@ def main() -> None:
         "micro_batch": args.micro_batch,
         "seq_len": args.seq_len,
         "timed_steps": args.steps,
+        "rounds": args.rounds,
     }
-    for name, (seconds, peak_gib) in results.items():
-        report[f"{name}_tokens_per_s"] = tokens / seconds
-        report[f"{name}_tflops"] = flops * tokens / seconds / 1e12
-        if on_gpu:
-            report[f"{name}_peak_mem_gib"] = peak_gib
-    report["tokens_per_s_ratio_deepspeed_over_pytorch"] = (
-        report["deepspeed_tokens_per_s"] / report["pytorch_tokens_per_s"]
-    )
+    for name, took in seconds.items():
+        report[f"{name}_tokens_per_s"] = tokens / took
+        report[f"{name}_tflops"] = flops * tokens / took / 1e12
+    report["tokens_per_s_ratio_deepspeed_over_pytorch"] = seconds["pytorch"] / seconds["deepspeed"]
     print(
         f"{args.preset} on {report['device']}: PyTorch {report['pytorch_tokens_per_s']:,.0f} "
         f"tokens/s, DeepSpeed ZeRO-{args.zero_stage} {report['deepspeed_tokens_per_s']:,.0f} "
@@ -117,7 +124,7 @@ def main() -> None:
             json.dump(report, handle, indent=1)
 
 
-def _time_pytorch(model, batches, args, config, on_gpu) -> tuple[float, float]:
+def _pytorch_step(model, args, config, on_gpu):
     optimizer = torch.optim.AdamW(
         param_groups(model, config.optimizer.weight_decay),
         lr=config.optimizer.lr,
@@ -135,41 +142,30 @@ def _time_pytorch(model, batches, args, config, on_gpu) -> tuple[float, float]:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return _timed(step, batches, args.warmup, on_gpu)
+    return step
 
 
-def _time_deepspeed(engine, batches, args, on_gpu) -> tuple[float, float]:
+def _deepspeed_step(engine):
     def step(inputs, targets):
         loss = engine(inputs, targets)
         engine.backward(loss)
         engine.step()
 
-    return _timed(step, batches, args.warmup, on_gpu)
+    return step
 
 
-def _timed(step, batches, warmup: int, on_gpu: bool) -> tuple[float, float]:
-    """Seconds for the steps after `warmup`, and peak GPU memory (GiB, 0 on CPU)."""
-    for inputs, targets in batches[:warmup]:
-        step(inputs, targets)
+def _timed(step, batches, on_gpu: bool) -> float:
     _sync(on_gpu)
     started = time.perf_counter()
-    for inputs, targets in batches[warmup:]:
+    for inputs, targets in batches:
         step(inputs, targets)
     _sync(on_gpu)
-    seconds = time.perf_counter() - started
-    peak = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else 0.0
-    return seconds, peak
+    return time.perf_counter() - started
 
 
 def _sync(on_gpu: bool) -> None:
     if on_gpu:
         torch.cuda.synchronize()
-
-
-def _reset_memory(on_gpu: bool) -> None:
-    if on_gpu:
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
 
 
 def _init_single_process(on_gpu: bool) -> None:
@@ -199,7 +195,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--vocab", type=int, default=50304)
     p.add_argument("--steps", type=int, default=20, help="timed steps")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first, for each loop")
+    p.add_argument("--rounds", type=int, default=3, help="alternating timed rounds")
     p.add_argument("--out", help="also write the JSON report here")
     return p
 
