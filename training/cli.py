@@ -19,7 +19,7 @@ from typing import NoReturn
 import torch
 
 from training.components import preflight
-from training.config import Config, ConfigError, load_config, resolve_batch_sizes, validate
+from training.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
 from training.selfcheck import (
@@ -68,17 +68,16 @@ def main(argv: list[str] | None = None) -> int:
     return _launcher(args, argv)
 
 
-def _load(args: argparse.Namespace, world_size: int) -> Config:
+def _load(args: argparse.Namespace, world_size: int) -> tuple[Config, BatchSizes]:
     config = load_config(args.config or os.environ.get("TRAIN_CONFIG"), args.overrides)
-    validate(config, world_size)
-    return config
+    return config, validate(config, world_size)
 
 
 def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     _configure_logging(rank=None)
     try:
         topo = topology_from_env(os.environ)
-        config = _load(args, topo.world_size)
+        config, batch = _load(args, topo.world_size)
         preflight(config)
         check_driver(os.environ.get("TRAIN_MIN_DRIVER"), installed_driver())
         check_precision(
@@ -91,7 +90,6 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     if args.print_ds_config:
-        batch = resolve_batch_sizes(config.train, topo.world_size)
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
@@ -112,7 +110,7 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     placement = Placement.from_env()
     _configure_logging(rank=placement.rank)
     try:
-        config = _load(args, placement.world_size)
+        config, _ = _load(args, placement.world_size)
         code = Trainer(config, placement).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -171,3 +172,17 @@ def test_every_config_key_is_documented():
         assert f"[{section}]" in docs, section
         for key in field.annotation.model_fields:
             assert f"`{key}`" in docs or f"`{section}.{key}`" in docs, f"{section}.{key}"
+
+
+def test_train_config_variable_names_the_config_file(tmp_path, monkeypatch, capsys):
+    job = tmp_path / "job.toml"
+    job.write_text("[zero]\nstage = 1\n[train]\nmicro_batch_size = 3\n")
+    monkeypatch.setenv("TRAIN_CONFIG", str(job))
+    monkeypatch.setenv("TRAIN_NPROC_PER_NODE", "2")
+    monkeypatch.delenv("RANK", raising=False)
+    assert main(["--print-ds-config"]) == 0
+    ds = json.loads(capsys.readouterr().out)
+    assert ds["zero_optimization"]["stage"] == 1
+    assert ds["train_batch_size"] == 6
+    # --config wins over TRAIN_CONFIG.
+    assert main(["--config", str(tmp_path / "missing.toml"), "--print-ds-config"]) == 2
