@@ -115,6 +115,9 @@ class Trainer:
         config, placement = self.config, self.placement
         if self.on_gpu:
             torch.cuda.set_device(placement.local_rank)
+            # fp32 matmuls on tensor cores (TF32) on Ampere and newer, as nanoGPT does.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
 
@@ -173,7 +176,10 @@ class Trainer:
             while job.step < config.train.steps:
                 for _ in range(batch.gradient_accumulation_steps):
                     inputs, targets = next(job.batches)
-                    loss = job.engine(inputs.to(job.device), targets.to(job.device))
+                    loss = job.engine(
+                        inputs.to(job.device, non_blocking=True),
+                        targets.to(job.device, non_blocking=True),
+                    )
                     job.engine.backward(loss)
                     job.engine.step()
                     loss_sum += loss.detach().float()
