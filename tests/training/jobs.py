@@ -30,6 +30,17 @@ TINY = (
 )
 STEPS = 40
 
+# The same without dropout, 12 steps, a checkpoint at step 6, and the global batch fixed,
+# so that jobs with other micro-batch or world sizes see the same batches.
+NO_DROPOUT = (
+    *TINY,
+    "zero.stage=2",
+    "model.dropout=0",
+    "train.steps=12",
+    "train.global_batch_size=8",
+    "checkpoint.every_steps=6",
+)
+
 _shared: dict[tuple[str, ...], Job] = {}
 
 
