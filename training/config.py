@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -173,7 +174,7 @@ class BatchSizes(BaseModel):
 
 def load_config(
     path: str | Path | None,
-    overrides: list[str] = (),  # type: ignore[assignment]
+    overrides: Sequence[str] = (),
     env: dict[str, str] | None = None,
 ) -> Config:
     """Read the TOML file (the demo job's when `path` is None), then env, then `--set` values."""
