@@ -1,0 +1,73 @@
+"""Launching real multi-process ranks from tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Set by a launcher for its workers; a launched test job must not inherit them.
+_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_env(**extra: str) -> dict[str, str]:
+    """This process's environment without rank variables, with the repo importable."""
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.update(extra)
+    return env
+
+
+def torchrun(script: Path, nproc: int, *args: str, **popen) -> subprocess.Popen:
+    """Start ``script`` on ``nproc`` local ranks through torch's elastic launcher."""
+    options = [f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    return _torchrun(options, script, args, **popen)
+
+
+def torchrun_nodes(script: Path, nnodes: int, *args: str) -> list[subprocess.Popen]:
+    """Start ``script`` as ``nnodes`` one-rank "nodes" on this machine, one launcher each."""
+    port = free_port()
+    return [
+        _torchrun(
+            [
+                f"--nnodes={nnodes}",
+                f"--node_rank={node}",
+                "--nproc_per_node=1",
+                f"--master_port={port}",
+            ],
+            script,
+            args,
+        )
+        for node in range(nnodes)
+    ]
+
+
+def _torchrun(options: list[str], script: Path, args: tuple[str, ...], **popen) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--master_addr=127.0.0.1",
+        *options,
+        str(script),
+        *args,
+    ]
+    return subprocess.Popen(command, env=launch_env(), cwd=REPO_ROOT, **popen)

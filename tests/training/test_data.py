@@ -1,0 +1,68 @@
+"""Datasets: synthetic sequences, nanoGPT token files (memmap) and raw text as bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from training.components import build_dataset
+from training.config import load_config
+from training.data import SyntheticSequences, text_bytes, token_file
+
+
+def test_synthetic_items_are_seeded_and_follow_their_rule():
+    data = SyntheticSequences(vocab_size=50, seq_len=12, num_samples=100, seed=3)
+    inputs, targets = data[7]
+    again, _ = SyntheticSequences(vocab_size=50, seq_len=12, num_samples=100, seed=3)[7]
+    other, _ = SyntheticSequences(vocab_size=50, seq_len=12, num_samples=100, seed=4)[7]
+    assert torch.equal(inputs, again)
+    assert not torch.equal(inputs, other)
+    assert torch.equal(inputs[1:], targets[:-1])
+    stride = (targets - inputs) % 50
+    assert (stride == stride[0]).all() and stride[0] != 0
+    assert inputs.dtype == torch.int64 and inputs.shape == (12,)
+
+
+@pytest.mark.parametrize("dtype", ["uint16", "uint32"])
+def test_token_file_windows_read_the_memmap(tmp_path, dtype):
+    tokens = np.arange(1, 102, dtype=dtype) * 7
+    (tmp_path / "train.bin").write_bytes(tokens.tobytes())
+    data = token_file(tmp_path, dtype=dtype, seq_len=10, vocab_size=1000)  # a directory
+    assert len(data) == 10  # (101 - 1) // 10
+    inputs, targets = data[3]
+    assert inputs.tolist() == (tokens[30:40].astype(int)).tolist()
+    assert targets.tolist() == (tokens[31:41].astype(int)).tolist()
+    assert isinstance(data.tokens, np.memmap)
+
+
+def test_token_file_errors_name_the_path(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        token_file(tmp_path / "nope.bin", dtype="uint16", seq_len=4, vocab_size=10)
+    small = tmp_path / "small.bin"
+    small.write_bytes(np.arange(3, dtype=np.uint16).tobytes())
+    with pytest.raises(ValueError, match=r"fewer than data\.seq_len"):
+        token_file(small, dtype="uint16", seq_len=4, vocab_size=10)
+
+
+def test_text_is_read_as_bytes_from_a_file_or_a_directory(tmp_path):
+    (tmp_path / "a.txt").write_text("hello world, ")
+    (tmp_path / "b.txt").write_text("héllo again")
+    single = text_bytes(tmp_path / "a.txt", seq_len=4)
+    inputs, targets = single[1]
+    assert bytes(inputs.tolist()) == b"o wo" and bytes(targets.tolist()) == b" wor"
+    both = text_bytes(tmp_path, seq_len=4)
+    joined = "hello world, héllo again".encode()
+    assert len(both) == (len(joined) - 1) // 4
+    assert bytes(both[4][0].tolist()) == joined[16:20]
+    assert max(max(x.tolist()) for x, _ in both) > 127  # é's UTF-8 bytes, no decoding
+    with pytest.raises(IndexError):
+        both[len(both)]
+
+
+def test_config_builds_the_dataset_it_names(tmp_path):
+    (tmp_path / "corpus.txt").write_text("abc" * 50)
+    config = load_config(None, ["data.kind=text", f"data.path={tmp_path / 'corpus.txt'}"], env={})
+    assert config.vocab_size == 256
+    data = build_dataset(config)
+    assert bytes(data[0][0][:3].tolist()) == b"abc"

@@ -1,0 +1,125 @@
+"""End to end: `python -m training` (launcher + 2 ranks) stopped by SIGTERM or a spot notice.
+
+Each run is a real launcher subprocess with real gloo ranks. A stop must give
+exit code 75 and a committed checkpoint at the step the ranks stopped after,
+and running the same command again must continue from that step. (That the
+resumed run equals an uninterrupted one is tests/training/test_resume.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.fake_imds import FakeImds
+from tests.training.multirank import free_port, launch_env
+from training.checkpoint import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
+from training.s3_mirror import S3Mirror
+
+pytestmark = pytest.mark.slow
+
+EXIT_INTERRUPTED = 75
+LONG_RUN = 100_000  # steps: the run only ends through the stop request
+OPTIONS = [
+    "--set", "checkpoint.every_steps=1000000",  # only the stop writes a checkpoint
+    "--set", "logging.every_steps=2",
+    "--set", "logging.progress_bar=false",
+    "--set", "logging.tensorboard=false",
+]  # fmt: skip
+
+
+def start(work: Path, steps: int, env: dict[str, str]) -> subprocess.Popen:
+    """`python -m training` in ``work`` (checkpoints in work/ckpt), output to a log file."""
+    env = launch_env(
+        TRAIN_CHECKPOINT_DIR=str(work / "ckpt"),
+        TRAIN_OUTPUT_DIR=str(work / "out"),
+        TRAIN_NPROC_PER_NODE="2",
+        TRAIN_MASTER_PORT=str(free_port()),
+        **{"TRAIN_SPOT_ENDPOINT": "", **env},
+    )
+    command = [sys.executable, "-m", "training", "--set", f"train.steps={steps}", *OPTIONS]
+    log = open(work / f"log-{steps}.txt", "w")  # noqa: SIM115 (closed with the process)
+    return subprocess.Popen(
+        command, env=env, cwd=work, stdout=log, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def wait_for_progress(work: Path, job: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Until rank 0 has written a metrics record (the ranks are training)."""
+    metrics = work / "out" / "metrics.jsonl"
+    deadline = time.monotonic() + timeout_s
+    while not (metrics.exists() and metrics.read_text().strip()):
+        assert job.poll() is None, (work / f"log-{LONG_RUN}.txt").read_text()[-3000:]
+        assert time.monotonic() < deadline, "no training progress"
+        time.sleep(0.1)
+
+
+def interrupted_run(work: Path, trigger, env: dict[str, str]) -> tuple[int, str]:
+    """Start a long run, trigger a stop once it trains; returns (stop step, log)."""
+    job = start(work, LONG_RUN, env)
+    try:
+        wait_for_progress(work, job)
+        trigger(job)
+        code = job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    log = (work / f"log-{LONG_RUN}.txt").read_text()
+    assert code == EXIT_INTERRUPTED, log[-3000:]
+    stopped = re.findall(r"stopped at step (\d+) \((.*?)\); checkpoint saved", log)
+    assert len(stopped) == 2, log[-3000:]  # both ranks, at the same step
+    assert stopped[0][0] == stopped[1][0]
+    step = int(stopped[0][0])
+    assert 0 < step < LONG_RUN
+    assert committed_steps(work / "ckpt") == [step]
+    assert (work / "ckpt" / POINTER_NAME).read_text().strip() == tag_for(step)
+    return step, log
+
+
+def resumed_run(work: Path, stop_step: int, env: dict[str, str]) -> str:
+    """Run the same command again: it must continue from the stop and commit the end."""
+    total = stop_step + 4
+    job = start(work, total, env)
+    code = job.wait(timeout=180)
+    log = (work / f"log-{total}.txt").read_text()
+    assert code == 0, log[-3000:]
+    assert f"resumed from {work / 'ckpt' / tag_for(stop_step)} at step {stop_step}" in log
+    records = [json.loads(line) for line in (work / "out" / "metrics.jsonl").open()]
+    after = [r["step"] for r in records if r["step"] > stop_step]
+    assert after and after[-1] == total
+    assert committed_steps(work / "ckpt")[-1] == total
+    return log
+
+
+def committed_steps(root: Path) -> list[int]:
+    return sorted(
+        parse_step(p.parent.name) for p in root.glob(f"step_*/{COMMIT_MARKER}") if p.is_file()
+    )
+
+
+def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path):
+    step, log = interrupted_run(tmp_path, lambda job: job.send_signal(signal.SIGTERM), env={})
+    assert "(SIGTERM)" in log
+    resumed_run(tmp_path, step, env={})
+
+
+def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_uri):
+    """The notice stops the run with the checkpoint in S3; a fresh disk resumes from there."""
+    notice = "2026-11-30T12:02:00Z"
+    with FakeImds() as imds:
+        env = {"TRAIN_SPOT_ENDPOINT": imds.url, "TRAIN_S3_URI": s3_uri}
+        step, log = interrupted_run(tmp_path, lambda job: imds.notify("terminate", notice), env=env)
+    assert f"spot interruption: terminate at {notice}" in log
+    assert S3Mirror.from_uri(s3_uri).latest_tag() == tag_for(step)
+
+    shutil.rmtree(tmp_path / "ckpt")  # the replacement instance starts with an empty disk
+    log = resumed_run(tmp_path, step, env={"TRAIN_S3_URI": s3_uri})
+    assert f"fetching {tag_for(step)} from {s3_uri}" in log

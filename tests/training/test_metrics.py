@@ -1,0 +1,82 @@
+"""MFU arithmetic, the GPU peak table, and the metrics file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from training.metrics import GpuMonitor, MetricsSink, load_peaks, mfu, peak_tflops
+from training.model import build_gpt
+
+
+def test_mfu_of_gpt_124m_matches_a_hand_computation():
+    # GPT-2 124M with vocab 50304, T = 1024. Per block 12*d^2 + 13*d parameters (d = 768);
+    # N leaves out the position table but keeps the token table (tied to lm_head).
+    d = 768
+    n = 50304 * d + 12 * (12 * d * d + 13 * d) + 2 * d
+    assert n == 123_689_472
+    with torch.device("meta"):  # shapes only
+        model = build_gpt("gpt-124m", vocab_size=50304, seq_len=1024)
+    assert model.num_params() == n
+    assert model.num_params(non_embedding=False) == n + 1024 * d
+    # 12 * L * H * Q * T = 12 * 12 * 12 * 64 * 1024 = 113,246,208 attention FLOPs per token.
+    assert model.flops_per_token(1024) == 6 * n + 113_246_208
+    # 150,000 tokens/s per A100 (bf16 peak 312 TFLOPS):
+    # (742,136,832 + 113,246,208) * 150,000 / 312e12 = 0.41124...
+    achieved = mfu(
+        model.flops_per_token(1024), 150_000, peak_tflops("NVIDIA A100-SXM4-80GB", bf16=True)
+    )
+    assert achieved == pytest.approx(855_383_040 * 150_000 / 312e12)
+    assert achieved == pytest.approx(0.41124, abs=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("nvml_name", "bf16", "peak"),
+    [
+        ("NVIDIA A100-SXM4-80GB", True, 312),
+        ("NVIDIA A100-PCIE-40GB", False, 312),
+        ("NVIDIA H100 80GB HBM3", True, 989),
+        ("NVIDIA H100 PCIe", True, 756),
+        ("NVIDIA H200", True, 989),
+        ("Tesla V100-SXM2-16GB", True, 125),  # no bf16 on Volta: the fp16 peak
+        ("NVIDIA L40S", True, 362),
+        ("NVIDIA L4", True, 121),
+        ("NVIDIA A10G", True, 70),
+        ("Tesla T4", False, 65),
+        ("Some Future GPU", True, None),
+        (None, True, None),
+    ],
+)
+def test_peak_lookup_by_nvml_name(nvml_name, bf16, peak):
+    assert peak_tflops(nvml_name, bf16=bf16) == peak
+
+
+def test_every_peak_has_a_source():
+    peaks = load_peaks()
+    assert len(peaks) >= 8
+    for peak in peaks:
+        assert peak.source and (peak.bf16 or peak.fp16)
+
+
+def test_mfu_is_none_without_a_known_peak():
+    assert mfu(1e9, 1000, None) is None
+
+
+def test_sink_appends_jsonl_and_tensorboard(tmp_path):
+    sink = MetricsSink(tmp_path, total_steps=3, start_step=0, tensorboard=True, progress_bar=True)
+    for step in (1, 2):
+        sink.write({"step": step, "loss": 3.0 - step, "mfu": None})
+        sink.advance()
+    sink.close()
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["loss"] for line in lines] == [2.0, 1.0]
+    assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_gpu_monitor_reads_nothing_without_a_gpu():
+    monitor = GpuMonitor(local_rank=0)
+    if monitor.name is not None:
+        pytest.skip("a GPU is present")
+    assert monitor.read() == {}

@@ -1,0 +1,138 @@
+"""`python -m training`: the launcher without RANK in the environment, a worker with it.
+
+    python -m training [--config FILE.toml] [--set key=value ...] [--print-ds-config]
+    python -m training export CHECKPOINT out.pt
+
+Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
+75 interrupted and checkpointed (run the same command again to resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from typing import NoReturn
+
+import torch
+
+from training.components import preflight
+from training.config import BatchSizes, Config, ConfigError, load_config, validate
+from training.ds_config import build_ds_config
+from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
+from training.selfcheck import (
+    SelfCheckError,
+    check_driver,
+    check_precision,
+    gpu_capability,
+    installed_driver,
+)
+
+log = logging.getLogger("training")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training",
+        description="Train with DeepSpeed. Without --config (or TRAIN_CONFIG) runs the demo job.",
+        epilog="Export weights: python -m training export CHECKPOINT out.pt",
+    )
+    p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one config key, e.g. --set train.steps=100 (repeatable)",
+    )
+    p.add_argument(
+        "--print-ds-config",
+        action="store_true",
+        help="print the DeepSpeed JSON this config gives on this machine and exit",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["export"]:
+        from training.export import main as export_main
+
+        return export_main(argv[1:])
+    args = parser().parse_args(argv)
+    if "RANK" in os.environ:
+        return _worker(args)
+    return _launcher(args, argv)
+
+
+def _load(args: argparse.Namespace, world_size: int) -> tuple[Config, BatchSizes]:
+    config = load_config(args.config or os.environ.get("TRAIN_CONFIG"), args.overrides)
+    return config, validate(config, world_size)
+
+
+def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
+    _configure_logging(rank=None)
+    try:
+        topo = topology_from_env(os.environ)
+        config, batch = _load(args, topo.world_size)
+        preflight(config)
+        check_driver(os.environ.get("TRAIN_MIN_DRIVER"), installed_driver())
+        check_precision(
+            bf16=config.precision.bf16,
+            fp16=config.precision.fp16,
+            on_gpu=torch.cuda.is_available(),
+            capability=gpu_capability(),
+        )
+    except (ConfigError, TopologyError, SelfCheckError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    if args.print_ds_config:
+        on_gpu = torch.cuda.is_available()
+        print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
+        return 0
+    log.info(
+        "starting %d worker(s) on node %d of %d (world size %d), output in %s",
+        topo.nproc_per_node,
+        topo.node_rank,
+        topo.nnodes,
+        topo.world_size,
+        config.output_dir,
+    )
+    return launch(topo, argv)
+
+
+def _worker(args: argparse.Namespace) -> NoReturn:
+    from training.trainer import Placement, Trainer
+
+    placement = Placement.from_env()
+    _configure_logging(rank=placement.rank)
+    try:
+        config, _ = _load(args, placement.world_size)
+        code = Trainer(config, placement).run()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = EXIT_BAD_CONFIG
+    except Exception:
+        log.exception("rank %d failed", placement.rank)
+        code = EXIT_FAILED
+    # Interpreter shutdown spends seconds in native finalizers (communication backends)
+    # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
+    # directly, so that the job's end (and a spot stop's deadline) is not spent there.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _configure_logging(rank: int | None) -> None:
+    where = "launcher" if rank is None else f"rank {rank}"
+    logging.basicConfig(
+        level=logging.INFO if rank in (None, 0) else logging.WARNING,
+        format=f"%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    # DeepSpeed prints its whole config at INFO on every rank; warnings are enough.
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)

@@ -1,0 +1,98 @@
+"""Build the model and dataset a config names: built-in ones, or the user's own through
+"package.module:function" import strings (`model.builder`, `data.builder`).
+
+Your own builders are called as
+
+    model = build(**model.options, vocab_size=..., seq_len=...)   -> nn.Module
+    dataset = build(**data.options, seq_len=..., seed=..., vocab_size=...)  -> Dataset
+
+The module's forward(inputs, targets) returns the scalar loss; each dataset item is an
+(inputs, targets) pair of LongTensors. See examples/custom_model/.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from training.config import Config, ConfigError
+from training.data import SyntheticSequences, text_bytes, token_file
+from training.model import build_gpt
+
+
+def resolve(import_string: str, key: str) -> Callable:
+    """The callable named by "package.module:function"; ConfigError naming `key` otherwise."""
+    module_name, _, attribute = import_string.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(
+            f"{key} = {import_string!r}: cannot import {module_name} ({error}); "
+            "put its package on PYTHONPATH or run from its parent directory"
+        ) from None
+    builder = getattr(module, attribute, None)
+    if not callable(builder):
+        raise ConfigError(f"{key} = {import_string!r}: {module_name} has no function {attribute!r}")
+    return builder
+
+
+def preflight(config: Config) -> None:
+    """Checks that need imports or files, run by the launcher so they fail before any rank
+    starts: the user's builders import, the data path exists."""
+    if config.model.builder:
+        resolve(config.model.builder, "model.builder")
+    if config.data.builder:
+        resolve(config.data.builder, "data.builder")
+    elif config.data.path and not Path(config.data.path).exists():
+        raise ConfigError(
+            f"data.path = {config.data.path!r} does not exist: point it (or TRAIN_DATA_PATH) "
+            "at a file or directory"
+        )
+
+
+def build_model(config: Config) -> nn.Module:
+    model_cfg, seq_len = config.model, config.data.seq_len
+    if model_cfg.builder:
+        build = resolve(model_cfg.builder, "model.builder")
+        return build(**model_cfg.options, vocab_size=config.vocab_size, seq_len=seq_len)
+    return build_gpt(
+        model_cfg.preset,
+        vocab_size=config.vocab_size,
+        seq_len=seq_len,
+        dropout=model_cfg.dropout,
+        activation_checkpointing=model_cfg.activation_checkpointing,
+        n_layer=model_cfg.n_layer,
+        n_head=model_cfg.n_head,
+        n_embd=model_cfg.n_embd,
+    )
+
+
+def build_dataset(config: Config) -> Dataset:
+    data = config.data
+    if data.builder:
+        build = resolve(data.builder, "data.builder")
+        return build(
+            **data.options, seq_len=data.seq_len, seed=config.run.seed, vocab_size=config.vocab_size
+        )
+    if data.kind == "synthetic":
+        return SyntheticSequences(
+            vocab_size=config.vocab_size,
+            seq_len=data.seq_len,
+            num_samples=data.synthetic_samples,
+            seed=config.run.seed,
+        )
+    try:
+        if data.kind == "tokens":
+            return token_file(
+                Path(data.path),
+                dtype=data.dtype,
+                seq_len=data.seq_len,
+                vocab_size=config.vocab_size,
+            )
+        return text_bytes(Path(data.path), seq_len=data.seq_len)
+    except ValueError as error:  # the file is missing, empty or too short: a config problem
+        raise ConfigError(str(error)) from None

@@ -1,0 +1,86 @@
+"""Datasets the trainer reads. Each item is `(inputs, targets)`: LongTensors of seq_len,
+targets being inputs shifted by one token.
+
+- `SyntheticSequences`: seeded, learnable sequences (no files needed; loss falls).
+- `TokenWindows`: non-overlapping windows over a memory-mapped token array, used both for
+  nanoGPT-style `.bin` token files and for raw text read as bytes (vocab 256).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+
+class SyntheticSequences(Dataset):
+    """Arithmetic sequences modulo the vocabulary: token[t] = (start + stride * t) % vocab.
+
+    Start and stride are drawn per item from a generator seeded by (seed, index), so item i
+    is the same on every rank and every run. A model can learn the rule, so loss falls.
+    """
+
+    def __init__(self, *, vocab_size: int, seq_len: int, num_samples: int, seed: int):
+        self.vocab_size, self.seq_len, self.num_samples, self.seed = (
+            vocab_size,
+            seq_len,
+            num_samples,
+            seed,
+        )
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        generator = np.random.default_rng((self.seed, index))
+        start = int(generator.integers(self.vocab_size))
+        stride = int(generator.integers(1, 8))
+        tokens = (start + stride * torch.arange(self.seq_len + 1)) % self.vocab_size
+        return tokens[:-1], tokens[1:]
+
+
+class TokenWindows(Dataset):
+    """Window i covers tokens [i*seq_len, (i+1)*seq_len + 1) of a 1-D token array."""
+
+    def __init__(self, tokens: np.ndarray, *, seq_len: int, vocab_size: int, source: Path):
+        if len(tokens) < seq_len + 1:
+            raise ValueError(
+                f"data.path {source} holds {len(tokens)} tokens, fewer than data.seq_len + 1 = "
+                f"{seq_len + 1}: use a bigger file or a smaller seq_len"
+            )
+        self.tokens, self.seq_len, self.vocab_size = tokens, seq_len, vocab_size
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.seq_len
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if not 0 <= index < len(self):
+            raise IndexError(f"window {index} is outside 0..{len(self) - 1}")
+        start = index * self.seq_len
+        window = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
+        return window[:-1], window[1:]
+
+
+def token_file(path: Path, *, dtype: str, seq_len: int, vocab_size: int) -> TokenWindows:
+    """A nanoGPT-style token file (flat uint16/uint32 array); a directory means its train.bin."""
+    file = path / "train.bin" if path.is_dir() else path
+    if not file.is_file():
+        raise ValueError(f"data.path {file} does not exist: point it at a token .bin file")
+    tokens = np.memmap(file, dtype=dtype, mode="r")
+    return TokenWindows(tokens, seq_len=seq_len, vocab_size=vocab_size, source=file)
+
+
+def text_bytes(path: Path, *, seq_len: int) -> TokenWindows:
+    """Raw text as byte tokens (vocab 256); a directory means its *.txt files, concatenated."""
+    if path.is_dir():
+        files = sorted(path.glob("*.txt"))
+        if not files:
+            raise ValueError(f"data.path {path} has no *.txt files: add some or point at a file")
+        tokens = np.frombuffer(b"".join(f.read_bytes() for f in files), dtype=np.uint8)
+    elif path.is_file():
+        tokens = np.memmap(path, dtype=np.uint8, mode="r")
+    else:
+        raise ValueError(f"data.path {path} does not exist: point it at a text file or directory")
+    return TokenWindows(tokens, seq_len=seq_len, vocab_size=256, source=path)

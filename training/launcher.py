@@ -1,0 +1,149 @@
+"""Start one worker per local GPU (2 on a CPU-only machine) through torch's elastic launcher.
+
+This is the process a container runs as PID 1: it forwards SIGTERM/SIGINT to the workers,
+waits for them to checkpoint, and exits with their exit code (docs/contracts.md, section 3).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+log = logging.getLogger(__name__)
+
+EXIT_FAILED = 1
+EXIT_BAD_CONFIG = 2
+EXIT_INTERRUPTED = 75
+CPU_WORKERS = 2
+_EXIT_MEANING = {
+    EXIT_FAILED: "a worker failed: see its traceback above",
+    EXIT_BAD_CONFIG: "a worker rejected the configuration",
+    EXIT_INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    nnodes: int
+    node_rank: int
+    nproc_per_node: int
+    master_addr: str
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+
+class TopologyError(ValueError):
+    """A TRAIN_* launch variable with a value that cannot work."""
+
+
+def topology_from_env(env: dict[str, str]) -> Topology:
+    """TRAIN_NNODES, TRAIN_NODE_RANK, TRAIN_MASTER_ADDR/PORT, TRAIN_NPROC_PER_NODE."""
+    local_gpus = torch.cuda.device_count()
+    topo = Topology(
+        nnodes=_int_env(env, "TRAIN_NNODES", 1),
+        node_rank=_int_env(env, "TRAIN_NODE_RANK", 0),
+        nproc_per_node=_int_env(env, "TRAIN_NPROC_PER_NODE", local_gpus or CPU_WORKERS),
+        master_addr=env.get("TRAIN_MASTER_ADDR") or "127.0.0.1",
+        master_port=_int_env(env, "TRAIN_MASTER_PORT", 29500),
+    )
+    if topo.nnodes < 1 or topo.nproc_per_node < 1:
+        raise TopologyError(
+            f"TRAIN_NNODES = {topo.nnodes} and TRAIN_NPROC_PER_NODE = {topo.nproc_per_node} "
+            "must both be at least 1"
+        )
+    if not 0 <= topo.node_rank < topo.nnodes:
+        raise TopologyError(
+            f"TRAIN_NODE_RANK = {topo.node_rank} is outside 0..{topo.nnodes - 1} "
+            f"(TRAIN_NNODES = {topo.nnodes})"
+        )
+    return topo
+
+
+def _int_env(env: dict[str, str], name: str, default: int) -> int:
+    text = env.get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise TopologyError(f"{name} = {text!r} is not an integer") from None
+
+
+def launch(topo: Topology, worker_args: list[str]) -> int:
+    """Run `python -m training <worker_args>` on every local rank; return the job's exit code."""
+    # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
+    # do not oversubscribe the CPU cores.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Workers must import this package whatever their working directory.
+    package_parent = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [package_parent, os.environ.get("PYTHONPATH")])
+    )
+    config = LaunchConfig(
+        min_nodes=topo.nnodes,
+        max_nodes=topo.nnodes,
+        nproc_per_node=topo.nproc_per_node,
+        run_id="training",
+        rdzv_backend="static",
+        rdzv_endpoint=f"{topo.master_addr}:{topo.master_port}",
+        rdzv_configs={"rank": topo.node_rank},
+        max_restarts=0,
+        monitor_interval=0.5,
+        # SIGTERM and SIGINT stay ours (below): torch's handler would kill the workers
+        # after its shutdown timeout instead of letting them checkpoint.
+        signals_to_handle="SIGHUP,SIGQUIT",
+    )
+    previous = {
+        sig: signal.signal(sig, _forward_to_workers) for sig in (signal.SIGTERM, signal.SIGINT)
+    }
+    try:
+        elastic_launch(config, sys.executable)("-m", "training", *worker_args)
+    except ChildFailedError as error:
+        code = _job_exit_code([failure.exitcode for failure in error.failures.values()])
+        log.warning("%s (exit code %d)", _EXIT_MEANING[code], code)
+        return code
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return 0
+
+
+def _forward_to_workers(signum: int, _frame) -> None:
+    """Pass the signal on; the workers' stop flag checkpoints and they exit with 75."""
+    workers = psutil.Process().children(recursive=False)
+    log.warning(
+        "received %s: asking %d worker(s) to checkpoint and stop",
+        signal.Signals(signum).name,
+        len(workers),
+    )
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):  # it exited meanwhile
+            worker.send_signal(signum)
+
+
+def _job_exit_code(exit_codes: list[int]) -> int:
+    """One code for the job from the failed workers' codes.
+
+    75 from any rank means the collective checkpoint was written; ranks the launcher
+    stopped meanwhile (negative: killed by a signal) do not change that.
+    """
+    if EXIT_BAD_CONFIG in exit_codes:
+        return EXIT_BAD_CONFIG
+    if EXIT_INTERRUPTED in exit_codes and all(
+        code == EXIT_INTERRUPTED or code < 0 for code in exit_codes
+    ):
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED

@@ -1,0 +1,308 @@
+"""The training loop one worker (rank) runs: engine, data, checkpoints, stop requests, metrics.
+
+Exit codes follow docs/contracts.md: 0 done, 75 interrupted and checkpointed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.utils.data import DataLoader
+
+from training import rng
+from training.checkpoint import Checkpointer
+from training.components import build_dataset, build_model
+from training.config import BatchSizes, Config, resolve_batch_sizes
+from training.ds_config import build_ds_config
+from training.interrupt import StopFlag
+from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
+from training.s3_mirror import S3Mirror
+from training.sampler import ResumableDistributedSampler
+
+log = logging.getLogger(__name__)
+
+EXIT_DONE = 0
+EXIT_INTERRUPTED = 75
+DEFAULT_SPOT_ENDPOINT = "http://169.254.169.254"
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where this worker sits, from the launcher's environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+
+    @classmethod
+    def from_env(cls) -> Placement:
+        return cls(
+            rank=int(os.environ["RANK"]),
+            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
+
+
+def flops_per_token(model: nn.Module, seq_len: int) -> int:
+    """The model's own estimate if it has one, else 6N (forward + backward matmuls)."""
+    if hasattr(model, "flops_per_token"):
+        return model.flops_per_token(seq_len)
+    return 6 * sum(p.numel() for p in model.parameters())
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only, not on biases, norms (nanoGPT's split)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+@dataclass
+class Job:
+    """Everything the loop touches, built once per run."""
+
+    engine: deepspeed.DeepSpeedEngine
+    sampler: ResumableDistributedSampler
+    batches: Iterator
+    checkpointer: Checkpointer
+    batch: BatchSizes
+    device: torch.device
+    model_flops: int
+    step: int = 0
+
+
+class Trainer:
+    def __init__(self, config: Config, placement: Placement, env: dict[str, str] | None = None):
+        self.config = config
+        self.placement = placement
+        self.env = os.environ if env is None else env
+        self.on_gpu = torch.cuda.is_available()
+        self.is_rank0 = placement.rank == 0
+
+    def run(self) -> int:
+        """Train to train.steps (0), or until a stop request, checkpointed (75)."""
+        # Listen for SIGTERM and spot notices from the start: one that arrives while the
+        # engine is being built stops the job after its first step, with a checkpoint.
+        endpoint = self.env.get("TRAIN_SPOT_ENDPOINT", DEFAULT_SPOT_ENDPOINT)
+        stop = StopFlag(spot_endpoint=endpoint or None)
+        stop.start()
+        try:
+            job = self._setup()
+            if job.step >= self.config.train.steps:
+                log.info(
+                    "already at step %d of train.steps = %d: nothing to do",
+                    job.step,
+                    self.config.train.steps,
+                )
+                return EXIT_DONE
+            return self._loop(job, stop)
+        finally:
+            stop.close()
+
+    def _setup(self) -> Job:
+        config, placement = self.config, self.placement
+        if self.on_gpu:
+            torch.cuda.set_device(placement.local_rank)
+            # fp32 matmuls on tensor cores (TF32) on Ampere and newer, as nanoGPT does.
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+        deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
+        device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
+
+        # Same seed on every rank while building the model: identical initial weights.
+        _seed_everything(config.run.seed)
+        model = build_model(config)
+        dataset = build_dataset(config)
+        sampler = ResumableDistributedSampler(
+            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
+        )
+        batch = resolve_batch_sizes(config.train, placement.world_size)
+        loader = DataLoader(
+            dataset,
+            batch_size=batch.micro_batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=config.data.num_workers,
+            pin_memory=self.on_gpu,
+            # Its own generator: making an iterator then draws no number from the global one,
+            # which dropout uses and a resumed run restores exactly.
+            generator=torch.Generator().manual_seed(config.run.seed),
+        )
+        model_flops = flops_per_token(model, config.data.seq_len)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=param_groups(model, config.optimizer.weight_decay),
+            config=build_ds_config(config, batch, on_gpu=self.on_gpu),
+        )
+        # Dropout and other randomness differ per rank from here on.
+        _seed_everything(config.run.seed + placement.rank)
+
+        mirror_uri = self.env.get("TRAIN_S3_URI")
+        checkpointer = Checkpointer(
+            config.checkpoint_dir,
+            keep_last=config.checkpoint.keep_last,
+            mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
+        )
+        job = Job(
+            engine, sampler, _batches(loader, sampler), checkpointer, batch, device, model_flops
+        )
+        state = checkpointer.resume(engine)
+        if state is not None:
+            job.step = state["step"]
+            sampler.load_state_dict(state["data"])
+            if not rng.restore_for_rank(state["rng"], placement.rank):
+                log.warning(
+                    "the checkpoint has no RNG state for rank %d: seeded anew", placement.rank
+                )
+        return job
+
+    def _loop(self, job: Job, stop: StopFlag) -> int:
+        config, placement, batch = self.config, self.placement, job.batch
+        metrics = StepMetrics(config, placement, job) if self.is_rank0 else None
+        loss_sum = torch.zeros((), device=job.device)
+        try:
+            while job.step < config.train.steps:
+                for _ in range(batch.gradient_accumulation_steps):
+                    inputs, targets = next(job.batches)
+                    loss = job.engine(
+                        inputs.to(job.device, non_blocking=True),
+                        targets.to(job.device, non_blocking=True),
+                    )
+                    job.engine.backward(loss)
+                    job.engine.step()
+                    loss_sum += loss.detach().float()
+                job.step += 1
+
+                if job.step % config.logging.every_steps == 0 or job.step == config.train.steps:
+                    # A collective: every rank takes part, rank 0 records.
+                    window_loss = _mean_over_ranks(loss_sum)
+                    if metrics is not None:
+                        metrics.record(window_loss)
+                    loss_sum.zero_()
+                if metrics is not None:
+                    metrics.tick()
+
+                stopping = stop.should_stop()
+                if (
+                    stopping
+                    or job.step % config.checkpoint.every_steps == 0
+                    or job.step == config.train.steps
+                ):
+                    job.checkpointer.save(job.engine, job.step, self._client_state(job))
+                if stopping:
+                    log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
+                    return EXIT_INTERRUPTED
+        finally:
+            if metrics is not None:
+                metrics.close()
+        if metrics is not None:
+            print(metrics.summary(), flush=True)
+        return EXIT_DONE
+
+    @staticmethod
+    def _client_state(job: Job) -> dict:
+        return {"step": job.step, "data": job.sampler.state_dict(), "rng": rng.gather_all_ranks()}
+
+
+class StepMetrics:
+    """Rank 0's view of the run: per-window throughput and MFU, and the end-of-run summary."""
+
+    def __init__(self, config: Config, placement: Placement, job: Job):
+        self.config, self.job, self.world_size = config, job, placement.world_size
+        self.tokens_per_step = job.batch.global_batch_size * config.data.seq_len
+        self.gpu = GpuMonitor(placement.local_rank)
+        self.peak = peak_tflops(self.gpu.name, bf16=config.precision.bf16)
+        self.sink = MetricsSink(
+            config.output_dir,
+            total_steps=config.train.steps,
+            start_step=job.step,
+            tensorboard=config.logging.tensorboard,
+            progress_bar=config.logging.progress_bar,
+        )
+        self.first_step, self.started = job.step, time.perf_counter()
+        self.window_step, self.window_start = job.step, self.started
+        self.first_loss: float | None = None
+        self.last_loss: float | None = None
+
+    def record(self, loss_sum: float) -> None:
+        """One record for the steps since the last; loss_sum is over their micro-batches."""
+        job, now = self.job, time.perf_counter()
+        steps = job.step - self.window_step
+        loss = loss_sum / (steps * job.batch.gradient_accumulation_steps)
+        tokens_per_s = self.tokens_per_step * steps / (now - self.window_start)
+        record = {
+            "step": job.step,
+            "loss": loss,
+            "lr": job.engine.get_lr()[0],
+            "tokens_per_s": tokens_per_s,
+            "samples_per_s": tokens_per_s / self.config.data.seq_len,
+            "tflops_per_gpu": job.model_flops * tokens_per_s / self.world_size / 1e12,
+            "mfu": mfu(job.model_flops, tokens_per_s / self.world_size, self.peak),
+            "step_time_s": (now - self.window_start) / steps,
+            "epoch": job.sampler.epoch,
+            "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
+            **self.gpu.read(),
+        }
+        if self.config.precision.fp16:
+            record["loss_scale"] = float(job.engine.optimizer.loss_scale)
+        self.sink.write(record)
+        self.first_loss = loss if self.first_loss is None else self.first_loss
+        self.last_loss = loss
+        self.window_step, self.window_start = job.step, now
+
+    def tick(self) -> None:
+        self.sink.advance()
+
+    def close(self) -> None:
+        self.sink.close()
+
+    def summary(self) -> str:
+        took = time.perf_counter() - self.started
+        steps = self.job.step - self.first_step
+        rate = self.tokens_per_step * steps / took
+        per_gpu = rate / self.world_size
+        return (
+            f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
+            f"{self.last_loss:.4f}, {rate:,.0f} tokens/s, "
+            f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
+            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; "
+            f"checkpoints in {self.config.checkpoint_dir}, "
+            f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
+        )
+
+
+def _batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> Iterator:
+    """Micro-batches forever, epoch after epoch, counting what the loop has consumed."""
+    while True:
+        for inputs, targets in loader:
+            sampler.advance(len(inputs))
+            yield inputs, targets
+        sampler.next_epoch()
+
+
+def _mean_over_ranks(value: torch.Tensor) -> float:
+    total = value.clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _percent(value: float | None) -> str:
+    return "n/a (unknown GPU peak)" if value is None else f"{100 * value:.1f}%"
