@@ -47,7 +47,13 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="REGISTRY",
-        help="push to REGISTRY/<image>:<tag> (repeatable)",
+        help="push to REGISTRY/<image name>:<tag> (repeatable)",
+    )
+    build.add_argument(
+        "--image-name",
+        default=builder.IMAGE_NAME,
+        help=f"repository name in each registry (default {builder.IMAGE_NAME}); for a stack's "
+        "ECR repository, the part of its image_uri between the registry and the tag",
     )
     build.add_argument(
         "--wheelhouse",
@@ -135,6 +141,7 @@ def _run(options: argparse.Namespace) -> int:
             cache=options.cache,
             cache_write=options.cache_write,
             storage_driver=options.storage_driver,
+            image_name=options.image_name,
         )
         if options.dry_run:
             for argv in builder.commands(request, options.engine or builder.detect_engine()):

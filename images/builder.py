@@ -39,6 +39,7 @@ class BuildRequest:
     cache: str | None = None  # registry ref for the layer cache (read)
     cache_write: bool = False  # also write the cache (needs push rights)
     storage_driver: str | None = None  # buildah only
+    image_name: str = IMAGE_NAME  # the repository within each registry
     context: Path = field(default=REPO_ROOT)
 
     @property
@@ -46,8 +47,8 @@ class BuildRequest:
         """One name per registry pushed to, else the local name; all carry the versioned tag."""
         tag = self.variant.tag(self.release)
         if not self.registries:
-            return (f"{IMAGE_NAME}:{tag}",)
-        return tuple(f"{registry.rstrip('/')}/{IMAGE_NAME}:{tag}" for registry in self.registries)
+            return (f"{self.image_name}:{tag}",)
+        return tuple(f"{r.rstrip('/')}/{self.image_name}:{tag}" for r in self.registries)
 
     def effective_args(self) -> dict[str, str]:
         args = dict(self.args)

@@ -169,3 +169,18 @@ def test_failed_engine_run_raises_build_failed(tmp_path, monkeypatch):
     failing.chmod(0o755)
     with pytest.raises(builder.BuildFailed, match="failed for variant 'cpu'"):
         builder.build(request(), engine="buildah")
+
+
+def test_image_name_names_the_repository_in_every_registry():
+    req = request(
+        CUDA,
+        registries=("123.dkr.ecr.us-east-1.amazonaws.com",),
+        image_name="mystack-images-1a2b3c",
+    )
+    tag = CUDA.tag(MATRIX.release)
+    assert pairs(builder.docker_argv(req), "--tag") == [
+        f"123.dkr.ecr.us-east-1.amazonaws.com/mystack-images-1a2b3c:{tag}"
+    ]
+    assert pairs(builder.docker_argv(request(image_name="local")), "--tag") == [
+        f"local:{CPU.tag(MATRIX.release)}"
+    ]
