@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MatrixError, builder.BuildError, locks.LockError, base.BaseError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (builder.BuildFailed, smoke.SmokeError) as error:
+    except (builder.BuildFailed, base.BaseFailed, smoke.SmokeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

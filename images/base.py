@@ -18,7 +18,11 @@ DEBIAN_SUITES = {"bookworm": "bookworm", "12": "bookworm"}
 
 
 class BaseError(RuntimeError):
-    """The base cannot be made here (wrong variant, missing tool, failed command)."""
+    """The base cannot be made here: not a Debian variant, or a missing tool."""
+
+
+class BaseFailed(RuntimeError):
+    """A bootstrap command failed (its output is above)."""
 
 
 def debian_suite(variant: Variant) -> str:
@@ -93,5 +97,5 @@ def bootstrap_base(variant: Variant, storage_driver: str | None = None) -> list[
         subprocess.run(leftover, check=False, capture_output=True)
         for command in commands:
             if subprocess.run(command, check=False).returncode != 0:
-                raise BaseError(f"{' '.join(command)} failed")
+                raise BaseFailed(f"{' '.join(command)} failed (its output is above)")
     return sorted({qualified(variant.base_build), qualified(variant.base_runtime)})

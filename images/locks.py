@@ -279,14 +279,16 @@ def placeholder_torch(variant: Variant, folder: Path) -> Path:
 
 
 def render_lock(variant: Variant, items: list[dict], incomplete: list[str]) -> str:
+    """The lock file's text from pip's report items; `incomplete` lists why it is not whole."""
     entries: dict[str, str] = {}
     for item in items:
-        name, version = item["metadata"]["name"], item["metadata"]["version"]
-        hashes = () if incomplete and normalize(name) == "torch" else hashes_for(item)
-        if incomplete and normalize(name) == "torch":
-            version = torch_local_version(variant)
-        lines = [f"{normalize(name)}=={version}", *(f"--hash=sha256:{h}" for h in hashes)]
-        entries[normalize(name)] = " \\\n    ".join(lines)
+        name = normalize(item["metadata"]["name"])
+        if incomplete and name == "torch":  # a stand-in was resolved: name the real one
+            version, hashes = torch_local_version(variant), ()
+        else:
+            version, hashes = item["metadata"]["version"], hashes_for(item)
+        lines = [f"{name}=={version}", *(f"--hash=sha256:{h}" for h in hashes)]
+        entries[name] = " \\\n    ".join(lines)
     deepspeed = entries.pop("deepspeed")
     header = [
         f"# Lock for the {variant.name} image: torch {variant.torch} from {variant.torch_index},",
