@@ -132,3 +132,13 @@ def test_descendants_finds_grandchildren():
             os.kill(pid, signal.SIGKILL)
         shell.kill()
         shell.wait()
+
+
+def test_ci_script_fails_loudly_without_what_it_needs(tmp_path):
+    env = {**os.environ, "PYTHON": sys.executable, "WHEELHOUSE": str(tmp_path)}
+    script = REPO_ROOT / "images/ci/build-and-smoke-cpu.sh"
+    result = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert result.returncode == 1
+    reasons = ("must run as root", "is not installed", f"no CPU torch wheel in {tmp_path}")
+    assert any(reason in result.stderr for reason in reasons), result.stderr
+    assert "OK" not in result.stdout
