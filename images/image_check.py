@@ -1,7 +1,8 @@
 """Runs INSIDE a built image: do the versions it carries equal what the matrix says?
 
   docker run --rm -i IMAGE python - --torch 2.13.0 --deepspeed 0.19.8 \\
-      [--cuda 12.6 --cudnn 9.10.2.21 --nccl 2.29.3 --op fused_adam ...] < images/image_check.py
+      [--cuda 12.6 --cudnn 9.10.2.21 --nccl 2.29.3 | --cuda none] [--op fused_adam ...] \\
+      < images/image_check.py
 
 Needs no GPU: it reads the versions the libraries were built with. Prints what it found;
 exits 1 naming every mismatch. Standalone on purpose (the image has no `images` package).
@@ -53,7 +54,12 @@ def mismatches(
         if want is None:
             continue
         have = found[key]
-        same = have == want if key in ("torch", "deepspeed") else _prefix_equal(have, want)
+        if want == "none":  # the cpu image must not carry a CUDA build of torch
+            same = have == ""
+        elif key in ("torch", "deepspeed"):
+            same = have == want
+        else:
+            same = _prefix_equal(have, want)
         if not same:
             problems.append(f"{key}: the image has {have or 'none'}, the matrix says {want}")
     problems += [f"DeepSpeed op {op!r} is not pre-built" for op in want_ops if not ops.get(op)]
@@ -64,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--torch", required=True)
     parser.add_argument("--deepspeed", required=True)
-    parser.add_argument("--cuda")
+    parser.add_argument("--cuda", help='"none": torch must be a CPU build')
     parser.add_argument("--cudnn")
     parser.add_argument("--nccl")
     parser.add_argument("--op", action="append", default=[], help="op that must be pre-built")

@@ -157,6 +157,8 @@ def expectations(variant) -> list[str]:
     expect = ["--torch", variant.torch, "--deepspeed", variant.deepspeed]
     if variant.cuda:
         expect += ["--cuda", variant.cuda, "--cudnn", variant.cudnn, "--nccl", variant.nccl]
+    else:
+        expect += ["--cuda", "none"]
     ops = DEEPSPEED_OPS[accelerator(variant)].values()
     return [*expect, *(arg for op in ops for arg in ("--op", op))]
 

@@ -51,3 +51,10 @@ def test_cpu_image_without_cuda_fails_a_cuda_expectation():
     found = {**FOUND, "cuda": "", "cudnn": "", "nccl": ""}
     problems = mismatches({"cuda": "12.6"}, found, OPS, [])
     assert problems == ["cuda: the image has none, the matrix says 12.6"]
+
+
+def test_cpu_expectation_fails_a_cuda_build_of_torch():
+    assert mismatches({"cuda": "none"}, {**FOUND, "cuda": ""}, OPS, []) == []
+    assert mismatches({"cuda": "none"}, FOUND, OPS, []) == [
+        "cuda: the image has 12.6, the matrix says none"
+    ]
