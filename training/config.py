@@ -61,7 +61,7 @@ class ModelConfig(Section):
     builder: ImportString | None = None
     # Keyword arguments for `builder` (free-form: they belong to your model).
     options: dict[str, Any] = Field(default_factory=dict)
-    # Overrides of the preset's shape (GPT presets only).
+    # Overrides of the preset's shape (built-in presets, not with builder).
     n_layer: int | None = Field(default=None, gt=0)
     n_head: int | None = Field(default=None, gt=0)
     n_embd: int | None = Field(default=None, gt=0)
