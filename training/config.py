@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import tomllib
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from training.model import PRESETS
