@@ -43,8 +43,6 @@ if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" | sort --version-sort --check=qui
 fi
 log "NVIDIA driver $driver (image needs at least $MIN_DRIVER)"
 
-mkdir -p "$STATE_DIR/checkpoints" "$STATE_DIR/output"
-
 if [ -n "$DATA_S3_URI" ]; then
   log "syncing $DATA_S3_URI to $DATA_DIR"
   mkdir -p "$DATA_DIR"
@@ -60,6 +58,12 @@ until aws ecr get-login-password --region "$REGION" |
   sleep "$PULL_RETRY_SECONDS"
 done
 docker rm --force "$CONTAINER" >/dev/null 2>&1 || true
+
+# The image may run as a non-root user: the directories it writes through the bind
+# mounts must be that user's. Ask the image (numeric ids, whatever its USER line says).
+owner=$(docker run --rm --entrypoint sh "$IMAGE_URI" -c 'echo "$(id -u):$(id -g)"')
+install -d -o "${owner%:*}" -g "${owner#*:}" "$STATE_DIR/checkpoints" "$STATE_DIR/output"
+log "checkpoints and output under $STATE_DIR belong to the container's user $owner"
 
 docker_args=(
   --name "$CONTAINER"

@@ -159,12 +159,28 @@ if [ "$1" = login ]; then cat > /dev/null; fi
 if [ "$1" = pull ] && [ "$(grep -c pull "$CALLS/docker")" -le "$FAKE_PULL_FAILURES" ]; then
   exit 1
 fi
+if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then  # asking the image for its user
+  printf '%s\n' "$@" > "$CALLS/docker-user-query"
+  echo "$FAKE_IMAGE_USER"
+  exit 0
+fi
 if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
+"""
+# Records the call and makes the directories: chown to the image's user needs root.
+FAKE_INSTALL = """#!/bin/bash
+echo "$*" >> "$CALLS/install"
+for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done
 """
 
 
 def run_training_script(
-    tmp_path: Path, boot: NodeBoot, *, driver: str, exit_code: int = 0, pull_failures: int = 0
+    tmp_path: Path,
+    boot: NodeBoot,
+    *,
+    driver: str,
+    exit_code: int = 0,
+    pull_failures: int = 0,
+    image_user: str = "1000:1000",
 ):
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
@@ -177,7 +193,13 @@ def run_training_script(
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     calls.mkdir()
-    for name, body in (("nvidia-smi", FAKE_NVIDIA_SMI), ("aws", FAKE_AWS), ("docker", FAKE_DOCKER)):
+    stand_ins = {
+        "nvidia-smi": FAKE_NVIDIA_SMI,
+        "aws": FAKE_AWS,
+        "docker": FAKE_DOCKER,
+        "install": FAKE_INSTALL,
+    }
+    for name, body in stand_ins.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(stat.S_IRWXU)
     env = {
@@ -186,6 +208,7 @@ def run_training_script(
         "FAKE_DRIVER": driver,
         "FAKE_EXIT": str(exit_code),
         "FAKE_PULL_FAILURES": str(pull_failures),
+        "FAKE_IMAGE_USER": image_user,
     }
     result = subprocess.run(
         ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
@@ -263,7 +286,25 @@ def test_an_image_not_pushed_yet_is_waited_for(tmp_path):
     assert result.stdout.count(f"waiting for {IMAGE} to be pushed") == 3
     steps = (calls / "docker").read_text().split()
     assert steps.count("login") == 4  # a fresh login each try: ECR tokens expire
-    assert steps[-3:] == ["pull", "rm", "run"]
+    assert steps[-4:] == ["pull", "rm", "run", "run"]  # the image's user, then the job
+
+
+@pytest.mark.parametrize("image_user", ["1000:1000", "0:0"])
+def test_state_directories_belong_to_the_images_user(tmp_path, image_user):
+    # The container writes checkpoints and metrics through bind mounts of host
+    # directories: owned by root, a non-root image could not write them.
+    result, calls, root = run_training_script(
+        tmp_path, node(), driver="595.91.07", image_user=image_user
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    query = (calls / "docker-user-query").read_text().splitlines()
+    assert IMAGE in query
+    uid, gid = image_user.split(":")
+    state = f"{root}{userdata.STATE_DIR}"
+    assert (
+        f"-d -o {uid} -g {gid} {state}/checkpoints {state}/output"
+        in (calls / "install").read_text()
+    )
 
 
 def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
