@@ -6,6 +6,8 @@ on PATH that record how they were called.
 
 from __future__ import annotations
 
+import ast
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -16,6 +18,9 @@ import yaml
 from infra import userdata
 from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.tools import require_tool
+from training.config import load_config
+from training.launcher import topology_from_env
+from training.s3_mirror import S3Mirror
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
 
@@ -397,3 +402,63 @@ def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
     assert "no instance-store NVMe drive found" in result.stdout
     assert (tmp_path / "scratch").is_dir()
     assert not any(line.startswith(("mdadm", "mkfs", "mount ")) for line in raid)
+
+
+# --- the seam with the trainer (docs/contracts.md, section 3) ------------------------------
+
+# Variables read by the libraries inside the container rather than by the trainer.
+LIBRARY_PREFIXES = ("AWS_", "NCCL_", "FI_", "RDMAV_")
+
+
+def trainer_variables() -> set[str]:
+    """Every TRAIN_* name the training package's code mentions as a whole string."""
+    names = set()
+    for source in (Path(__file__).parents[2] / "training").glob("*.py"):
+        for item in ast.walk(ast.parse(source.read_text())):
+            if isinstance(item, ast.Constant) and isinstance(item.value, str):
+                if re.fullmatch(r"TRAIN_[A-Z0-9_]+", item.value):
+                    names.add(item.value)
+    return names
+
+
+def boot_environment(boot: NodeBoot) -> dict[str, str]:
+    """The container's environment as the boot writes it (docker --env-file lines)."""
+    lines = render_files(boot)[userdata.ENV_FILE].splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_variable_the_boot_passes_is_one_the_container_reads(shape):
+    env = boot_environment(SHAPES[shape])
+    unknown = {
+        name
+        for name in env
+        if not name.startswith(LIBRARY_PREFIXES) and name not in trainer_variables()
+    }
+    assert not unknown, f"the trainer reads none of {sorted(unknown)}"
+
+
+def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
+    contracts = (Path(__file__).parents[2] / "docs" / "contracts.md").read_text()
+    section = contracts.split("## 3.")[1].split("## 4.")[0]
+    documented = set(re.findall(r"^\| `(TRAIN_[A-Z0-9_]+)` \|", section, flags=re.MULTILINE))
+    assert documented == trainer_variables()
+
+
+def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
+    boot = node()
+    env = boot_environment(boot)
+    topology = topology_from_env(env)
+    assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
+    assert (topology.master_addr, topology.master_port) == (boot.master_addr, userdata.MASTER_PORT)
+    # The training config the stack ships is the one the container loads, and the
+    # directories the environment names are the bind-mounted host paths.
+    train_config = tmp_path / "train.toml"
+    train_config.write_text(render_files(boot)[env["TRAIN_CONFIG"]])
+    config = load_config(str(train_config), env=env)
+    assert config.optimizer.lr == 3e-4
+    assert config.checkpoint_dir == Path(f"{userdata.STATE_DIR}/checkpoints")
+    assert config.data.path == userdata.DATA_DIR
+    assert Path(config.output_dir).is_relative_to(userdata.STATE_DIR)
+    mirror = S3Mirror.from_uri(env["TRAIN_S3_URI"])
+    assert mirror.uri == boot.checkpoint_s3_uri
