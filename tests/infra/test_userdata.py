@@ -415,9 +415,10 @@ def trainer_variables() -> set[str]:
     names = set()
     for source in (Path(__file__).parents[2] / "training").glob("*.py"):
         for item in ast.walk(ast.parse(source.read_text())):
-            if isinstance(item, ast.Constant) and isinstance(item.value, str):
-                if re.fullmatch(r"TRAIN_[A-Z0-9_]+", item.value):
-                    names.add(item.value)
+            if isinstance(item, ast.Constant) and re.fullmatch(
+                r"TRAIN_[A-Z0-9_]+", str(item.value)
+            ):
+                names.add(item.value)
     return names
 
 
