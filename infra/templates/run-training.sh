@@ -35,8 +35,11 @@ if [ -z "$driver" ]; then
   log "nvidia-smi reported no GPU driver; retrying later"
   exit 1
 fi
-# Sorted (minimum first, equal allowed) means the driver is new enough.
-if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" | sort --version-sort --check=quiet; then
+# Sorted (minimum first, equal allowed) means the driver is new enough. Field by field
+# as numbers, a missing field as 0 (-s: no tie-break on the text), as the image's own
+# check (training/selfcheck.py) compares: 570.26 = 570.26.00, 580.65.6 = 580.65.06.
+if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" |
+  sort --stable --field-separator=. -k1,1n -k2,2n -k3,3n -k4,4n --check=quiet; then
   log "NVIDIA driver $driver is older than $MIN_DRIVER, the minimum for $IMAGE_URI;" \
     "not starting. Pick an image variant this AMI's driver runs (gpu:imageVariant) or a newer AMI."
   exit 2

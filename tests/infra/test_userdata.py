@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
+from images.matrix import load_matrix
 from infra import userdata
+from infra.catalog import load_catalog
 from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.tools import require_tool
 from training.config import load_config
 from training.launcher import topology_from_env
 from training.s3_mirror import S3Mirror
+from training.selfcheck import SelfCheckError, check_driver
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
 
@@ -245,6 +248,60 @@ def test_driver_at_or_above_the_minimum_starts_the_job(tmp_path, driver):
     result, calls, _ = run_training_script(tmp_path, node(), driver=driver)
     assert result.returncode == 0, result.stdout + result.stderr
     assert (calls / "docker-run").exists()
+
+
+def boot_accepts_driver(tmp_path: Path, min_driver: str, driver: str) -> bool:
+    """Whether run-training.sh starts the job with this driver and this minimum."""
+    result, _, _ = run_training_script(tmp_path, node(min_driver=min_driver), driver=driver)
+    assert result.returncode in (0, 2), result.stdout + result.stderr
+    return result.returncode == 0
+
+
+def image_accepts_driver(min_driver: str, driver: str) -> bool:
+    """Whether the image's own start-up check (TRAIN_MIN_DRIVER) lets the job run."""
+    try:
+        check_driver(min_driver, driver)
+    except SelfCheckError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("min_driver", "driver", "new_enough"),
+    [
+        ("580.65.06", "595.91.07", True),
+        ("595.91.07", "580.65.06", False),
+        ("570.26", "570.195.03", True),  # the matrix writes some minimums with two parts
+        ("570.26", "570.26.00", True),
+        ("570.26.00", "570.26", True),
+        ("580.65.6", "580.65.06", True),
+        ("570.26.1", "570.26", False),
+        ("560.28.03", "560.9.99", False),
+    ],
+)
+def test_boot_and_image_judge_a_driver_alike(tmp_path, min_driver, driver, new_enough):
+    assert boot_accepts_driver(tmp_path, min_driver, driver) is new_enough
+    assert image_accepts_driver(min_driver, driver) is new_enough
+
+
+def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_path):
+    pairs = [
+        (variant, ami)
+        for variant in load_matrix().variants
+        if variant.min_driver
+        for ami in load_catalog().amis
+    ]
+    assert pairs
+    for index, (variant, ami) in enumerate(pairs):
+        (tmp_path / str(index)).mkdir()
+        verdicts = {
+            "resolver": ami.runs_driver(variant.min_driver),
+            "boot": boot_accepts_driver(
+                tmp_path / str(index), variant.min_driver, ami.driver_version
+            ),
+            "image": image_accepts_driver(variant.min_driver, ami.driver_version),
+        }
+        assert len(set(verdicts.values())) == 1, (variant.name, ami.name, verdicts)
 
 
 def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
