@@ -49,7 +49,12 @@ log "NVIDIA driver $driver (image needs at least $MIN_DRIVER)"
 if [ -n "$DATA_S3_URI" ]; then
   log "syncing $DATA_S3_URI to $DATA_DIR"
   mkdir -p "$DATA_DIR"
-  aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors
+  # The aws CLI's own exit codes (2: files skipped) must not reach systemd, where 2
+  # means bad configuration and is never retried: a failed sync is tried again.
+  if ! aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors; then
+    log "could not sync $DATA_S3_URI (the aws error is above); retrying later"
+    exit 1
+  fi
 fi
 
 # The stack creates the repository, so on a new stack the image is pushed after the

@@ -159,6 +159,7 @@ fi
 FAKE_AWS = """#!/bin/bash
 echo "$*" >> "$CALLS/aws"
 if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
+if [ "$1 $2" = "s3 sync" ]; then exit "${FAKE_SYNC_EXIT:-0}"; fi
 """
 FAKE_DOCKER = """#!/bin/bash
 printf '%s\\n' "$@" > "$CALLS/docker-$1"
@@ -189,6 +190,7 @@ def run_training_script(
     exit_code: int = 0,
     pull_failures: int = 0,
     image_user: str = "1000:1000",
+    sync_exit: int = 0,
 ):
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
@@ -217,6 +219,7 @@ def run_training_script(
         "FAKE_EXIT": str(exit_code),
         "FAKE_PULL_FAILURES": str(pull_failures),
         "FAKE_IMAGE_USER": image_user,
+        "FAKE_SYNC_EXIT": str(sync_exit),
     }
     result = subprocess.run(
         ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
@@ -328,6 +331,18 @@ def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
     assert "ecr get-login-password --region us-east-1" in aws_calls
     assert (calls / "docker-login").read_text().splitlines()[-1] == IMAGE.split("/")[0]
     assert (calls / "docker-pull").read_text().splitlines()[-1] == IMAGE
+
+
+@pytest.mark.parametrize("sync_exit", [1, 2, 255])
+def test_a_failed_data_sync_is_retried_whatever_the_aws_cli_exit_code(tmp_path, sync_exit):
+    # The aws CLI exits 2 when it skips files: passed on, systemd would take it for the
+    # trainer's "bad configuration" and never start the job again.
+    result, calls, _ = run_training_script(
+        tmp_path, node(), driver="595.91.07", sync_exit=sync_exit
+    )
+    assert result.returncode == 1
+    assert "could not sync s3://corpus/tokens" in result.stdout
+    assert not (calls / "docker-run").exists()
 
 
 def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
