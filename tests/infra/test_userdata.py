@@ -21,7 +21,7 @@ from infra.catalog import load_catalog
 from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.tools import require_tool
 from training.config import load_config
-from training.launcher import topology_from_env
+from training.launcher import EXIT_BAD_CONFIG, topology_from_env
 from training.s3_mirror import S3Mirror
 from training.selfcheck import SelfCheckError, check_driver
 
@@ -117,6 +117,23 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
         "ConditionPathExists=!/var/lib/gpu-stack/job-done",
     ):
         assert line in unit.splitlines()
+
+
+def test_the_unit_follows_the_trainers_exit_codes_and_stops_the_scripts_container():
+    files = render_files(node())
+    unit = files[f"/etc/systemd/system/{userdata.UNIT_NAME}"].splitlines()
+    service = dict(line.split("=", 1) for line in unit if "=" in line and line[0] != "#")
+    # on-failure: 1 (failed) and 75 (interrupted, checkpointed) start the job again, 0 does not.
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"].split() == [str(EXIT_BAD_CONFIG)]
+    # ExecStop stops the container run-training.sh starts (SIGTERM: the trainer checkpoints),
+    # within systemd's own stop timeout, after which it would kill everything at once.
+    stop = re.fullmatch(r"/usr/bin/docker stop --time (\d+) (\S+)", service["ExecStop"])
+    script = files[f"{userdata.BIN_DIR}/run-training.sh"]
+    container = re.search(r"^readonly CONTAINER=(\S+)$", script, flags=re.MULTILINE)
+    assert stop is not None and container is not None
+    assert stop.group(2) == container.group(1)
+    assert int(stop.group(1)) < int(service["TimeoutStopSec"])
 
 
 def test_no_secret_reaches_user_data():
