@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from images.datafile import version_key
 from images.matrix import load_matrix
 from infra import userdata
 from infra.catalog import load_catalog
@@ -299,9 +300,10 @@ def image_accepts_driver(min_driver: str, driver: str) -> bool:
         ("560.28.03", "560.9.99", False),
     ],
 )
-def test_boot_and_image_judge_a_driver_alike(tmp_path, min_driver, driver, new_enough):
+def test_boot_image_and_resolver_judge_a_driver_alike(tmp_path, min_driver, driver, new_enough):
     assert boot_accepts_driver(tmp_path, min_driver, driver) is new_enough
     assert image_accepts_driver(min_driver, driver) is new_enough
+    assert (version_key(driver) >= version_key(min_driver)) is new_enough
 
 
 def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_path):
