@@ -6,7 +6,7 @@ bootstrap:
 	scripts/bootstrap
 
 demo: bootstrap
-	.venv/bin/python -m infra plan a100x8
+	.venv/bin/python -m infra plan a100x8 --resources
 	.venv/bin/python -m training
 
 test: bootstrap lint

@@ -77,10 +77,17 @@ def check_keys(raw: dict[str, Any], known: set[str], *, where: str, error: type[
 
 
 def version_key(version: str) -> tuple[int, ...]:
-    """Split a dotted version for comparison: 570.195.03 -> (570, 195, 3)."""
+    """Numbers for comparison, trailing zeros dropped: 570.195.03 -> (570, 195, 3).
+
+    570.26 and 570.26.00 are one version, as the image's start-up check
+    (training/selfcheck.py) and the boot script's driver check judge them.
+    """
     if not _VERSION.match(version):
         raise ValueError(f"not a dotted version number: {version!r}")
-    return tuple(int(part) for part in version.split("."))
+    parts = [int(part) for part in version.split(".")]
+    while len(parts) > 1 and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 def dotted_version(value: str | None) -> str | None:

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from training.config import Config, ConfigError
-from training.data import SyntheticSequences, text_bytes, token_file
-from training.model import build_gpt
+from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
+from training.model import ENCODER_PRESETS, build_gpt, mask_token_id
 
 
 def resolve(import_string: str, key: str) -> Callable:
@@ -72,6 +72,18 @@ def build_model(config: Config) -> nn.Module:
 
 
 def build_dataset(config: Config) -> Dataset:
+    dataset = _token_dataset(config)
+    if config.model.builder is None and config.model.preset in ENCODER_PRESETS:
+        dataset = MaskedTokens(
+            dataset,
+            mask_id=mask_token_id(config.vocab_size),
+            mask_prob=config.data.mask_prob,
+            seed=config.run.seed,
+        )
+    return dataset
+
+
+def _token_dataset(config: Config) -> Dataset:
     data = config.data
     if data.builder:
         build = resolve(data.builder, "data.builder")

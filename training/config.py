@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+import tomllib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import tomllib
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from training.model import PRESETS
@@ -61,7 +61,7 @@ class ModelConfig(Section):
     builder: ImportString | None = None
     # Keyword arguments for `builder` (free-form: they belong to your model).
     options: dict[str, Any] = Field(default_factory=dict)
-    # Overrides of the preset's shape (GPT presets only).
+    # Overrides of the preset's shape (built-in presets, not with builder).
     n_layer: int | None = Field(default=None, gt=0)
     n_head: int | None = Field(default=None, gt=0)
     n_embd: int | None = Field(default=None, gt=0)
@@ -83,6 +83,8 @@ class DataConfig(Section):
     # Defaults: 50304 (GPT-2's vocabulary padded to a multiple of 64) for synthetic and tokens.
     vocab_size: int | None = Field(default=None, gt=1)
     synthetic_samples: int = Field(default=100_000, gt=0)
+    # Encoder presets (bert-*): the fraction of tokens hidden for the model to predict.
+    mask_prob: float = Field(default=0.15, gt=0, lt=1)
     num_workers: int = Field(default=0, ge=0)
 
 

@@ -4,6 +4,7 @@ targets being inputs shifted by one token.
 - `SyntheticSequences`: seeded, learnable sequences (no files needed; loss falls).
 - `TokenWindows`: non-overlapping windows over a memory-mapped token array, used both for
   nanoGPT-style `.bin` token files and for raw text read as bytes (vocab 256).
+- `MaskedTokens`: any of these turned into a masked-token task for encoders (BERT-style).
 """
 
 from __future__ import annotations
@@ -84,3 +85,27 @@ def text_bytes(path: Path, *, seq_len: int) -> TokenWindows:
     else:
         raise ValueError(f"data.path {path} does not exist: point it at a text file or directory")
     return TokenWindows(tokens, seq_len=seq_len, vocab_size=256, source=path)
+
+
+class MaskedTokens(Dataset):
+    """BERT's objective over another token dataset: hide some tokens, predict them.
+
+    Of each item's inputs, `mask_prob` of the positions (at least one), drawn from a
+    generator seeded by (seed, index), are replaced by `mask_id`; targets hold the hidden
+    tokens there and -100 (ignored by the loss) everywhere else.
+    """
+
+    def __init__(self, base: Dataset, *, mask_id: int, mask_prob: float, seed: int):
+        self.base, self.mask_id, self.mask_prob, self.seed = base, mask_id, mask_prob, seed
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, _ = self.base[index]
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + index)
+        masked = torch.rand(tokens.shape, generator=generator) < self.mask_prob
+        masked[torch.randint(len(tokens), (), generator=generator)] = True
+        inputs = torch.where(masked, self.mask_id, tokens)
+        targets = torch.where(masked, tokens, -100)
+        return inputs, targets

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 import sys
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 PEAKS_FILE = Path(__file__).with_name("gpu_peaks.toml")
 

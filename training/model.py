@@ -1,7 +1,9 @@
-"""A GPT-style decoder (after nanoGPT), small enough to read in one sitting.
+"""A GPT-style decoder (after nanoGPT), small enough to read in one sitting; with
+`causal=False` the same stack is a BERT-style encoder trained to fill in masked tokens.
 
 Every model the trainer runs follows one interface: `forward(inputs, targets)` returns
-the scalar loss. `flops_per_token(seq_len)` is optional; the trainer falls back to 6N.
+the scalar loss (targets of -100 are ignored, as in PyTorch's cross_entropy).
+`flops_per_token(seq_len)` is optional; the trainer falls back to 6N.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-# Shapes of the presets (GPT-2 small/medium and GPT-3 XL widths); vocab and seq_len come
-# from the data.
+# Shapes of the presets (GPT-2 small/medium, GPT-3 XL and BERT-base widths); vocab and
+# seq_len come from the data.
 PRESETS: dict[str, dict[str, int]] = {
     "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
     "gpt-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768},
     "gpt-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
     "gpt-1.3b": {"n_layer": 24, "n_head": 16, "n_embd": 2048},
+    "bert-tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
+    "bert-base": {"n_layer": 12, "n_head": 12, "n_embd": 768},
 }
+# Presets with bidirectional attention and a masked-token objective.
+ENCODER_PRESETS = frozenset({"bert-tiny", "bert-base"})
 
 
 @dataclass(frozen=True)
@@ -33,12 +39,14 @@ class GPTConfig:
     n_embd: int
     dropout: float = 0.0
     activation_checkpointing: bool = False
+    causal: bool = True  # False: every token attends to every other (BERT-style encoder)
 
 
-class CausalSelfAttention(nn.Module):
+class SelfAttention(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.n_head = config.n_head
+        self.causal = config.causal
         self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
         self.proj = nn.Linear(config.n_embd, config.n_embd)
         self.dropout = config.dropout
@@ -52,7 +60,7 @@ class CausalSelfAttention(nn.Module):
             for t in (q, k, v)
         )
         y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+            q, k, v, is_causal=self.causal, dropout_p=self.dropout if self.training else 0.0
         )
         y = y.transpose(1, 2).contiguous().view(batch, length, width)
         return self.resid_dropout(self.proj(y))
@@ -73,7 +81,7 @@ class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.ln_1 = nn.LayerNorm(config.n_embd)
-        self.attn = CausalSelfAttention(config)
+        self.attn = SelfAttention(config)
         self.ln_2 = nn.LayerNorm(config.n_embd)
         self.mlp = MLP(config)
 
@@ -83,6 +91,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    """Token and position embeddings, n_layer pre-LayerNorm blocks, a tied output layer."""
+
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
@@ -143,14 +153,25 @@ def build_gpt(
     activation_checkpointing: bool = False,
     **shape: int | None,
 ) -> GPT:
-    """A GPT from a preset name, with any of n_layer/n_head/n_embd overridden."""
+    """A model from a preset name, with any of n_layer/n_head/n_embd overridden.
+
+    Encoder presets get one more token than `vocab_size`: the mask token
+    (`mask_token_id(vocab_size)`), which never occurs in the data.
+    """
     dims = PRESETS[preset] | {key: value for key, value in shape.items() if value is not None}
+    encoder = preset in ENCODER_PRESETS
     return GPT(
         GPTConfig(
-            vocab_size=vocab_size,
+            vocab_size=vocab_size + 1 if encoder else vocab_size,
             seq_len=seq_len,
             dropout=dropout,
             activation_checkpointing=activation_checkpointing,
+            causal=not encoder,
             **dims,
         )
     )
+
+
+def mask_token_id(data_vocab_size: int) -> int:
+    """The id an encoder reads in place of a masked token: one past the data's vocabulary."""
+    return data_vocab_size

@@ -15,12 +15,19 @@ class SelfCheckError(Exception):
 
 
 def parse_version(text: str) -> tuple[int, ...]:
+    """Numbers for comparison, trailing zeros dropped: 570.26.00 and 570.26 are one version.
+
+    The boot script's check (infra/templates/run-training.sh) compares the same way.
+    """
     try:
-        return tuple(int(part) for part in text.strip().split("."))
+        parts = [int(part) for part in text.strip().split(".")]
     except ValueError:
         raise SelfCheckError(
             f"driver version {text!r} is not dotted numbers (e.g. 560.28.03)"
         ) from None
+    while parts and parts[-1] == 0:
+        parts.pop()
+    return tuple(parts)
 
 
 def check_driver(min_driver: str | None, driver: str | None) -> None:

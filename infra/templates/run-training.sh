@@ -35,20 +35,26 @@ if [ -z "$driver" ]; then
   log "nvidia-smi reported no GPU driver; retrying later"
   exit 1
 fi
-# Sorted (minimum first, equal allowed) means the driver is new enough.
-if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" | sort --version-sort --check=quiet; then
+# Sorted (minimum first, equal allowed) means the driver is new enough. Field by field
+# as numbers, a missing field as 0 (-s: no tie-break on the text), as the image's own
+# check (training/selfcheck.py) compares: 570.26 = 570.26.00, 580.65.6 = 580.65.06.
+if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" |
+  sort --stable --field-separator=. -k1,1n -k2,2n -k3,3n -k4,4n --check=quiet; then
   log "NVIDIA driver $driver is older than $MIN_DRIVER, the minimum for $IMAGE_URI;" \
     "not starting. Pick an image variant this AMI's driver runs (gpu:imageVariant) or a newer AMI."
   exit 2
 fi
 log "NVIDIA driver $driver (image needs at least $MIN_DRIVER)"
 
-mkdir -p "$STATE_DIR/checkpoints" "$STATE_DIR/output"
-
 if [ -n "$DATA_S3_URI" ]; then
   log "syncing $DATA_S3_URI to $DATA_DIR"
   mkdir -p "$DATA_DIR"
-  aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors
+  # The aws CLI's own exit codes (2: files skipped) must not reach systemd, where 2
+  # means bad configuration and is never retried: a failed sync is tried again.
+  if ! aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors; then
+    log "could not sync $DATA_S3_URI (the aws error is above); retrying later"
+    exit 1
+  fi
 fi
 
 # The stack creates the repository, so on a new stack the image is pushed after the
@@ -60,6 +66,12 @@ until aws ecr get-login-password --region "$REGION" |
   sleep "$PULL_RETRY_SECONDS"
 done
 docker rm --force "$CONTAINER" >/dev/null 2>&1 || true
+
+# The image may run as a non-root user: the directories it writes through the bind
+# mounts must be that user's. Ask the image (numeric ids, whatever its USER line says).
+owner=$(docker run --rm --entrypoint sh "$IMAGE_URI" -c 'echo "$(id -u):$(id -g)"')
+install -d -o "${owner%:*}" -g "${owner#*:}" "$STATE_DIR/checkpoints" "$STATE_DIR/output"
+log "checkpoints and output under $STATE_DIR belong to the container's user $owner"
 
 docker_args=(
   --name "$CONTAINER"

@@ -1,6 +1,8 @@
-"""Modified copies of the real data files, for tests of bad or unusual data."""
+"""Shared by the infra tests: modified copies of the data files, the command line."""
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from infra.catalog import CATALOG_DIR
@@ -14,3 +16,14 @@ def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
     assert old in text, f"test fixture out of date: {old!r} not in {file}"
     (tmp_path / file).write_text(text.replace(old, new, 1))
     return tmp_path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m infra ARGS` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "infra", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -1,7 +1,5 @@
 """`python -m infra plan` as a user runs it: a subprocess, its output and exit status."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,19 +8,9 @@ import yaml
 from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.catalog import load_catalog
-from tests.infra.helpers import modified_catalog
+from tests.infra.helpers import modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infra", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_default_profile_prints_the_plan():

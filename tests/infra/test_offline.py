@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ from infra.cli import COMMANDS, main
 from infra.offline import describe_run, run_stack_file, with_resources
 from infra.profiles import load_profiles, resolve_profile
 from infra.stack_file import stack_file_config
+from tests.infra.helpers import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,16 +38,6 @@ def test_describe_lists_resources_and_key_properties():
     assert "aws.ec2.Instance" in text and "TRAIN_NODE_RANK=0" in text
     assert "inbound=none" in text
     assert f"image: {run.outputs['image_uri']}" in text
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "infra", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():

@@ -6,6 +6,8 @@ on PATH that record how they were called.
 
 from __future__ import annotations
 
+import ast
+import re
 import stat
 import subprocess
 from pathlib import Path
@@ -13,9 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from images.datafile import version_key
+from images.matrix import load_matrix
 from infra import userdata
+from infra.catalog import load_catalog
 from infra.userdata import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.tools import require_tool
+from training.config import load_config
+from training.launcher import EXIT_BAD_CONFIG, topology_from_env
+from training.s3_mirror import S3Mirror
+from training.selfcheck import SelfCheckError, check_driver
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
 
@@ -111,6 +120,23 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
         assert line in unit.splitlines()
 
 
+def test_the_unit_follows_the_trainers_exit_codes_and_stops_the_scripts_container():
+    files = render_files(node())
+    unit = files[f"/etc/systemd/system/{userdata.UNIT_NAME}"].splitlines()
+    service = dict(line.split("=", 1) for line in unit if "=" in line and line[0] != "#")
+    # on-failure: 1 (failed) and 75 (interrupted, checkpointed) start the job again, 0 does not.
+    assert service["Restart"] == "on-failure"
+    assert service["RestartPreventExitStatus"].split() == [str(EXIT_BAD_CONFIG)]
+    # ExecStop stops the container run-training.sh starts (SIGTERM: the trainer checkpoints),
+    # within systemd's own stop timeout, after which it would kill everything at once.
+    stop = re.fullmatch(r"/usr/bin/docker stop --time (\d+) (\S+)", service["ExecStop"])
+    script = files[f"{userdata.BIN_DIR}/run-training.sh"]
+    container = re.search(r"^readonly CONTAINER=(\S+)$", script, flags=re.MULTILINE)
+    assert stop is not None and container is not None
+    assert stop.group(2) == container.group(1)
+    assert int(stop.group(1)) < int(service["TimeoutStopSec"])
+
+
 def test_no_secret_reaches_user_data():
     text = render_user_data(node())
     for word in ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "--password ", "PRIVATE KEY"):
@@ -151,6 +177,7 @@ fi
 FAKE_AWS = """#!/bin/bash
 echo "$*" >> "$CALLS/aws"
 if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
+if [ "$1 $2" = "s3 sync" ]; then exit "${FAKE_SYNC_EXIT:-0}"; fi
 """
 FAKE_DOCKER = """#!/bin/bash
 printf '%s\\n' "$@" > "$CALLS/docker-$1"
@@ -159,12 +186,29 @@ if [ "$1" = login ]; then cat > /dev/null; fi
 if [ "$1" = pull ] && [ "$(grep -c pull "$CALLS/docker")" -le "$FAKE_PULL_FAILURES" ]; then
   exit 1
 fi
+if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then  # asking the image for its user
+  printf '%s\n' "$@" > "$CALLS/docker-user-query"
+  echo "$FAKE_IMAGE_USER"
+  exit 0
+fi
 if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
+"""
+# Records the call and makes the directories: chown to the image's user needs root.
+FAKE_INSTALL = """#!/bin/bash
+echo "$*" >> "$CALLS/install"
+for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done
 """
 
 
 def run_training_script(
-    tmp_path: Path, boot: NodeBoot, *, driver: str, exit_code: int = 0, pull_failures: int = 0
+    tmp_path: Path,
+    boot: NodeBoot,
+    *,
+    driver: str,
+    exit_code: int = 0,
+    pull_failures: int = 0,
+    image_user: str = "1000:1000",
+    sync_exit: int = 0,
 ):
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
@@ -177,7 +221,13 @@ def run_training_script(
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     calls.mkdir()
-    for name, body in (("nvidia-smi", FAKE_NVIDIA_SMI), ("aws", FAKE_AWS), ("docker", FAKE_DOCKER)):
+    stand_ins = {
+        "nvidia-smi": FAKE_NVIDIA_SMI,
+        "aws": FAKE_AWS,
+        "docker": FAKE_DOCKER,
+        "install": FAKE_INSTALL,
+    }
+    for name, body in stand_ins.items():
         (bin_dir / name).write_text(body)
         (bin_dir / name).chmod(stat.S_IRWXU)
     env = {
@@ -186,6 +236,8 @@ def run_training_script(
         "FAKE_DRIVER": driver,
         "FAKE_EXIT": str(exit_code),
         "FAKE_PULL_FAILURES": str(pull_failures),
+        "FAKE_IMAGE_USER": image_user,
+        "FAKE_SYNC_EXIT": str(sync_exit),
     }
     result = subprocess.run(
         ["bash", str(path)], env=env, capture_output=True, text=True, timeout=60
@@ -219,6 +271,61 @@ def test_driver_at_or_above_the_minimum_starts_the_job(tmp_path, driver):
     assert (calls / "docker-run").exists()
 
 
+def boot_accepts_driver(tmp_path: Path, min_driver: str, driver: str) -> bool:
+    """Whether run-training.sh starts the job with this driver and this minimum."""
+    result, _, _ = run_training_script(tmp_path, node(min_driver=min_driver), driver=driver)
+    assert result.returncode in (0, 2), result.stdout + result.stderr
+    return result.returncode == 0
+
+
+def image_accepts_driver(min_driver: str, driver: str) -> bool:
+    """Whether the image's own start-up check (TRAIN_MIN_DRIVER) lets the job run."""
+    try:
+        check_driver(min_driver, driver)
+    except SelfCheckError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    ("min_driver", "driver", "new_enough"),
+    [
+        ("580.65.06", "595.91.07", True),
+        ("595.91.07", "580.65.06", False),
+        ("570.26", "570.195.03", True),  # the matrix writes some minimums with two parts
+        ("570.26", "570.26.00", True),
+        ("570.26.00", "570.26", True),
+        ("580.65.6", "580.65.06", True),
+        ("570.26.1", "570.26", False),
+        ("560.28.03", "560.9.99", False),
+    ],
+)
+def test_boot_image_and_resolver_judge_a_driver_alike(tmp_path, min_driver, driver, new_enough):
+    assert boot_accepts_driver(tmp_path, min_driver, driver) is new_enough
+    assert image_accepts_driver(min_driver, driver) is new_enough
+    assert (version_key(driver) >= version_key(min_driver)) is new_enough
+
+
+def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_path):
+    pairs = [
+        (variant, ami)
+        for variant in load_matrix().variants
+        if variant.min_driver
+        for ami in load_catalog().amis
+    ]
+    assert pairs
+    for index, (variant, ami) in enumerate(pairs):
+        (tmp_path / str(index)).mkdir()
+        verdicts = {
+            "resolver": ami.runs_driver(variant.min_driver),
+            "boot": boot_accepts_driver(
+                tmp_path / str(index), variant.min_driver, ami.driver_version
+            ),
+            "image": image_accepts_driver(variant.min_driver, ami.driver_version),
+        }
+        assert len(set(verdicts.values())) == 1, (variant.name, ami.name, verdicts)
+
+
 def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
     result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -245,6 +352,18 @@ def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
     assert (calls / "docker-pull").read_text().splitlines()[-1] == IMAGE
 
 
+@pytest.mark.parametrize("sync_exit", [1, 2, 255])
+def test_a_failed_data_sync_is_retried_whatever_the_aws_cli_exit_code(tmp_path, sync_exit):
+    # The aws CLI exits 2 when it skips files: passed on, systemd would take it for the
+    # trainer's "bad configuration" and never start the job again.
+    result, calls, _ = run_training_script(
+        tmp_path, node(), driver="595.91.07", sync_exit=sync_exit
+    )
+    assert result.returncode == 1
+    assert "could not sync s3://corpus/tokens" in result.stdout
+    assert not (calls / "docker-run").exists()
+
+
 def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
     result, calls, _ = run_training_script(
         tmp_path, SHAPES["single-node-plain"], driver="595.91.07"
@@ -263,7 +382,25 @@ def test_an_image_not_pushed_yet_is_waited_for(tmp_path):
     assert result.stdout.count(f"waiting for {IMAGE} to be pushed") == 3
     steps = (calls / "docker").read_text().split()
     assert steps.count("login") == 4  # a fresh login each try: ECR tokens expire
-    assert steps[-3:] == ["pull", "rm", "run"]
+    assert steps[-4:] == ["pull", "rm", "run", "run"]  # the image's user, then the job
+
+
+@pytest.mark.parametrize("image_user", ["1000:1000", "0:0"])
+def test_state_directories_belong_to_the_images_user(tmp_path, image_user):
+    # The container writes checkpoints and metrics through bind mounts of host
+    # directories: owned by root, a non-root image could not write them.
+    result, calls, root = run_training_script(
+        tmp_path, node(), driver="595.91.07", image_user=image_user
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    query = (calls / "docker-user-query").read_text().splitlines()
+    assert IMAGE in query
+    uid, gid = image_user.split(":")
+    state = f"{root}{userdata.STATE_DIR}"
+    assert (
+        f"-d -o {uid} -g {gid} {state}/checkpoints {state}/output"
+        in (calls / "install").read_text()
+    )
 
 
 def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
@@ -356,3 +493,64 @@ def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
     assert "no instance-store NVMe drive found" in result.stdout
     assert (tmp_path / "scratch").is_dir()
     assert not any(line.startswith(("mdadm", "mkfs", "mount ")) for line in raid)
+
+
+# --- the seam with the trainer (docs/contracts.md, section 3) ------------------------------
+
+# Variables read by the libraries inside the container rather than by the trainer.
+LIBRARY_PREFIXES = ("AWS_", "NCCL_", "FI_", "RDMAV_")
+
+
+def trainer_variables() -> set[str]:
+    """Every TRAIN_* name the training package's code mentions as a whole string."""
+    names = set()
+    for source in (Path(__file__).parents[2] / "training").glob("*.py"):
+        for item in ast.walk(ast.parse(source.read_text())):
+            if isinstance(item, ast.Constant) and re.fullmatch(
+                r"TRAIN_[A-Z0-9_]+", str(item.value)
+            ):
+                names.add(item.value)
+    return names
+
+
+def boot_environment(boot: NodeBoot) -> dict[str, str]:
+    """The container's environment as the boot writes it (docker --env-file lines)."""
+    lines = render_files(boot)[userdata.ENV_FILE].splitlines()
+    return dict(line.split("=", 1) for line in lines)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_variable_the_boot_passes_is_one_the_container_reads(shape):
+    env = boot_environment(SHAPES[shape])
+    unknown = {
+        name
+        for name in env
+        if not name.startswith(LIBRARY_PREFIXES) and name not in trainer_variables()
+    }
+    assert not unknown, f"the trainer reads none of {sorted(unknown)}"
+
+
+def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
+    contracts = (Path(__file__).parents[2] / "docs" / "contracts.md").read_text()
+    section = contracts.split("## 3.")[1].split("## 4.")[0]
+    documented = set(re.findall(r"^\| `(TRAIN_[A-Z0-9_]+)` \|", section, flags=re.MULTILINE))
+    assert documented == trainer_variables()
+
+
+def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
+    boot = node()
+    env = boot_environment(boot)
+    topology = topology_from_env(env)
+    assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
+    assert (topology.master_addr, topology.master_port) == (boot.master_addr, userdata.MASTER_PORT)
+    # The training config the stack ships is the one the container loads, and the
+    # directories the environment names are the bind-mounted host paths.
+    train_config = tmp_path / "train.toml"
+    train_config.write_text(render_files(boot)[env["TRAIN_CONFIG"]])
+    config = load_config(str(train_config), env=env)
+    assert config.optimizer.lr == 3e-4
+    assert config.checkpoint_dir == Path(f"{userdata.STATE_DIR}/checkpoints")
+    assert config.data.path == userdata.DATA_DIR
+    assert Path(config.output_dir).is_relative_to(userdata.STATE_DIR)
+    mirror = S3Mirror.from_uri(env["TRAIN_S3_URI"])
+    assert mirror.uri == boot.checkpoint_s3_uri

@@ -8,7 +8,7 @@ import torch
 
 from training.components import build_dataset
 from training.config import load_config
-from training.data import SyntheticSequences, text_bytes, token_file
+from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
 
 
 def test_synthetic_items_are_seeded_and_follow_their_rule():
@@ -66,3 +66,26 @@ def test_config_builds_the_dataset_it_names(tmp_path):
     assert config.vocab_size == 256
     data = build_dataset(config)
     assert bytes(data[0][0][:3].tolist()) == b"abc"
+
+
+def test_masked_tokens_hide_some_tokens_and_ask_for_them():
+    base = SyntheticSequences(vocab_size=50, seq_len=200, num_samples=10, seed=1)
+    masked = MaskedTokens(base, mask_id=50, mask_prob=0.15, seed=1)
+    original, _ = base[3]
+    inputs, targets = masked[3]
+    hidden = inputs == 50
+    assert 10 < hidden.sum() < 50  # about 15% of 200
+    assert torch.equal(targets[hidden], original[hidden])
+    assert (targets[~hidden] == -100).all()
+    assert torch.equal(inputs[~hidden], original[~hidden])
+    again, _ = MaskedTokens(base, mask_id=50, mask_prob=0.15, seed=1)[3]
+    assert torch.equal(inputs, again)
+    # Even a tiny probability hides at least one token: every sample has a target.
+    rare_inputs, _ = MaskedTokens(base, mask_id=50, mask_prob=1e-9, seed=1)[3]
+    assert (rare_inputs == 50).sum() == 1
+
+
+def test_encoder_preset_gets_masked_data():
+    config = load_config(None, ["model.preset=bert-tiny", "data.vocab_size=40"], env={})
+    inputs, targets = build_dataset(config)[0]
+    assert (inputs == 40).any() and (targets == -100).any()

@@ -1,13 +1,17 @@
-"""The launcher's topology from TRAIN_* variables and its job exit code."""
+"""The launcher: topology from TRAIN_* variables, job exit code, a two-node launch."""
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 
 import pytest
 
-from tests.training.jobs import run_job
+from tests.training.jobs import TINY, job_env, run_job, start_job
+from tests.training.multirank import free_port
 from training.launcher import TopologyError, _job_exit_code, topology_from_env
+from training.s3_mirror import S3Mirror
 
 
 def test_topology_defaults_to_one_cpu_node_with_two_workers():
@@ -70,3 +74,47 @@ def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     assert job.returncode == 1
     assert "Traceback" in job.stderr and "hidden_size" in job.stderr
     assert "a worker failed" in job.stderr
+
+
+def host_address() -> str:
+    """This machine's address on its network (not loopback), or skip."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # UDP: picks the outbound address, sends nothing
+        except OSError:
+            pytest.skip("no network interface besides loopback")
+        address = probe.getsockname()[0]
+    if ipaddress.ip_address(address).is_loopback:
+        pytest.skip("no network interface besides loopback")
+    return address
+
+
+@pytest.mark.slow
+def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
+    """Node 0 is told 127.0.0.1 and the other node node 0's network address (infra.compute):
+    node 0's rendezvous store must answer on every interface. Each node keeps its own
+    checkpoint disk; the S3 mirror (always set by the stack) holds the whole checkpoint."""
+    port = str(free_port())
+    nodes = []
+    for rank, master in enumerate(("127.0.0.1", host_address())):
+        env = job_env(
+            tmp_path / f"node{rank}" / "output",
+            TRAIN_NNODES="2",
+            TRAIN_NODE_RANK=str(rank),
+            TRAIN_NPROC_PER_NODE="1",
+            TRAIN_MASTER_ADDR=master,
+            TRAIN_CHECKPOINT_DIR=str(tmp_path / f"node{rank}" / "checkpoints"),
+            TRAIN_S3_URI=s3_uri,
+        )
+        env["TRAIN_MASTER_PORT"] = port
+        overrides = (*TINY, "train.steps=4", "checkpoint.every_steps=4")
+        nodes.append(start_job(tmp_path, *overrides, env=env))
+    try:
+        outputs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            node.kill()  # a node still waiting for the other one (no-op once exited)
+    for node, (_, stderr) in zip(nodes, outputs, strict=True):
+        assert node.returncode == 0, stderr[-3000:]
+    assert "world size 2" in outputs[0][1]
+    assert S3Mirror.from_uri(s3_uri).latest_tag() == "step_00000004"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import PRESETS, build_gpt
+from training.model import PRESETS, build_gpt, mask_token_id
 
 
 def _tiny(**kwargs):
@@ -68,3 +68,26 @@ def test_weights_are_tied_and_loss_starts_near_uniform():
     assert model(inputs, targets).item() == pytest.approx(
         torch.log(torch.tensor(64.0)).item(), abs=0.3
     )
+
+
+def _loss_at_first_position(model, inputs):
+    targets = torch.full_like(inputs, -100)  # -100: ignored; only position 0 counts
+    targets[:, 0] = 5
+    return model(inputs, targets).item()
+
+
+def test_encoder_preset_attends_both_ways_and_the_decoder_only_backwards():
+    inputs = torch.randint(64, (1, 16), generator=torch.Generator().manual_seed(3))
+    changed_last = inputs.clone()
+    changed_last[0, -1] = (changed_last[0, -1] + 1) % 64
+    for preset, sees_future in (("bert-tiny", True), ("tiny", False)):
+        torch.manual_seed(0)
+        model = build_gpt(preset, vocab_size=64, seq_len=16).eval()
+        before = _loss_at_first_position(model, inputs)
+        after = _loss_at_first_position(model, changed_last)
+        assert (before != after) is sees_future, preset
+
+
+def test_encoder_has_one_more_token_for_the_mask():
+    assert build_gpt("bert-tiny", vocab_size=64, seq_len=16).wte.num_embeddings == 65
+    assert mask_token_id(64) == 64

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 
 import boto3
 import pytest
 
+from infra.iam import instance_policy
+from infra.storage import CHECKPOINT_PREFIX
 from training.checkpoint import COMMIT_MARKER, POINTER_NAME
 from training.s3_mirror import S3Mirror
 
@@ -34,6 +37,16 @@ def cut_upload_at(mirror, key_suffix):
 
     mirror._s3.meta.events.register("before-parameter-build.s3.PutObject", refuse)
     mirror._s3.meta.events.register("before-parameter-build.s3.CreateMultipartUpload", refuse)
+
+
+def cut_upload_at_part(mirror):
+    """Make a multipart upload fail after its first part."""
+
+    def refuse(params, **_):
+        if params["PartNumber"] > 1:
+            raise UploadCut(params["Key"])
+
+    mirror._s3.meta.events.register("before-parameter-build.s3.UploadPart", refuse)
 
 
 FILES = {"model.pt": b"weights" * 100, "sub/optim.pt": b"adam" * 50}
@@ -192,3 +205,77 @@ def test_other_prefixes_and_names_are_left_alone(tmp_path, s3_uri):
     s3.put_object(Bucket=mirror.bucket, Key=f"{mirror.prefix}/notes/readme.txt", Body=b"x")
     mirror.upload(committed_folder(tmp_path, "step_00000001", FILES), "step_00000001")
     assert mirror.tags() == ["step_00000001"]
+
+
+# The IAM action (and whether it is on the bucket or on its objects) each S3 API call
+# needs: AWS Service Authorization Reference, "Actions, resources, and condition keys
+# for Amazon S3", and the S3 User Guide's "Required permissions for Amazon S3 API operations".
+S3_CALL_PERMISSIONS = {
+    "ListObjectsV2": ("s3:ListBucket", "bucket"),
+    "HeadBucket": ("s3:ListBucket", "bucket"),
+    "GetBucketLocation": ("s3:GetBucketLocation", "bucket"),
+    "HeadObject": ("s3:GetObject", "object"),
+    "GetObject": ("s3:GetObject", "object"),
+    "PutObject": ("s3:PutObject", "object"),
+    "CreateMultipartUpload": ("s3:PutObject", "object"),
+    "UploadPart": ("s3:PutObject", "object"),
+    "CompleteMultipartUpload": ("s3:PutObject", "object"),
+    "AbortMultipartUpload": ("s3:AbortMultipartUpload", "object"),
+    "ListParts": ("s3:ListMultipartUploadParts", "object"),
+    "DeleteObject": ("s3:DeleteObject", "object"),
+    "DeleteObjects": ("s3:DeleteObject", "object"),
+}
+
+
+def granted(policy: dict, action: str, resource: str) -> bool:
+    """Whether an Allow statement without conditions grants `action` on `resource`."""
+    return any(
+        statement["Effect"] == "Allow"
+        and "Condition" not in statement
+        and _matches(action, statement["Action"])
+        and _matches(resource, statement["Resource"])
+        for statement in policy["Statement"]
+    )
+
+
+def _matches(value: str, patterns) -> bool:
+    patterns = [patterns] if isinstance(patterns, str) else patterns
+    return any(fnmatch.fnmatchcase(value, pattern) for pattern in patterns)
+
+
+def test_the_nodes_role_grants_every_call_the_mirror_makes(tmp_path, s3_uri):
+    # The stack's TRAIN_S3_URI: its own bucket, under infra.storage's prefix.
+    bucket = S3Mirror.from_uri(s3_uri).bucket
+    mirror = S3Mirror.from_uri(f"s3://{bucket}/{CHECKPOINT_PREFIX}")
+    calls = []
+
+    def record(params, model, **_):
+        batch = params.get("Delete", {}).get("Objects", [])
+        for key in [params["Key"]] if "Key" in params else [o["Key"] for o in batch] or [None]:
+            calls.append((model.name, key))
+
+    mirror._s3.meta.events.register("before-parameter-build.s3", record)
+
+    # A file over boto3's 8 MiB threshold goes up in parts and comes down in ranges.
+    large = {"model.pt": bytes(9 * 1024 * 1024), "sub/optim.pt": b"adam" * 50}
+    mirror.upload(committed_folder(tmp_path / "local", "step_00000010", large), "step_00000010")
+    mirror.upload(committed_folder(tmp_path / "local", "step_00000020", FILES), "step_00000020")
+    mirror.download(mirror.latest_tag(), tmp_path / "restored")
+    mirror.download("step_00000010", tmp_path / "restored")
+    mirror.delete("step_00000010")
+    # An upload cut short aborts its multipart upload.
+    cut_upload_at_part(mirror)
+    with pytest.raises(UploadCut):
+        mirror.upload(committed_folder(tmp_path / "local", "step_00000030", large), "step_00000030")
+
+    operations = {name for name, _ in calls}
+    assert {"CreateMultipartUpload", "UploadPart", "AbortMultipartUpload"} <= operations
+    unknown = operations - S3_CALL_PERMISSIONS.keys()
+    assert not unknown, f"add the IAM action of {sorted(unknown)} to S3_CALL_PERMISSIONS"
+    bucket_arn = f"arn:aws:s3:::{bucket}"
+    policy = instance_policy(bucket_arn, "arn:aws:ecr:::repository/r", "arn:aws:logs:::log-group:g")
+    for name, key in calls:
+        action, kind = S3_CALL_PERMISSIONS[name]
+        resource = bucket_arn if kind == "bucket" else f"{bucket_arn}/{key}"
+        assert kind == "bucket" or key.startswith(f"{CHECKPOINT_PREFIX}/"), (name, key)
+        assert granted(policy, action, resource), f"{name} needs {action} on {resource}"

@@ -91,3 +91,20 @@ def test_demo_job_runs_with_no_arguments(tmp_path):
     assert metrics[-1]["loss"] < 0.7 * metrics[0]["loss"]
     assert list((tmp_path / "runs/demo/tensorboard").glob("events.out.tfevents.*"))
     assert any(line.startswith("done: 30 steps") for line in job.stdout.splitlines())
+
+
+def test_bert_style_encoder_trains_on_masked_tokens(tmp_path):
+    job = run_job(
+        tmp_path,
+        *TINY,
+        "model.preset=bert-tiny",
+        "model.dropout=0",
+        "data.vocab_size=32",
+        "data.mask_prob=0.3",
+        "train.steps=100",
+        "logging.every_steps=20",
+    )
+    assert job.returncode == 0, job.stderr[-3000:]
+    losses = job.losses
+    assert losses[0] == pytest.approx(3.47, abs=0.3)  # ln 32: guessing among 32 tokens
+    assert losses[-1] < 0.85 * losses[0]
