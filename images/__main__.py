@@ -1,9 +1,10 @@
 """python -m images: build, lock and check the training images.
 
-  python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR] ...
+  python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
+  python -m images wheelhouse <variant> DIR [--find-links DIR]
   python -m images workflow [--check]
   python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
 
@@ -62,6 +63,11 @@ def _parser() -> argparse.ArgumentParser:
         help="wheels pip prefers over the indexes (torch then comes from here)",
     )
     build.add_argument(
+        "--offline",
+        action="store_true",
+        help="no index at all: every package from --wheelhouse (see the wheelhouse command)",
+    )
+    build.add_argument(
         "--ca-bundle",
         type=_existing_file,
         metavar="FILE",
@@ -91,6 +97,16 @@ def _parser() -> argparse.ArgumentParser:
         type=_existing_dir,
         metavar="DIR",
         help="local wheels (a CPU torch wheel when the torch index is unreachable)",
+    )
+
+    house = commands.add_parser("wheelhouse", help="download a lock's files for offline builds")
+    house.add_argument("variant")
+    house.add_argument("dest", type=Path, help="folder to fill (made if missing)")
+    house.add_argument(
+        "--find-links",
+        type=_existing_dir,
+        metavar="DIR",
+        help="local wheels (the torch wheel when its index is unreachable)",
     )
 
     flow = commands.add_parser("workflow", help="write .github/workflows/images.yml")
@@ -128,6 +144,9 @@ def _run(options: argparse.Namespace) -> int:
         path = locks.lock_path(variant)
         path.write_text(locks.make_lock(variant, options.find_links))
         print(path)
+    elif options.command == "wheelhouse":
+        locks.fill_wheelhouse(variant, options.dest.resolve(), options.find_links)
+        print(options.dest)
     elif options.command == "build":
         request = builder.make_request(
             variant,
@@ -137,6 +156,7 @@ def _run(options: argparse.Namespace) -> int:
             source_url=source_url(),
             registries=tuple(options.push),
             wheelhouse=options.wheelhouse,
+            offline=options.offline,
             ca_bundle=options.ca_bundle,
             cache=options.cache,
             cache_write=options.cache_write,

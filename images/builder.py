@@ -35,6 +35,7 @@ class BuildRequest:
     args: dict[str, str]  # Dockerfile build args
     registries: tuple[str, ...] = ()  # push to each when non-empty
     wheelhouse: Path | None = None
+    offline: bool = False  # every package from the wheelhouse, no index at all
     ca_bundle: Path | None = None
     cache: str | None = None  # registry ref for the layer cache (read)
     cache_write: bool = False  # also write the cache (needs push rights)
@@ -54,9 +55,19 @@ class BuildRequest:
         args = dict(self.args)
         # A wheelhouse carries torch; the torch index is left out so pip never waits on it.
         args["TORCH_INDEX_URL"] = "" if self.wheelhouse else self.variant.torch_index
+        if self.offline:
+            args["PYPI_INDEX_URL"] = ""
         if self.ca_bundle:
             args["CA_BUNDLE"] = CA_BUNDLE_IN_BUILD
         return args
+
+
+def _check_options(request: BuildRequest) -> None:
+    if request.offline and not request.wheelhouse:
+        raise BuildError(
+            "--offline needs --wheelhouse DIR holding every locked wheel "
+            "(make one with `python -m images wheelhouse <variant> DIR`)"
+        )
 
 
 def make_request(
@@ -69,7 +80,9 @@ def make_request(
     **options,
 ) -> BuildRequest:
     args = build_args(variant, release, revision=revision, created=created, source_url=source_url)
-    return BuildRequest(variant=variant, release=release, args=args, **options)
+    request = BuildRequest(variant=variant, release=release, args=args, **options)
+    _check_options(request)
+    return request
 
 
 def _common(request: BuildRequest) -> list[str]:

@@ -133,10 +133,16 @@ def index_reachable(url: str, timeout: float = 15.0) -> bool:
         return False
 
 
+def pip_env() -> dict[str, str]:
+    """This environment without pip's settings (its CA bundle aside): only the indexes
+    and folders a command names count, whatever the machine's pip config says."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
+    return {**env, "PIP_CONFIG_FILE": os.devnull}
+
+
 def resolve(inputs: list[str], indexes: list[str], *find_links: Path | None) -> list[dict]:
     """pip's resolution of `inputs` for this interpreter: the report's `install` list."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") or k == "PIP_CERT"}
-    env["PIP_CONFIG_FILE"] = os.devnull  # only the indexes named here count
+    env = pip_env()
     with tempfile.TemporaryDirectory(prefix="lock-") as tmp:
         requirements = Path(tmp) / "requirements.in"
         requirements.write_text("\n".join(inputs) + "\n")
@@ -301,3 +307,31 @@ def render_lock(variant: Variant, items: list[dict], incomplete: list[str]) -> s
     ]
     body = [entries[name] for name in sorted(entries)]
     return "\n".join([*header, *body, "", DEEPSPEED_MARKER, deepspeed, ""])
+
+
+def fill_wheelhouse(variant: Variant, dest: Path, find_links: Path | None = None) -> None:
+    """Download every file the variant's lock names into dest, hash-checked.
+
+    For an offline build: `python -m images build <variant> --wheelhouse dest --offline`.
+    """
+    path = lock_path(variant)
+    lock = read_lock(path)
+    if lock.incomplete or lock.unhashed:
+        raise LockError(
+            f"{path} is incomplete; regenerate it first: python -m images lock {variant.name}"
+        )
+    # An unreachable torch index is left out (pip would retry it for every file).
+    indexes = [PYPI_INDEX, variant.torch_index]
+    if not index_reachable(variant.torch_index):
+        indexes = [PYPI_INDEX]  # torch must then be in find_links
+    dest.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",
+        "--dest", str(dest), "--index-url", indexes[0],
+        *(arg for url in indexes[1:] for arg in ("--extra-index-url", url)),
+        *(["--find-links", str(find_links)] if find_links else []),
+        "-r", str(path),
+    ]  # fmt: skip
+    result = subprocess.run(command, env=pip_env(), check=False)
+    if result.returncode != 0:
+        raise LockError(f"pip could not download the {variant.name} lock into {dest} (see above)")

@@ -184,3 +184,16 @@ def test_image_name_names_the_repository_in_every_registry():
     assert pairs(builder.docker_argv(request(image_name="local")), "--tag") == [
         f"local:{CPU.tag(MATRIX.release)}"
     ]
+
+
+def test_offline_build_turns_every_index_off(tmp_path):
+    argv = builder.buildah_argv(request(wheelhouse=tmp_path, offline=True))
+    args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
+    assert args["PYPI_INDEX_URL"] == "" and args["TORCH_INDEX_URL"] == ""
+    online = builder.buildah_argv(request(wheelhouse=tmp_path))
+    assert "PYPI_INDEX_URL" not in dict(item.split("=", 1) for item in pairs(online, "--build-arg"))
+
+
+def test_offline_without_a_wheelhouse_is_refused():
+    with pytest.raises(builder.BuildError, match="--offline needs --wheelhouse DIR"):
+        request(offline=True)

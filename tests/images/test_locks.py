@@ -146,3 +146,14 @@ def test_placeholder_torch_is_a_wheel_pip_resolves_without_any_index(tmp_path):
     assert [(i["metadata"]["name"], i["metadata"]["version"]) for i in installs] == [
         ("torch", locks.torch_local_version(variant))
     ]
+
+
+def test_wheelhouse_refuses_an_incomplete_lock(tmp_path, monkeypatch):
+    variant = next(v for v in VARIANTS if v.cuda)
+    (tmp_path / f"{variant.name}.txt").write_text(
+        f"{locks.INCOMPLETE_MARKER} unreachable\n{locks.torch_requirement(variant)}\n"
+    )
+    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
+    with pytest.raises(locks.LockError, match="is incomplete; regenerate it first"):
+        locks.fill_wheelhouse(variant, tmp_path / "wheels")
+    assert not (tmp_path / "wheels").exists()
