@@ -21,15 +21,47 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
 log = logging.getLogger(__name__)
 
+IMDS_ENDPOINT = "http://169.254.169.254"
 TOKEN_TTL_S = 21600  # the IMDSv2 maximum; the token is renewed well before it ends
 _TOKEN_RENEW_S = TOKEN_TTL_S - 600
 _HTTP_TIMEOUT_S = 2.0
+
+
+def running_on_ec2(sys_root: Path = Path("/sys")) -> bool:
+    """Whether this machine is an EC2 instance, read from the firmware, without a network call.
+
+    Nitro instances report "Amazon EC2" as the DMI system vendor; Xen ones (P3) have a
+    hypervisor UUID starting with "ec2". Both are readable inside a container.
+    """
+    for path, prefix in (
+        ("devices/virtual/dmi/id/sys_vendor", "Amazon EC2"),
+        ("hypervisor/uuid", "ec2"),
+    ):
+        try:
+            if (sys_root / path).read_text().strip().lower().startswith(prefix.lower()):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def spot_endpoint_from_env(env: Mapping[str, str], *, on_ec2: bool | None = None) -> str | None:
+    """The metadata service to poll for spot notices, or None.
+
+    TRAIN_SPOT_ENDPOINT wins (empty turns polling off); unset, poll the real service only on
+    EC2, so a laptop or CI machine never sends requests to a link-local address.
+    """
+    if "TRAIN_SPOT_ENDPOINT" in env:
+        return env["TRAIN_SPOT_ENDPOINT"] or None
+    return IMDS_ENDPOINT if (running_on_ec2() if on_ec2 is None else on_ec2) else None
 
 
 class StopFlag:

@@ -24,7 +24,7 @@ from training.checkpoint import Checkpointer
 from training.components import build_dataset, build_model
 from training.config import BatchSizes, Config, resolve_batch_sizes
 from training.ds_config import build_ds_config
-from training.interrupt import StopFlag
+from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
 from training.s3_mirror import S3Mirror
 from training.sampler import ResumableDistributedSampler
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 EXIT_DONE = 0
 EXIT_INTERRUPTED = 75
-DEFAULT_SPOT_ENDPOINT = "http://169.254.169.254"
 
 
 @dataclass(frozen=True)
@@ -95,8 +94,7 @@ class Trainer:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
         # Listen for SIGTERM and spot notices from the start: one that arrives while the
         # engine is being built stops the job after its first step, with a checkpoint.
-        endpoint = self.env.get("TRAIN_SPOT_ENDPOINT", DEFAULT_SPOT_ENDPOINT)
-        stop = StopFlag(spot_endpoint=endpoint or None)
+        stop = StopFlag(spot_endpoint=spot_endpoint_from_env(self.env))
         stop.start()
         try:
             job = self._setup()

@@ -13,7 +13,7 @@ import pytest
 
 from tests.training.fake_imds import NOTICE_PATH, TOKEN_PATH, FakeImds
 from tests.training.multirank import free_port, torchrun
-from training.interrupt import StopFlag
+from training.interrupt import IMDS_ENDPOINT, StopFlag, running_on_ec2, spot_endpoint_from_env
 
 WORKER = Path(__file__).with_name("stop_worker.py")
 POLL_S = 0.05
@@ -172,3 +172,36 @@ def test_spot_notice_stops_both_ranks_at_the_same_step(tmp_path, imds):
     assert stopped[0]["step"] == stopped[1]["step"] > 1
     assert stopped[0]["reason"] == "spot interruption: terminate at 2026-11-30T12:02:00Z"
     assert stopped[1]["reason"] == "stop requested on another rank"
+
+
+def fake_sys(tmp_path: Path, files: dict[str, str]) -> Path:
+    for relative, text in files.items():
+        path = tmp_path / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("files", "on_ec2"),
+    [
+        ({"devices/virtual/dmi/id/sys_vendor": "Amazon EC2\n"}, True),  # Nitro (p4d, p5, g5)
+        ({"hypervisor/uuid": "ec2e1916-9099-7caf-fd21-012345abcdef\n"}, True),  # Xen (p3)
+        ({"devices/virtual/dmi/id/sys_vendor": "LENOVO\n"}, False),
+        ({"hypervisor/uuid": "4a8d7e2f-0000-0000-0000-000000000000\n"}, False),
+        ({}, False),
+    ],
+)
+def test_ec2_is_recognised_from_the_firmware(tmp_path, files, on_ec2):
+    assert running_on_ec2(fake_sys(tmp_path, files)) is on_ec2
+
+
+def test_spot_endpoint_defaults_to_the_metadata_service_only_on_ec2():
+    assert spot_endpoint_from_env({}, on_ec2=True) == IMDS_ENDPOINT
+    # A laptop or CI machine sends nothing to a link-local address.
+    assert spot_endpoint_from_env({}, on_ec2=False) is None
+    assert spot_endpoint_from_env({"TRAIN_SPOT_ENDPOINT": ""}, on_ec2=True) is None
+    assert (
+        spot_endpoint_from_env({"TRAIN_SPOT_ENDPOINT": "http://127.0.0.1:9"}, on_ec2=False)
+        == "http://127.0.0.1:9"
+    )
