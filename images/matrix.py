@@ -32,7 +32,7 @@ CUDA13_OLDEST_ARCH = "7.5"
 # The Python each base OS maintains: its system python3. The image installs
 # python<version> (and -venv, -dev) with apt, so a variant's Python must be this one.
 # [packages.debian.org bookworm python3 3.11.2; packages.ubuntu.com jammy python3 3.10.6,
-#  noble python3 3.12.3; on jammy python3.11 is a universe build of a release candidate]
+#  noble python3 3.12.3; on jammy python3.11 is a universe package frozen at an early 3.11.0 build]
 SYSTEM_PYTHON = {"bookworm": "3.11", "ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
 _BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
 
