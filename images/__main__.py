@@ -3,7 +3,7 @@
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
-  python -m images lock <variant> [--find-links DIR]
+  python -m images lock <variant> [--python PYTHON] [--find-links DIR]
   python -m images wheelhouse <variant> DIR [--find-links DIR]
   python -m images workflow [--check]
   python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
@@ -96,7 +96,14 @@ def _parser() -> argparse.ArgumentParser:
         "--find-links",
         type=_existing_dir,
         metavar="DIR",
-        help="local wheels (a CPU torch wheel when the torch index is unreachable)",
+        help="local wheels (the cpu variant's torch wheel when its index is unreachable)",
+    )
+    lock.add_argument(
+        "--python",
+        type=Path,
+        metavar="PYTHON",
+        help="an interpreter of the variant's Python version to resolve for "
+        "(default: this one if it matches, else python<version> on PATH)",
     )
 
     house = commands.add_parser("wheelhouse", help="download a lock's files for offline builds")
@@ -142,7 +149,8 @@ def _run(options: argparse.Namespace) -> int:
         print("\n".join(base.bootstrap_base(variant, options.storage_driver)))
     elif options.command == "lock":
         path = locks.lock_path(variant)
-        path.write_text(locks.make_lock(variant, options.find_links))
+        text = locks.make_lock(variant, matrix.wheels(variant), options.find_links, options.python)
+        path.write_text(text)
         print(path)
     elif options.command == "wheelhouse":
         locks.fill_wheelhouse(variant, options.dest.resolve(), options.find_links)

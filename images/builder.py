@@ -53,8 +53,12 @@ class BuildRequest:
 
     def effective_args(self) -> dict[str, str]:
         args = dict(self.args)
-        # A wheelhouse carries torch; the torch index is left out so pip never waits on it.
-        args["TORCH_INDEX_URL"] = "" if self.wheelhouse else self.variant.torch_index
+        # A wheelhouse carries torch, and a lock may take torch from PyPI: the torch index
+        # is then left out so pip never waits on it (nor picks another file of torch).
+        from_index = locks.read_lock(locks.lock_path(self.variant)).needs_torch_index
+        args["TORCH_INDEX_URL"] = (
+            self.variant.torch_index if from_index and not self.wheelhouse else ""
+        )
         if self.offline:
             args["PYPI_INDEX_URL"] = ""
         if self.ca_bundle:

@@ -1,19 +1,19 @@
 """Lock files: the exact packages (with hashes) each variant's image installs.
 
 A lock is a pip requirements file, images/locks/<variant>.txt. `python -m images lock
-<variant>` makes it: pip resolves requirements-train.txt (torch from the variant's own
-index, DeepSpeed at the matrix's version) without installing anything, and every pin
-gets the sha256 of each file its index publishes for that version.
+<variant>` makes it: pip resolves requirements-train.txt (DeepSpeed at the matrix's
+version) for the variant's Python without installing or downloading anything (PEP 658
+metadata), and every pin gets the sha256 of each file its index publishes for that version.
 
-DeepSpeed comes last, after a marker line: the image builds it from source against the
-torch the lines above installed (see images/Dockerfile).
+Torch comes from PyPI when PyPI's plain torch==<release> is the variant's build (the
+matrix's torch_wheels say `pypi_default`: cu130 for torch 2.13), else from the variant's
+own index (torch==<release>+<variant>). DeepSpeed comes last, after a marker line: the
+image builds it from source against the torch the lines above installed (images/Dockerfile).
 
-When the variant's torch index cannot be reached (as on machines that reach PyPI only),
-the lock is resolved against a stand-in torch of the same version: a local CPU wheel
-(--find-links), else a dependency-free placeholder. Every other line is exact and hashed,
-but torch has no hash and its CUDA dependencies (nvidia-*, triton; with the placeholder
-all its dependencies) are missing. Such a lock says so in its header, and the build
-refuses it until it is regenerated where the index is reachable.
+When a torch index cannot be reached (as on machines that reach PyPI only), PyPI's torch of
+the same release stands in for the resolution: every other line is exact and hashed, but
+torch has no hash and its CUDA dependencies are missing. Such a lock says so in its header,
+and the build refuses it until it is regenerated where the index is reachable.
 """
 
 from __future__ import annotations
@@ -22,18 +22,18 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from images.build_args import REPO_ROOT
-from images.matrix import Variant
+from images.matrix import TorchWheels, Variant
 
 LOCKS_DIR = REPO_ROOT / "images" / "locks"
 TRAIN_REQUIREMENTS = REPO_ROOT / "requirements-train.txt"
@@ -42,6 +42,9 @@ PYPI_INDEX = "https://pypi.org/simple"
 BUILD_TOOLS = ("setuptools", "wheel")
 DEEPSPEED_MARKER = "# -- deepspeed: built from source after the lines above, against their torch"
 INCOMPLETE_MARKER = "# INCOMPLETE:"
+
+# What a CUDA torch build pulls in beyond its pure-Python dependencies.
+CUDA_DEPENDENCY = re.compile(r"^(nvidia-|cuda-|triton$)")
 
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 _HASH = re.compile(r"--hash=sha256:([0-9a-f]{64})")
@@ -62,6 +65,11 @@ class Pin:
 class Lock:
     pins: dict[str, Pin]  # by normalized name
     incomplete: tuple[str, ...]  # the header's reasons, empty for a complete lock
+
+    @property
+    def needs_torch_index(self) -> bool:
+        """Torch pinned as <release>+<variant> comes from the variant's index, not PyPI."""
+        return "+" in self.pins["torch"].version
 
     @property
     def unhashed(self) -> tuple[str, ...]:
@@ -99,13 +107,16 @@ def read_lock(path: Path) -> Lock:
     return Lock(pins, tuple(incomplete))
 
 
-def torch_local_version(variant: Variant) -> str:
-    """The pytorch indexes name builds <version>+<index suffix>, e.g. 2.13.0+cu126."""
-    return f"{variant.torch}+{variant.torch_index.rstrip('/').rsplit('/', 1)[-1]}"
+def torch_version(variant: Variant, wheels: TorchWheels) -> str:
+    """The torch version the lock pins: PyPI's plain release when it is the variant's
+    build, else the variant index's <release>+<variant> (e.g. 2.13.0+cu126)."""
+    if wheels.pypi_default:
+        return variant.torch
+    return f"{variant.torch}+{variant.wheel_variant}"
 
 
-def torch_requirement(variant: Variant) -> str:
-    return f"torch=={torch_local_version(variant)}"
+def torch_requirement(variant: Variant, wheels: TorchWheels) -> str:
+    return f"torch=={torch_version(variant, wheels)}"
 
 
 def requirements(path: Path = TRAIN_REQUIREMENTS) -> dict[str, str]:
@@ -118,9 +129,14 @@ def requirements(path: Path = TRAIN_REQUIREMENTS) -> dict[str, str]:
     return lines
 
 
-def lock_inputs(variant: Variant, path: Path = TRAIN_REQUIREMENTS) -> list[str]:
+def lock_inputs(
+    variant: Variant, wheels: TorchWheels, path: Path = TRAIN_REQUIREMENTS
+) -> list[str]:
     """requirements-train.txt with torch and DeepSpeed pinned as the matrix says."""
-    pinned = {"torch": torch_requirement(variant), "deepspeed": f"deepspeed=={variant.deepspeed}"}
+    pinned = {
+        "torch": torch_requirement(variant, wheels),
+        "deepspeed": f"deepspeed=={variant.deepspeed}",
+    }
     lines = [pinned.get(name, line) for name, line in requirements(path).items()]
     return [*lines, *BUILD_TOOLS]
 
@@ -140,8 +156,10 @@ def pip_env() -> dict[str, str]:
     return {**env, "PIP_CONFIG_FILE": os.devnull}
 
 
-def resolve(inputs: list[str], indexes: list[str], *find_links: Path | None) -> list[dict]:
-    """pip's resolution of `inputs` for this interpreter: the report's `install` list."""
+def resolve(
+    inputs: list[str], indexes: list[str], python: str, *find_links: Path | None
+) -> list[dict]:
+    """pip's resolution of `inputs` for the interpreter `python`: the report's `install` list."""
     env = pip_env()
     with tempfile.TemporaryDirectory(prefix="lock-") as tmp:
         requirements = Path(tmp) / "requirements.in"
@@ -151,6 +169,8 @@ def resolve(inputs: list[str], indexes: list[str], *find_links: Path | None) -> 
             sys.executable,
             "-m",
             "pip",
+            "--python",
+            python,
             "install",
             "--dry-run",
             "--ignore-installed",
@@ -220,39 +240,77 @@ def hashes_for(item: dict) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-def make_lock(variant: Variant, find_links: Path | None = None) -> str:
-    """Resolve and hash the variant's packages; return the lock file's text."""
-    python = f"{sys.version_info.major}.{sys.version_info.minor}"
-    if python != variant.python:
+def lock_python(variant: Variant, python: Path | None = None) -> str:
+    """The interpreter pip resolves for (markers, wheel tags): one of the variant's version.
+
+    `python -m images` itself may run on another version: pip's --python does the rest.
+    """
+    wanted = variant.python
+    if python is not None:
+        candidate = str(python)
+    elif f"{sys.version_info.major}.{sys.version_info.minor}" == wanted:
+        candidate = sys.executable
+    else:
+        candidate = shutil.which(f"python{wanted}")
+    if candidate is None:
         raise LockError(
-            f"variant {variant.name!r} runs Python {variant.python} but this is Python "
-            f"{python}: run `python{variant.python} -m images lock {variant.name}`"
+            f"variant {variant.name!r} runs Python {wanted} and there is no python{wanted} "
+            f"on PATH: install it or pass --python /path/to/python{wanted}"
         )
-    inputs = lock_inputs(variant)
+    try:
+        found = subprocess.run(
+            [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        raise LockError(f"--python {candidate}: not a Python interpreter that runs") from None
+    if found != wanted:
+        raise LockError(
+            f"variant {variant.name!r} runs Python {wanted} but {candidate} is Python {found}: "
+            f"pass --python /path/to/python{wanted}"
+        )
+    return candidate
+
+
+def make_lock(
+    variant: Variant,
+    wheels: TorchWheels,
+    find_links: Path | None = None,
+    python: Path | None = None,
+) -> str:
+    """Resolve and hash the variant's packages; return the lock file's text."""
+    interpreter = lock_python(variant, python)
+    inputs = lock_inputs(variant, wheels)
+    if wheels.pypi_default:
+        # PyPI's plain torch is this build and its nvidia-* wheels are on PyPI: no
+        # other index is needed, wherever the lock is made.
+        items = resolve(inputs, [PYPI_INDEX], interpreter)
+        return render_lock(variant, wheels, items, [])
     if index_reachable(variant.torch_index):
-        items = resolve(inputs, [PYPI_INDEX, variant.torch_index], find_links)
-        return render_lock(variant, items, [])
-    # pip would retry the dead index for every package: leave it out, and let pip see a
-    # torch of the same version instead: a local CPU wheel, else a placeholder.
-    cpu_wheel = local_cpu_torch(variant, find_links)
-    if cpu_wheel and torch_local_version(variant).endswith("+cpu"):
-        items = resolve(inputs, [PYPI_INDEX], find_links)
-        return render_lock(variant, items, [])
-    with tempfile.TemporaryDirectory(prefix="torch-stand-in-") as tmp:
-        if cpu_wheel:
-            stand_in, links = f"torch=={variant.torch}+cpu", find_links
-            missing = "torch's CUDA dependencies (nvidia-*, triton) are not listed"
-        else:
-            stand_in, links = torch_requirement(variant), placeholder_torch(variant, Path(tmp))
-            missing = "torch's dependencies (nvidia-*, triton, sympy, ...) are not listed"
-        inputs = [stand_in if line == torch_requirement(variant) else line for line in inputs]
-        items = resolve(inputs, [PYPI_INDEX], links, find_links)
-    incomplete = [
-        f"{variant.torch_index} was unreachable when this lock was made, so "
-        f"{torch_requirement(variant)} has no hash and {missing}.",
-        f"Regenerate where that index is reachable: python -m images lock {variant.name}",
+        items = resolve(inputs, [PYPI_INDEX, variant.torch_index], interpreter, find_links)
+        return render_lock(variant, wheels, items, [])
+    if variant.cuda is None and local_cpu_torch(variant, find_links):
+        items = resolve(inputs, [PYPI_INDEX], interpreter, find_links)
+        return render_lock(variant, wheels, items, [])
+    # pip would retry the dead index for every package: leave it out, and let PyPI's
+    # torch of the same release stand in for the resolution of everything else.
+    stand_in = f"torch=={variant.torch}"
+    inputs = [stand_in if line == torch_requirement(variant, wheels) else line for line in inputs]
+    items = [
+        item
+        for item in resolve(inputs, [PYPI_INDEX], interpreter)
+        if item.get("requested") or not CUDA_DEPENDENCY.match(normalize(item["metadata"]["name"]))
     ]
-    return render_lock(variant, items, incomplete)
+    incomplete = [
+        f"{variant.torch_index} was unreachable when this lock was made: "
+        f"{torch_requirement(variant, wheels)} is listed without a hash, and its CUDA "
+        "dependencies (its nvidia-* wheels, cuda-*, triton) are missing.",
+        f"Its other dependencies were resolved with PyPI's {stand_in} (another CUDA build "
+        "of the same release) standing in.",
+        f"Complete it where that index is reachable, on Python {variant.python}: "
+        f"python -m images lock {variant.name}",
+    ]
+    return render_lock(variant, wheels, items, incomplete)
 
 
 def local_cpu_torch(variant: Variant, find_links: Path | None) -> Path | None:
@@ -263,50 +321,62 @@ def local_cpu_torch(variant: Variant, find_links: Path | None) -> Path | None:
     return next(iter(sorted(find_links.glob(f"torch-{variant.torch}+cpu-{tag}-*.whl"))), None)
 
 
-def placeholder_torch(variant: Variant, folder: Path) -> Path:
-    """A dependency-free wheel named like the variant's torch: lets pip resolve the rest.
+def render_lock(
+    variant: Variant, wheels: TorchWheels, items: list[dict], incomplete: list[str]
+) -> str:
+    """The lock file's text from pip's report items; `incomplete` lists why it is not whole.
 
-    It only ever feeds the resolver; the lock marks torch as unhashed and incomplete.
+    Each pin is preceded by the file pip chose for the variant's Python (torch's also by its
+    requirements), so that what the image will install can be read and checked offline.
     """
-    version = torch_local_version(variant)
-    dist_info = f"torch-{version}.dist-info"
-    files = {
-        f"{dist_info}/METADATA": f"Metadata-Version: 2.1\nName: torch\nVersion: {version}\n",
-        f"{dist_info}/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-    }
-    files[f"{dist_info}/RECORD"] = "".join(
-        f"{name},,\n" for name in [*files, f"{dist_info}/RECORD"]
-    )
-    wheel = folder / f"torch-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as archive:
-        for name, text in files.items():
-            archive.writestr(name, text)
-    return folder
-
-
-def render_lock(variant: Variant, items: list[dict], incomplete: list[str]) -> str:
-    """The lock file's text from pip's report items; `incomplete` lists why it is not whole."""
     entries: dict[str, str] = {}
     for item in items:
         name = normalize(item["metadata"]["name"])
+        filename = urllib.parse.unquote(item["download_info"]["url"].rsplit("/", 1)[-1])
         if incomplete and name == "torch":  # a stand-in was resolved: name the real one
-            version, hashes = torch_local_version(variant), ()
+            lines = [torch_requirement(variant, wheels)]
         else:
-            version, hashes = item["metadata"]["version"], hashes_for(item)
-        lines = [f"{name}=={version}", *(f"--hash=sha256:{h}" for h in hashes)]
+            hashes = hashes_for(item)
+            version = item["metadata"]["version"]
+            # torch's own requirements are kept for the tests that check the lock covers them.
+            requires = item["metadata"].get("requires_dist", []) if name == "torch" else []
+            comments = [f"# {filename}", *(f"#   requires {r}" for r in requires)]
+            pin = "\n".join([*comments, f"{name}=={version}"])
+            lines = [pin, *(f"--hash=sha256:{h}" for h in hashes)]
         entries[name] = " \\\n    ".join(lines)
     deepspeed = entries.pop("deepspeed")
     header = [
-        f"# Lock for the {variant.name} image: torch {variant.torch} from {variant.torch_index},",
-        f"# DeepSpeed {variant.deepspeed}, Python {variant.python}. Made by",
-        f"#   python -m images lock {variant.name}",
-        "# from requirements-train.txt and images/matrix.toml; do not edit by hand.",
+        f"# Lock for the {variant.name} image: torch {variant.torch} ({variant.wheel_variant} "
+        f"build), DeepSpeed {variant.deepspeed},",
+        f"# Python {variant.python}. Made by `python -m images lock {variant.name}` from",
+        "# requirements-train.txt and images/matrix.toml; do not edit by hand.",
         *(f"{INCOMPLETE_MARKER} {reason}" for reason in incomplete),
-        "# The image build passes the indexes (PyPI, and the torch index for torch).",
+        *torch_source(variant, wheels),
         "",
     ]
     body = [entries[name] for name in sorted(entries)]
     return "\n".join([*header, *body, "", DEEPSPEED_MARKER, deepspeed, ""])
+
+
+def torch_source(variant: Variant, wheels: TorchWheels) -> list[str]:
+    """Header lines that say where torch (and its hashes) came from, and which index the
+    image build needs."""
+    if wheels.pypi_default:
+        build, release = variant.wheel_variant, variant.torch
+        return [
+            f"# torch: PyPI's torch=={release} files (hashes from PyPI's JSON API): PyPI's",
+            f"# default torch {release} is PyTorch's {build} build (torch_wheels in",
+            f"# images/matrix.toml), and the CUDA {variant.cuda} wheels it requires are pinned",
+            f"# below. These are not the files {variant.torch_index} serves:",
+            f"# those carry the version {release}+{build}, so their bytes and hashes differ;",
+            "# that both are the same build is assumed, not checked. The image build uses",
+            "# PyPI only.",
+        ]
+    return [
+        f"# torch: from {variant.torch_index}, hashes from that index (or from a local",
+        "# wheel's bytes when made with --find-links).",
+        "# The image build passes the indexes (PyPI, and the torch index for torch).",
+    ]
 
 
 def fill_wheelhouse(variant: Variant, dest: Path, find_links: Path | None = None) -> None:
@@ -321,9 +391,9 @@ def fill_wheelhouse(variant: Variant, dest: Path, find_links: Path | None = None
             f"{path} is incomplete; regenerate it first: python -m images lock {variant.name}"
         )
     # An unreachable torch index is left out (pip would retry it for every file).
-    indexes = [PYPI_INDEX, variant.torch_index]
-    if not index_reachable(variant.torch_index):
-        indexes = [PYPI_INDEX]  # torch must then be in find_links
+    indexes = [PYPI_INDEX]
+    if lock.needs_torch_index and index_reachable(variant.torch_index):
+        indexes.append(variant.torch_index)  # else torch must be in find_links
     dest.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "pip", "download", "--no-deps", "--require-hashes",

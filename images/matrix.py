@@ -29,6 +29,13 @@ MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 # CUDA 13.0 removed Maxwell, Pascal and Volta (sm_50-sm_72): Turing (7.5) is its oldest arch.
 CUDA13_OLDEST_ARCH = "7.5"
 
+# The Python each base OS maintains: its system python3. The image installs
+# python<version> (and -venv, -dev) with apt, so a variant's Python must be this one.
+# [packages.debian.org bookworm python3 3.11.2; packages.ubuntu.com jammy python3 3.10.6,
+#  noble python3 3.12.3; on jammy python3.11 is a universe package frozen at an early 3.11.0 build]
+SYSTEM_PYTHON = {"bookworm": "3.11", "ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
+_BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
+
 _NAME = re.compile(r"^[a-z0-9]+$")
 _NVIDIA_CUDA_IMAGE = re.compile(r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+$")
 
@@ -62,6 +69,8 @@ class TorchWheels:
     compute_capabilities: tuple[str, ...] = ()
     cudnn: str | None = None
     nccl: str | None = None
+    # PyPI's plain torch==<release> is this build (its nvidia-* wheels are on PyPI too).
+    pypi_default: bool = False
 
     _check_capabilities = field_validator("compute_capabilities")(_capabilities)
 
@@ -139,6 +148,10 @@ class Matrix:
                 return candidate
         raise MatrixError(f"unknown image variant {name!r} (known: {', '.join(self.names)})")
 
+    def wheels(self, variant: Variant) -> TorchWheels:
+        """What the variant's torch build ships (the loader checked that it is known)."""
+        return self.torch_wheels[variant.torch][variant.wheel_variant]
+
 
 def load_matrix(path: Path | str | None = None) -> Matrix:
     """Load and check images/matrix.toml (or `path`); raise MatrixError in one line."""
@@ -190,6 +203,7 @@ def _check_variant(v: Variant, wheels: dict[str, dict[str, TorchWheels]], where:
         return MatrixError(f"{where}, field '{field_name}': {problem}")
 
     _check_bases(v, fail)
+    _check_python(v, fail)
     _check_cuda_fields(v, fail)
 
     release = wheels.get(v.torch)
@@ -259,10 +273,29 @@ def _check_bases(v: Variant, fail) -> None:
         image = getattr(v, name)
         match = _NVIDIA_CUDA_IMAGE.match(image)
         if not match or match.group(2) not in kinds:
-            example = f"nvidia/cuda:{v.cuda}.0-{kinds[0]}-ubuntu22.04"
+            example = f"nvidia/cuda:{v.cuda}.0-{kinds[0]}-ubuntu24.04"
             raise fail(name, f"{image} is not an nvidia/cuda -{'/-'.join(kinds)} image ({example})")
         if match.group(1) != v.cuda:
             raise fail(name, f"{image} carries CUDA {match.group(1)}, the variant says {v.cuda}")
+
+
+def _check_python(v: Variant, fail) -> None:
+    systems = []
+    for name in ("base_build", "base_runtime"):
+        found = _BASE_OS.search(getattr(v, name))
+        if found is None or found[0] not in SYSTEM_PYTHON:
+            known = ", ".join(SYSTEM_PYTHON)
+            raise fail(name, f"{getattr(v, name)}: no known system Python for its OS ({known})")
+        systems.append(found[0])
+    if systems[0] != systems[1]:
+        raise fail("base_runtime", f"runs {systems[1]}, base_build {systems[0]}: one OS for both")
+    expected = SYSTEM_PYTHON[systems[0]]
+    if v.python != expected:
+        raise fail(
+            "python",
+            f"{v.python} is not {systems[0]}'s system Python ({expected}), the only one its "
+            f'archive maintains: use python = "{expected}" or another base',
+        )
 
 
 def _check_cuda_fields(v: Variant, fail) -> None:

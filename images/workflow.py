@@ -69,9 +69,11 @@ jobs:
           sudo docker image prune --all --force
           df -h /
 
+      # The variant's own Python: `python -m images lock` resolves for the interpreter
+      # it runs on.
       - uses: actions/setup-python@v5
         with:
-          python-version: "3.11"
+          python-version: ${{ matrix.python }}
 
       - name: Install what python -m images needs
         run: python -m pip install @TOOLS@
@@ -179,6 +181,7 @@ def render(matrix: Matrix) -> str:
             "variant": variant.name,
             "tag": variant.tag(matrix.release),
             "cuda": variant.cuda or "",
+            "python": variant.python,
             "expect": " ".join(expectations(variant)),
         }
         include.append(f"          - {json.dumps(entry)}")

@@ -61,6 +61,23 @@ def test_docker_reads_a_cache_without_writing_it_unless_asked():
     assert "--cache-to" not in argv
 
 
+def test_a_lock_that_takes_torch_from_pypi_builds_without_the_torch_index(tmp_path, monkeypatch):
+    cu130 = MATRIX.variant("cu130")
+    args = dict(
+        item.split("=", 1) for item in pairs(builder.docker_argv(request(cu130)), "--build-arg")
+    )
+    assert args["TORCH_INDEX_URL"] == ""  # committed lock: PyPI's torch==2.13.0, the cu130 build
+    # The same variant locked from its own index (torch==2.13.0+cu130) needs that index.
+    (tmp_path / "cu130.txt").write_text(
+        "torch==2.13.0+cu130 \\\n    --hash=sha256:" + "a" * 64 + "\n"
+    )
+    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
+    args = dict(
+        item.split("=", 1) for item in pairs(builder.docker_argv(request(cu130)), "--build-arg")
+    )
+    assert args["TORCH_INDEX_URL"] == cu130.torch_index
+
+
 def test_wheelhouse_is_a_build_context_and_replaces_the_torch_index(tmp_path):
     for argv in (
         builder.docker_argv(request(wheelhouse=tmp_path)),

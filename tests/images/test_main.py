@@ -75,3 +75,11 @@ def test_cache_write_without_a_cache_is_a_usage_error(capsys):
         main(["build", "cpu", "--cache-write", "--dry-run"])
     assert exit_info.value.code == 2
     assert "--cache-write needs --cache REF" in capsys.readouterr().err
+
+
+def test_lock_with_an_interpreter_that_does_not_run_is_one_line_and_exit_2(capsys, tmp_path):
+    missing = tmp_path / "python3.12"
+    assert main(["lock", "cu130", "--python", str(missing)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and str(missing) in err and "--python" in err
+    assert len(err.strip().splitlines()) == 1

@@ -44,7 +44,7 @@ def test_real_matrix_loads_with_the_required_variants():
 
 def test_tag_and_lookup():
     matrix = load_matrix()
-    assert matrix.variant("cu126").tag("1.2.0") == "1.2.0-torch2.13.0-cu126-py3.11"
+    assert matrix.variant("cu126").tag("1.2.0") == "1.2.0-torch2.13.0-cu126-py3.12"
     with pytest.raises(MatrixError, match=r"unknown image variant 'cu999'.*cu126"):
         matrix.variant("cu999")
 
@@ -100,14 +100,14 @@ BAD_MATRICES = [
         id="duplicate-name",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu22.04"',
-        'base_runtime = "nvidia/cuda:12.6.3-cudnn-runtime-ubuntu22.04"',
+        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04"',
         ["variant 'cu126'", "field 'base_runtime'", "-cudnn-", "-base"],
         id="cudnn-runtime-base",
     ),
     pytest.param(
-        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu22.04"',
-        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu22.04"',
+        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu24.04"',
+        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu24.04"',
         ["variant 'cu128'", "field 'base_build'", "CUDA 12.6"],
         id="base-image-cuda-mismatch",
     ),
@@ -128,6 +128,18 @@ BAD_MATRICES = [
         'min_driver = "five-seventy"',
         ["variant 'cu128'", "field 'min_driver'", "five-seventy"],
         id="driver-not-a-version",
+    ),
+    pytest.param(
+        'python = "3.12"',
+        'python = "3.11"',
+        ["variant 'cu126'", "field 'python'", "3.11", "ubuntu24.04", "3.12"],
+        id="python-not-the-base-os-system-python",
+    ),
+    pytest.param(
+        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu22.04"',
+        ["variant 'cu126'", "field 'base_runtime'", "ubuntu22.04", "one OS"],
+        id="build-and-runtime-on-different-os",
     ),
     pytest.param(
         'python = "3.11"',

@@ -23,8 +23,11 @@ def test_workflow_builds_every_variant_with_the_matrix_pins():
     jobs = yaml.safe_load(workflow.WORKFLOW.read_text())["jobs"]
     include = jobs["build"]["strategy"]["matrix"]["include"]
     assert [entry["variant"] for entry in include] == [v.name for v in MATRIX.variants]
+    setup = next(s for s in jobs["build"]["steps"] if "setup-python" in s.get("uses", ""))
+    assert setup["with"]["python-version"] == "${{ matrix.python }}"
     for entry, variant in zip(include, MATRIX.variants, strict=True):
         assert entry["tag"] == variant.tag(MATRIX.release)
+        assert entry["python"] == variant.python  # the lock step resolves for this Python
         expect = entry["expect"].split()
         assert expect[expect.index("--torch") + 1] == variant.torch
         assert expect[expect.index("--deepspeed") + 1] == variant.deepspeed

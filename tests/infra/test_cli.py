@@ -23,7 +23,7 @@ def test_default_profile_prints_the_plan():
         "/latest/ami-id" in out
     )
     assert "$32.77/h" in out and "$9.90/h" in out  # on-demand and spot
-    assert "0.1.0-torch2.13.0-cu130-py3.11" in out and "595.91.07" in out
+    assert "0.1.0-torch2.13.0-cu130-py3.12" in out and "595.91.07" in out
     assert "upper bound" in out
 
 

@@ -67,7 +67,8 @@ def test_every_instance_and_variant_resolves_or_explains(instance_type, variant_
     assert plan.on_demand_usd_per_hour == pytest.approx(nodes * instance.on_demand_usd_per_hour)
     assert plan.spot_usd_per_hour == pytest.approx(nodes * instance.spot_usd_per_hour)
     assert plan.gpus == nodes * instance.gpu_count
-    assert plan.image_tag == f"{MATRIX.release}-torch{variant.torch}-{variant.name}-py3.11"
+    tag = f"{MATRIX.release}-torch{variant.torch}-{variant.name}-py{variant.python}"
+    assert plan.image_tag == tag
     # Only a Volta GPU may land on the end-of-life AMI, and then it is told so.
     if plan.ami.end_of_life < TODAY:
         assert instance.compute_capability == "7.0"

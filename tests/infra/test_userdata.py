@@ -26,7 +26,7 @@ from training.launcher import EXIT_BAD_CONFIG, topology_from_env
 from training.s3_mirror import S3Mirror
 from training.selfcheck import SelfCheckError, check_driver
 
-IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.11"
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
 
 
 def node(**overrides) -> NodeBoot:
