@@ -15,7 +15,7 @@ try:
     config = load_stack_config(config_from_pulumi(pulumi.Config("gpu")))
     plan = config.resolve_plan()
     config.check_plan(plan)
-    for warning in plan.warnings:
+    for warning in (*plan.warnings, *config.guardrails.warnings):
         pulumi.log.warn(warning)
     stack = TrainingStack(f"{pulumi.get_project()}-{pulumi.get_stack()}", config, plan)
 except ConfigError as error:

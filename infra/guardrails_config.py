@@ -39,6 +39,16 @@ MAX_RUNTIME_HOURS = 168
 MAX_ALERT_EMAILS = 10
 MAX_NOTIFICATIONS = 10
 
+# Domains reserved for documentation (RFC 2606, RFC 6761): the example stack files use one.
+_PLACEHOLDER_DOMAIN = re.compile(
+    r"(^|\.)(example\.(com|net|org)|example|test|invalid|localhost)$", re.IGNORECASE
+)
+
+
+def _is_placeholder(email: str) -> bool:
+    return bool(_PLACEHOLDER_DOMAIN.search(email.rpartition("@")[2]))
+
+
 _EMAIL = re.compile(r"^[^@\s,;]+@[^@\s,;]+\.[A-Za-z]{2,}$")
 
 
@@ -232,6 +242,18 @@ class GuardrailConfig(pydantic.BaseModel):
             return None
         period = _runtime_period(self.max_runtime_hours)
         return period, round(self.max_runtime_hours * 3600 / period)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Sentences for the user about settings that work but are probably not meant."""
+        placeholders = [email for email in self.alert_emails if _is_placeholder(email)]
+        if not placeholders:
+            return ()
+        return (
+            f"gpu:alertEmails holds {', '.join(placeholders)}, an address at a domain reserved "
+            "for examples: budget alerts would reach nobody; set yours with "
+            "pulumi config set --path 'gpu:alertEmails[0]' you@your-team.com",
+        )
 
     def check_against(self, hourly_usd: float) -> None:
         """Refuse a stack nobody hears about, or whose budget would not buy one hour of it."""

@@ -330,6 +330,7 @@ def describe_stack(stack: StackConfig) -> str:
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
+            *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]
     )
 

@@ -142,7 +142,7 @@ class TrainingStack(pulumi.ComponentResource):
             "runway_hours": guardrails.costs["runway_hours"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
-            "warnings": list(plan.warnings),
+            "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         if config.spot:
             # A persistent spot request outlives its instance: cancel it before destroying

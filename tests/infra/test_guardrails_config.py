@@ -146,3 +146,18 @@ def test_runtime_window_fits_cloudwatch_limits(hours, window):
         period, periods = window
         # CloudWatch: one day for periods under an hour, seven days otherwise.
         assert period * periods <= (86_400 if period < 3600 else 604_800)
+
+
+@pytest.mark.parametrize(
+    "email", ["you@example.com", "ops@mail.example.org", "me@team.test", "a@b.invalid"]
+)
+def test_a_placeholder_alert_address_is_warned_about(email):
+    config = GuardrailConfig.from_config({"alertEmails": ["real@company.io", email]})
+    (warning,) = config.warnings
+    assert email in warning and "real@company.io" not in warning
+    assert "pulumi config set --path 'gpu:alertEmails[0]'" in warning
+
+
+def test_real_alert_addresses_get_no_warning():
+    config = GuardrailConfig.from_config({"alertEmails": ["ml@examples.com", "x@testing.io"]})
+    assert config.warnings == ()

@@ -119,3 +119,10 @@ def test_plan_without_resources_lists_no_resources():
     assert result.returncode == 0, result.stderr
     assert "aws.ec2.LaunchTemplate" not in result.stdout
     assert "p4d.24xlarge" in result.stdout
+
+
+def test_the_example_stack_files_placeholder_address_is_pointed_out():
+    result = run_cli("plan", "a100x8", "--resources")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
+    assert line.startswith("warning ") and "you@example.com" in line

@@ -302,3 +302,13 @@ def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
     stack = [rules.StackResource(r.type, r.name, r.state, id=r.id) for r in run.resources]
     assert rules.check_budget_for_gpus(stack) == []
     assert rules.check_bucket_encryption(stack) == []
+
+
+def test_warnings_output_holds_the_plans_and_the_guardrails():
+    run = run_stack(profile="v100x1", alertEmails=["you@example.com"])
+    warnings = run.outputs["warnings"]
+    assert any("past end of life" in w or "end of life" in w for w in warnings), warnings
+    assert any("you@example.com" in w for w in warnings), warnings
+    assert not any(
+        "alertEmails" in w for w in run_stack(alertEmails=["ml@company.io"]).outputs["warnings"]
+    )
