@@ -29,6 +29,7 @@ from torch.utils.data import default_collate
 from training.config import load_config, validate
 from training.data import SyntheticSequences
 from training.ds_config import build_ds_config
+from training.metrics import mfu, peak_tflops
 from training.model import build_gpt
 from training.trainer import flops_per_token, param_groups
 
@@ -109,9 +110,12 @@ def main() -> None:
         "timed_steps": args.steps,
         "rounds": args.rounds,
     }
+    # MFU against the GPU's dense peak (training/gpu_peaks.toml); None on CPU or an unknown GPU.
+    peak = peak_tflops(report["device"] if on_gpu else None, bf16=args.bf16)
     for name, took in seconds.items():
         report[f"{name}_tokens_per_s"] = tokens / took
         report[f"{name}_tflops"] = flops * tokens / took / 1e12
+        report[f"{name}_mfu"] = mfu(flops, tokens / took, peak)
     report["tokens_per_s_ratio_deepspeed_over_pytorch"] = seconds["pytorch"] / seconds["deepspeed"]
     print(
         f"{args.preset} on {report['device']}: PyTorch {report['pytorch_tokens_per_s']:,.0f} "

@@ -44,3 +44,5 @@ def test_bench_reports_both_loops_and_their_ratio(tmp_path):
         report["deepspeed_tokens_per_s"] / report["pytorch_tokens_per_s"]
     )
     assert "ratio" in result.stdout
+    # No GPU peak on CPU: MFU is reported as unknown, never as a made-up figure.
+    assert report["pytorch_mfu"] is None and report["deepspeed_mfu"] is None
