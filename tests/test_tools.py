@@ -1,4 +1,4 @@
-"""require_tool: skip on a developer machine, fail in CI, naming the package."""
+"""require_tool, require_root: skip on a developer machine, fail in CI, naming what is missing."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.tools import require_tool
+from tests.tools import require_root, require_tool
 
 
 def test_found_tool_gives_its_path():
@@ -28,3 +28,18 @@ def test_missing_tool_fails_in_ci(monkeypatch, ci):
     monkeypatch.setenv("CI", ci)
     with pytest.raises(pytest.fail.Exception, match="Debian package no-such-package"):
         require_tool("no-such-tool-here", "no-such-package")
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcome"), [("", pytest.skip.Exception), ("true", pytest.fail.Exception)]
+)
+def test_not_root_skips_outside_ci_and_fails_in_ci(monkeypatch, ci, outcome):
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    with pytest.raises(outcome, match="needs root \\(buildah\\)"):
+        require_root("buildah")
+
+
+def test_root_passes(monkeypatch):
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    require_root("buildah")

@@ -1,4 +1,4 @@
-"""External command-line tools that some tests run (cloud-init, shellcheck)."""
+"""What some tests need from the machine: external tools (cloud-init, shellcheck), root."""
 
 from __future__ import annotations
 
@@ -21,10 +21,19 @@ def require_tool(name: str, package: str) -> str:
     path = shutil.which(name)
     if path is not None:
         return path
-    message = (
+    _unavailable(
         f"{name} not found on PATH: install the Debian package {package} "
         f"(apt-get install {package})"
     )
+
+
+def require_root(why: str) -> None:
+    """Skip the test unless it runs as root (fail it in CI, which runs as root)."""
+    if os.geteuid() != 0:
+        _unavailable(f"needs root ({why})")
+
+
+def _unavailable(message: str) -> None:
     if in_ci():
-        pytest.fail(f"{message}; in CI a missing tool fails the test", pytrace=False)
+        pytest.fail(f"{message}; in CI a missing requirement fails the test", pytrace=False)
     pytest.skip(message)

@@ -11,6 +11,7 @@ import pytest
 from images import smoke
 from images.build_args import REPO_ROOT
 from images.matrix import load_matrix
+from tests.tools import require_root
 
 MATRIX = load_matrix()
 CPU = MATRIX.variant("cpu")
@@ -88,8 +89,7 @@ def test_missing_metrics_is_a_problem(tmp_path):
 @pytest.mark.timeout(1500)
 def test_cpu_image_builds_and_trains_inside():
     """The real thing: debootstrap, buildah build, versions and a 2-rank ZeRO-2 run inside."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (buildah vfs storage, debootstrap)")
+    require_root("buildah vfs storage, debootstrap")
     env = {**os.environ, "PYTHON": sys.executable}
     result = subprocess.run(
         ["bash", str(REPO_ROOT / "images/ci/build-and-smoke-cpu.sh")],
@@ -118,13 +118,15 @@ def test_missing_image_fails_with_one_line(tmp_path, monkeypatch, capsys):
 def test_descendants_finds_grandchildren():
     shell = subprocess.Popen(["sh", "-c", "sleep 30 & wait"])
     found: list[int] = []
+    names: set[bytes] = set()
     try:
+        # Until the forked child has exec'd, it is still called sh.
         for _ in range(100):
             found = smoke.descendants(shell.pid)
-            if found:
+            names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in found}
+            if names == {b"sleep"}:
                 break
             time.sleep(0.05)
-        names = {Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] for pid in found}
         assert names == {b"sleep"}
         assert shell.pid not in found
     finally:
