@@ -18,12 +18,16 @@ from typing import Any
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from images.matrix import arch_key
 from infra.errors import ConfigError
 from infra.guardrails_config import GuardrailConfig
 from infra.guardrails_cost import hourly_usd
 from infra.profiles import resolve_profile
 from infra.resolver import AUTO, Plan, resolve
-from infra.userdata import MAX_USER_DATA_BYTES, largest_user_data_bytes
+from infra.userdata import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
+from training.config import ConfigError as TrainConfigError
+from training.config import load_config, validate
+from training.selfcheck import SelfCheckError, check_precision
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy API).
 LOG_RETENTION_DAYS = (
@@ -182,9 +186,37 @@ class StackConfig(BaseModel):
             raise ConfigError(f"{given}: {exc}") from None
 
     def check_plan(self, plan: Plan) -> None:
-        """The guardrails' refusals that need the plan: instance type allowed, budget, alerts."""
+        """The refusals that need the plan: the guardrails' (instance type allowed, budget,
+        alerts) and the trainer's on gpu:trainConfig."""
         self.guardrails.check_instance_type(plan.instance.type)
         self.guardrails.check_against(hourly_usd(plan, spot=self.spot))
+        if self.train_config is not None:
+            self._check_train_config(plan)
+
+    def _check_train_config(self, plan: Plan) -> None:
+        """Run the trainer's own start-up checks on gpu:trainConfig against the stack's GPUs.
+
+        The node runs them again and exits 2, but only once the instances are up and
+        billing; here a job the trainer would refuse fails `pulumi preview` instead.
+        A model or data builder ("package.module:function") is checked for its form only:
+        its package is in the image, not in this venv, so the node checks it imports.
+        """
+        paths = job_path_overrides(data_from_s3=self.data_s3_uri is not None)
+        try:
+            job = load_config(self.train_config, env=paths)
+            validate(job, world_size=plan.gpus)
+            check_precision(
+                bf16=job.precision.bf16,
+                fp16=job.precision.fp16,
+                on_gpu=True,  # every catalog instance has a GPU (gpu_count >= 1)
+                capability=arch_key(plan.instance.compute_capability),
+            )
+        except (TrainConfigError, SelfCheckError) as exc:
+            raise ConfigError(
+                f"gpu:trainConfig is {str(self.train_config)!r}: the trainer would refuse it on "
+                f"{plan.nodes} x {plan.instance.type} (world size {plan.gpus}, compute capability "
+                f"{plan.instance.compute_capability}): {exc}"
+            ) from None
 
 
 def own_keys() -> tuple[str, ...]:

@@ -89,19 +89,30 @@ class NodeBoot:
             "TRAIN_NODE_RANK": str(self.node_rank),
             "TRAIN_MASTER_ADDR": self.master_addr,
             "TRAIN_MASTER_PORT": str(MASTER_PORT),
-            "TRAIN_CHECKPOINT_DIR": f"{STATE_DIR}/checkpoints",
-            "TRAIN_OUTPUT_DIR": f"{STATE_DIR}/output",
+            **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
             "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
         }
-        if self.data_s3_uri:
-            env["TRAIN_DATA_PATH"] = DATA_DIR
         if self.train_config is not None:
             env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
         if self.efa:
             env.update(EFA_ENVIRONMENT)
         return env
+
+
+def job_path_overrides(*, data_from_s3: bool) -> dict[str, str]:
+    """The container variables that override the training config's paths on every node.
+
+    The stack's config check loads gpu:trainConfig with them, as the node's trainer will.
+    """
+    env = {
+        "TRAIN_CHECKPOINT_DIR": f"{STATE_DIR}/checkpoints",
+        "TRAIN_OUTPUT_DIR": f"{STATE_DIR}/output",
+    }
+    if data_from_s3:
+        env["TRAIN_DATA_PATH"] = DATA_DIR
+    return env
 
 
 def render_template(name: str, values: dict[str, object]) -> str:

@@ -22,13 +22,8 @@ from training.components import preflight
 from training.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
-from training.selfcheck import (
-    SelfCheckError,
-    check_driver,
-    check_precision,
-    gpu_capability,
-    installed_driver,
-)
+from training.machine import gpu_capability, installed_driver
+from training.selfcheck import SelfCheckError, check_driver, check_precision
 
 log = logging.getLogger("training")
 

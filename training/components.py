@@ -21,7 +21,8 @@ from torch.utils.data import Dataset
 
 from training.config import Config, ConfigError
 from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
-from training.model import ENCODER_PRESETS, build_gpt, mask_token_id
+from training.model import build_gpt, mask_token_id
+from training.presets import ENCODER_PRESETS
 
 
 def resolve(import_string: str, key: str) -> Callable:

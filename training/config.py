@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from training.model import PRESETS
+from training.presets import PRESETS
 
 DEMO_CONFIG = Path(__file__).with_name("demo.toml")
 

@@ -16,18 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-# Shapes of the presets (GPT-2 small/medium, GPT-3 XL and BERT-base widths); vocab and
-# seq_len come from the data.
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
-    "gpt-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768},
-    "gpt-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
-    "gpt-1.3b": {"n_layer": 24, "n_head": 16, "n_embd": 2048},
-    "bert-tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
-    "bert-base": {"n_layer": 12, "n_head": 12, "n_embd": 768},
-}
-# Presets with bidirectional attention and a masked-token objective.
-ENCODER_PRESETS = frozenset({"bert-tiny", "bert-base"})
+from training.presets import ENCODER_PRESETS, PRESETS
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,9 @@
   CUDA error.
 - The precision: bf16 needs compute capability 8.0 (Ampere) or newer; fp16 needs a GPU
   (DeepSpeed's CPU backend has no fp16). Otherwise a worker fails after minutes of setup.
+
+Pure functions of what the machine reports (training/machine.py reads it), so the
+Pulumi program runs the same precision check against the stack's GPU at preview.
 """
 
 from __future__ import annotations
@@ -58,34 +61,3 @@ def check_precision(*, bf16: bool, fp16: bool, on_gpu: bool, capability: tuple[i
             f"precision.bf16 = true needs compute capability 8.0 or newer (A100, H100, L4, A10G);"
             f" this GPU has {capability[0]}.{capability[1]}: use precision.fp16 = true"
         )
-
-
-def installed_driver() -> str | None:
-    """The driver version NVML reports, or None when there is no NVIDIA GPU or driver."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            if pynvml.nvmlDeviceGetCount() == 0:
-                return None
-            return pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
-
-
-def gpu_capability() -> tuple[int, int] | None:
-    """Compute capability of GPU 0 from NVML (no CUDA context), or None without a GPU."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            return tuple(pynvml.nvmlDeviceGetCudaComputeCapability(handle))
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None

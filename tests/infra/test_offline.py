@@ -114,6 +114,22 @@ def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+def test_plan_resources_refuses_a_training_config_the_stacks_gpus_cannot_run(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[precision]\nbf16 = true\n")
+    stack = tmp_path / "Pulumi.old.yaml"
+    stack.write_text(
+        "config:\n  gpu:profile: v100x1\n  gpu:budgetUsd: 100\n"
+        f"  gpu:alertEmails: [ml@example.com]\n  gpu:trainConfig: {job}\n"
+    )
+    result = run_cli("plan", "--resources", "--stack-file", str(stack))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith(f"error: Pulumi.old.yaml: gpu:trainConfig is {str(job)!r}")
+    assert "precision.bf16 = true needs compute capability 8.0" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
 def test_plan_without_resources_lists_no_resources():
     result = run_cli("plan", "a100x8")
     assert result.returncode == 0, result.stderr

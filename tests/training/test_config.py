@@ -186,3 +186,22 @@ def test_train_config_variable_names_the_config_file(tmp_path, monkeypatch, caps
     assert ds["train_batch_size"] == 6
     # --config wins over TRAIN_CONFIG.
     assert main(["--config", str(tmp_path / "missing.toml"), "--print-ds-config"]) == 2
+
+
+def test_the_config_check_runs_where_torch_is_not_installed():
+    """The Pulumi program validates gpu:trainConfig with these modules in a venv without torch."""
+    blocked = "import sys; sys.modules.update(dict.fromkeys(['torch', 'pynvml', 'deepspeed']))"
+    check = (
+        "from training.config import load_config, validate;"
+        "from training.selfcheck import check_precision;"
+        "validate(load_config(None, env={}), world_size=2);"
+        "check_precision(bf16=True, fp16=False, on_gpu=True, capability=(8, 0))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", f"{blocked}; {check}"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr

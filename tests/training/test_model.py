@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import PRESETS, build_gpt, mask_token_id
+from training.model import build_gpt, mask_token_id
+from training.presets import PRESETS
 
 
 def _tiny(**kwargs):

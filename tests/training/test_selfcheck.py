@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from training import cli, selfcheck
+from training import cli
 from training.selfcheck import SelfCheckError, check_driver, check_precision
 
 
@@ -36,7 +36,6 @@ def test_unparsable_version_is_an_error():
 
 
 def test_launcher_refuses_to_start_on_an_old_driver(monkeypatch, capsys):
-    monkeypatch.setattr(selfcheck, "installed_driver", lambda: "525.60.13")
     monkeypatch.setattr(cli, "installed_driver", lambda: "525.60.13")
     monkeypatch.setenv("TRAIN_MIN_DRIVER", "560.28.03")
     monkeypatch.delenv("RANK", raising=False)
