@@ -7,9 +7,9 @@ what would work. docs/stack.md lists the keys.
 
 import pulumi
 
+from infra.components.stack import TrainingStack
+from infra.config.schema import config_from_pulumi, load_stack_config
 from infra.errors import ConfigError
-from infra.stack import TrainingStack
-from infra.stack_config import config_from_pulumi, load_stack_config
 
 try:
     config = load_stack_config(config_from_pulumi(pulumi.Config("gpu")))

@@ -26,11 +26,11 @@ import deepspeed
 import torch
 from torch.utils.data import default_collate
 
-from training.config import load_config, validate
 from training.data import SyntheticSequences
 from training.ds_config import build_ds_config
 from training.metrics import mfu, peak_tflops
 from training.model import build_gpt
+from training.spec.config import load_config, validate
 from training.trainer import flops_per_token, param_groups
 
 

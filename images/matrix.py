@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import field_validator
 from pydantic.dataclasses import dataclass
 
-from images.datafile import (
+from common.records import (
     RECORD_CONFIG,
     build_record,
     check_keys,

@@ -12,13 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from images.matrix import MatrixError, load_matrix
-from infra.catalog import load_catalog
+from infra.config.stack_file import load_stack_file, stack_file_path
 from infra.errors import ConfigError
-from infra.guardrails_cost import cost_summary
-from infra.plan_report import format_costs, format_plan
-from infra.profiles import load_profiles, resolve_profile
-from infra.resolver import AUTO, Plan, resolve
-from infra.stack_file import load_stack_file, stack_file_path
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.costs import cost_summary
+from infra.knowledge.profiles import load_profiles, resolve_profile
+from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.report import format_costs, format_plan
 
 EXIT_BAD_INPUT = 2
 
@@ -31,7 +31,9 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("profile", nargs="?", help="profile name from infra/profiles.toml")
+    parser.add_argument(
+        "profile", nargs="?", help="profile name from infra/knowledge/data/profiles.toml"
+    )
     parser.add_argument("--instance", help="instance type instead of a profile")
     parser.add_argument("--variant", default=None, help=f"image variant (default {AUTO})")
     parser.add_argument("--nodes", type=int, default=None, help="number of nodes (default 1)")
@@ -39,7 +41,9 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
         "--matrix", type=Path, help="image matrix file (default images/matrix.toml)"
     )
     parser.add_argument("--catalog", type=Path, help="catalog directory (default infra/catalog)")
-    parser.add_argument("--profiles", type=Path, help="profiles file (default infra/profiles.toml)")
+    parser.add_argument(
+        "--profiles", type=Path, help="profiles file (default infra/knowledge/data/profiles.toml)"
+    )
 
 
 def _run_plan(args: argparse.Namespace) -> str:

@@ -1,7 +1,7 @@
 """Policy pack for GPU training stacks: `pulumi preview --policy-pack policy`.
 
 Every policy is mandatory: a violation fails the preview. The GPU instance types allowed default to
-the repository's catalog (infra/catalog/instances.toml); narrow or widen them with
+the repository's catalog (infra/knowledge/data/instances.toml); narrow or widen them with
 `--policy-pack-config policy-config.json`, e.g.
 {"gpu-instance-types-allowed": {"allowedInstanceTypes": ["p4d.24xlarge"]}}.
 The checks themselves live in rules.py, as plain functions.

@@ -39,7 +39,9 @@ _GPU_FAMILY = re.compile(r"^(p|g|gr)\d")
 _ANYWHERE = ("0.0.0.0/0", "::/0")
 _ALL_PROTOCOLS = ("-1", "all")
 _SSH_PORT = 22
-_CATALOG = Path(__file__).resolve().parent.parent / "infra" / "catalog" / "instances.toml"
+_CATALOG = (
+    Path(__file__).resolve().parent.parent / "infra" / "knowledge" / "data" / "instances.toml"
+)
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,11 @@ from typing import NoReturn
 import torch
 
 from training.components import preflight
-from training.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
-from training.selfcheck import SelfCheckError, check_driver, check_precision
+from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
+from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
 log = logging.getLogger("training")
 
@@ -54,7 +54,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["export"]:
-        from training.export import main as export_main
+        from training.checkpoint.export import main as export_main
 
         return export_main(argv[1:])
     args = parser().parse_args(argv)

@@ -19,10 +19,10 @@ from pathlib import Path
 from torch import nn
 from torch.utils.data import Dataset
 
-from training.config import Config, ConfigError
 from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
 from training.model import build_gpt, mask_token_id
-from training.presets import ENCODER_PRESETS
+from training.spec.config import Config, ConfigError
+from training.spec.presets import ENCODER_PRESETS
 
 
 def resolve(import_string: str, key: str) -> Callable:

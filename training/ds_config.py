@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from training.config import BatchSizes, Config
+from training.spec.config import BatchSizes, Config
 
 
 def build_ds_config(config: Config, batch: BatchSizes, *, on_gpu: bool) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """What this machine's NVIDIA driver and GPU report, read through NVML.
 
-Both answer None without an NVIDIA GPU or driver: a CPU run. training/selfcheck.py
+Both answer None without an NVIDIA GPU or driver: a CPU run. training/spec/selfcheck.py
 checks the answers against the image and the job.
 """
 

@@ -16,7 +16,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from training.presets import ENCODER_PRESETS, PRESETS
+from training.spec.presets import ENCODER_PRESETS, PRESETS
 
 
 @dataclass(frozen=True)

@@ -20,14 +20,14 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from training import rng
-from training.checkpoint import Checkpointer
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_model
-from training.config import BatchSizes, Config, resolve_batch_sizes
 from training.ds_config import build_ds_config
 from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
-from training.s3_mirror import S3Mirror
 from training.sampler import ResumableDistributedSampler
+from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
 log = logging.getLogger(__name__)
 

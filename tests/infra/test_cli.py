@@ -7,8 +7,8 @@ import yaml
 
 from images.matrix import MATRIX_PATH
 from infra import cli
-from infra.catalog import load_catalog
-from tests.infra.helpers import modified_catalog, run_cli
+from infra.knowledge.catalog import load_catalog
+from tests.support.infra import modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,11 +18,11 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from infra.guardrails import Guardrails
-from infra.guardrails_config import GuardrailConfig
-from infra.offline import REPO_ROOT, Recorded, run_stack_file
-from infra.profiles import resolve_profile
-from tests.policy.mock_runs import run_under_mocks
+from infra.components.guardrails import Guardrails
+from infra.config.guardrails import GuardrailConfig
+from infra.dryrun.run import REPO_ROOT, Recorded, run_stack_file
+from infra.knowledge.profiles import resolve_profile
+from tests.support.mock_runs import run_under_mocks
 
 PACK = runpy.run_path(str(REPO_ROOT / "policy"), run_name="policy_pack")
 POLICIES = PACK["POLICIES"]

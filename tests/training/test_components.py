@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from training.components import build_dataset, build_model, preflight, resolve
-from training.config import ConfigError, load_config
 from training.model import GPT
+from training.spec.config import ConfigError, load_config
 
 
 def test_resolve_names_the_key_and_what_went_wrong():

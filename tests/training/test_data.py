@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from training.components import build_dataset
-from training.config import load_config
 from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
+from training.spec.config import load_config
 
 
 def test_synthetic_items_are_seeded_and_follow_their_rule():

@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 from tests.training.multirank import REPO_ROOT, launch_env
-from training.config import load_config, validate
 from training.ds_config import build_ds_config
+from training.spec.config import load_config, validate
 
 
 def _ds(*overrides: str, world_size: int = 2, on_gpu: bool = False) -> dict:

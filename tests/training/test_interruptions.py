@@ -21,8 +21,8 @@ import pytest
 
 from tests.training.fake_imds import FakeImds
 from tests.training.multirank import free_port, launch_env
-from training.checkpoint import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
-from training.s3_mirror import S3Mirror
+from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
+from training.checkpoint.s3 import S3Mirror
 
 pytestmark = pytest.mark.slow
 

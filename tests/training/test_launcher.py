@@ -10,8 +10,8 @@ import pytest
 
 from tests.training.jobs import TINY, job_env, run_job, start_job
 from tests.training.multirank import free_port
+from training.checkpoint.s3 import S3Mirror
 from training.launcher import TopologyError, _job_exit_code, topology_from_env
-from training.s3_mirror import S3Mirror
 
 
 def test_topology_defaults_to_one_cpu_node_with_two_workers():
@@ -91,7 +91,7 @@ def host_address() -> str:
 
 @pytest.mark.slow
 def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
-    """Node 0 is told 127.0.0.1 and the other node node 0's network address (infra.compute):
+    """Node 0 is told 127.0.0.1 and the other node node 0's address (infra.components.compute):
     node 0's rendezvous store must answer on every interface. Each node keeps its own
     checkpoint disk; the S3 mirror (always set by the stack) holds the whole checkpoint."""
     port = str(free_port())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.model import build_gpt, mask_token_id
-from training.presets import PRESETS
+from training.spec.presets import PRESETS
 
 
 def _tiny(**kwargs):

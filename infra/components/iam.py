@@ -1,0 +1,153 @@
+"""The nodes' instance role: exactly what the boot script and the trainer use.
+
+- read and write the stack's own checkpoint bucket (nothing else in S3, except
+  read-only access to `gpu:dataS3Uri` when set);
+- pull from the stack's own ECR repository;
+- write container logs to the stack's own log group;
+- publish GPU metrics into the guardrails' CloudWatch namespace (the idle alarm);
+- AmazonSSMManagedInstanceCore, so Session Manager replaces SSH.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config.schema import S3Uri
+from infra.node.agent import agent_policy_statement
+
+SSM_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+
+
+def instance_policy(
+    bucket_arn: str,
+    repository_arn: str,
+    log_group_arn: str,
+    data: S3Uri | None = None,
+) -> dict:
+    """The inline policy document, as a dict (the role gets it as JSON)."""
+    statements = [
+        {
+            "Sid": "CheckpointBucket",
+            "Effect": "Allow",
+            "Action": ["s3:ListBucket", "s3:GetBucketLocation"],
+            "Resource": [bucket_arn],
+        },
+        {
+            "Sid": "CheckpointObjects",
+            "Effect": "Allow",
+            "Action": [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+            "Resource": [f"{bucket_arn}/*"],
+        },
+        {
+            "Sid": "PullTrainingImage",
+            "Effect": "Allow",
+            "Action": [
+                "ecr:BatchGetImage",
+                "ecr:GetDownloadUrlForLayer",
+                "ecr:BatchCheckLayerAvailability",
+            ],
+            "Resource": [repository_arn],
+        },
+        {
+            # GetAuthorizationToken is account-wide: ECR does not accept a resource
+            # ARN for it, so "*" is the only value that works. It grants a login
+            # token, not access: pulls still need the repository statement above.
+            "Sid": "EcrLogin",
+            "Effect": "Allow",
+            "Action": ["ecr:GetAuthorizationToken"],
+            "Resource": ["*"],
+        },
+        {
+            "Sid": "ContainerLogs",
+            "Effect": "Allow",
+            "Action": ["logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
+            "Resource": [log_group_arn, f"{log_group_arn}:*"],
+        },
+        # GPU utilisation for the idle alarm, into the guardrails' metric namespace only.
+        {"Sid": "GpuMetrics", **agent_policy_statement()},
+    ]
+    if data is not None:
+        data_bucket = f"arn:aws:s3:::{data.bucket}"
+        statements += [
+            {
+                "Sid": "TrainingDataList",
+                "Effect": "Allow",
+                "Action": ["s3:ListBucket"],
+                "Resource": [data_bucket],
+                "Condition": {"StringLike": {"s3:prefix": [_prefix_pattern(data.prefix)]}},
+            },
+            {
+                "Sid": "TrainingDataRead",
+                "Effect": "Allow",
+                "Action": ["s3:GetObject"],
+                "Resource": [f"{data_bucket}/{_prefix_pattern(data.prefix)}"],
+            },
+        ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _prefix_pattern(prefix: str) -> str:
+    return f"{prefix}/*" if prefix else "*"
+
+
+class InstanceRole(pulumi.ComponentResource):
+    """IAM role + instance profile for the training nodes."""
+
+    role_name: pulumi.Output[str]
+    instance_profile_arn: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        bucket_arn: pulumi.Input[str],
+        repository_arn: pulumi.Input[str],
+        log_group_arn: pulumi.Input[str],
+        data: S3Uri | None,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("gpu:infra:InstanceRole", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        role = aws.iam.Role(
+            f"{name}-node",
+            description="GPU training nodes: own bucket, own repository, own log group, SSM",
+            assume_role_policy=json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ec2.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                        }
+                    ],
+                }
+            ),
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-node",
+            role=role.id,
+            policy=pulumi.Output.all(bucket_arn, repository_arn, log_group_arn).apply(
+                lambda arns: json.dumps(instance_policy(*arns, data=data))
+            ),
+            opts=child,
+        )
+        aws.iam.RolePolicyAttachment(
+            f"{name}-ssm", role=role.name, policy_arn=SSM_MANAGED_POLICY, opts=child
+        )
+        profile = aws.iam.InstanceProfile(f"{name}-node", role=role.name, opts=child)
+        self.role_name = role.name
+        self.instance_profile_arn = profile.arn
+        self.register_outputs(
+            {"role_name": self.role_name, "instance_profile_arn": self.instance_profile_arn}
+        )

@@ -1,0 +1,158 @@
+"""The whole training stack as one component: network, storage, access, nodes, guardrails.
+
+`TrainingStack(name, config, plan)` builds every resource as a child, through
+its own AWS provider whose default tags put the stack's cost-allocation tag on
+everything that takes tags (budgets filter on that tag).
+"""
+
+from __future__ import annotations
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.components.compute import Compute, interface_layout
+from infra.components.guardrails import Guardrails
+from infra.components.iam import InstanceRole
+from infra.components.network import Network
+from infra.components.storage import Storage
+from infra.config.schema import StackConfig
+from infra.knowledge.resolver import Plan
+from infra.node.boot import NodeBoot, render_user_data
+
+COST_TAG_KEY = "gpu-stack"
+
+
+def cost_tag() -> tuple[str, str]:
+    """(key, value) of the tag every resource carries: `gpu-stack: <project>-<stack>`."""
+    return COST_TAG_KEY, f"{pulumi.get_project()}-{pulumi.get_stack()}"
+
+
+class TrainingStack(pulumi.ComponentResource):
+    """Every resource of one training stack, for one resolved plan."""
+
+    def __init__(
+        self,
+        name: str,
+        config: StackConfig,
+        plan: Plan,
+        opts: pulumi.ResourceOptions | None = None,
+    ) -> None:
+        super().__init__("gpu:infra:TrainingStack", name, None, opts)
+        tag_key, tag_value = cost_tag()
+        provider = aws.Provider(
+            f"{name}-aws",
+            region=pulumi.Config("aws").get("region"),
+            default_tags={"tags": {tag_key: tag_value}},
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
+        multi_node = plan.nodes > 1
+
+        network = Network(
+            name,
+            instance_type=plan.instance.type,
+            availability_zone=config.availability_zone,
+            use_default_vpc=config.use_default_vpc,
+            multi_node=multi_node,
+            ssh_cidr=config.ssh_cidr,
+            opts=child,
+        )
+        storage = Storage(name, log_retention_days=config.log_retention_days, opts=child)
+        role = InstanceRole(
+            name,
+            bucket_arn=storage.bucket_arn,
+            repository_arn=storage.repository_arn,
+            log_group_arn=storage.log_group_arn,
+            data=config.data_s3_uri,
+            opts=child,
+        )
+        image_tag = config.image_tag or plan.image_tag
+        self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
+        region = aws.get_region_output(
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
+        )
+        efa = any(i.interface_type for i in interface_layout(plan))
+
+        def user_data(rank: int, master_addr: pulumi.Input[str]) -> pulumi.Output[str]:
+            known_at_deploy = pulumi.Output.all(
+                image_uri=self.image_uri,
+                region=region.region,
+                log_group=storage.log_group_name,
+                checkpoint_s3_uri=storage.checkpoint_uri,
+                master_addr=master_addr,
+            )
+            return known_at_deploy.apply(
+                lambda values: render_user_data(
+                    NodeBoot(
+                        **values,
+                        min_driver=plan.variant.min_driver,
+                        nnodes=plan.nodes,
+                        node_rank=rank,
+                        instance_store_drives=plan.instance.instance_store_nvme,
+                        efa=efa,
+                        data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
+                        train_config=config.train_config_text,
+                    )
+                )
+            )
+
+        compute = Compute(
+            name,
+            plan=plan,
+            spot=config.spot,
+            root_volume_gib=config.root_volume_gib,
+            availability_zone=network.availability_zone,
+            subnet_id=network.subnet_id,
+            security_group_id=network.security_group_id,
+            instance_profile_arn=role.instance_profile_arn,
+            user_data=user_data,
+            opts=child,
+        )
+        guardrails = Guardrails(
+            name,
+            config.guardrails,
+            instance_ids=compute.instance_ids,
+            plan=plan,
+            cost_tag=(tag_key, tag_value),
+            spot=config.spot,
+            opts=child,
+        )
+
+        self.outputs = {
+            "instance_type": plan.instance.type,
+            "nodes": plan.nodes,
+            "market": "spot" if config.spot else "on-demand",
+            "availability_zone": network.availability_zone,
+            "instance_ids": compute.instance_ids,
+            "private_ips": compute.private_ips,
+            "ssm_sessions": [
+                pulumi.Output.concat("aws ssm start-session --target ", instance_id)
+                for instance_id in compute.instance_ids
+            ],
+            "image_uri": self.image_uri,
+            "checkpoint_bucket": storage.bucket_name,
+            "checkpoint_uri": storage.checkpoint_uri,
+            "log_group": storage.log_group_name,
+            # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
+            # in the one it uses, the budget per month, and the hours of full load it buys.
+            "on_demand_usd_per_hour": guardrails.costs["on_demand_usd_per_hour"],
+            "spot_usd_per_hour": guardrails.costs["spot_usd_per_hour"],
+            "hourly_cost_usd": guardrails.costs["hourly_usd"],
+            "monthly_budget_usd": guardrails.costs["monthly_budget_usd"],
+            "runway_hours": guardrails.costs["runway_hours"],
+            "budget_name": guardrails.budget_name,
+            "alert_topic_arn": guardrails.alert_topic_arn,
+            "warnings": [*plan.warnings, *config.guardrails.warnings],
+        }
+        if config.spot:
+            # A persistent spot request outlives its instance: cancel it before destroying
+            # the stack, or EC2 launches a replacement outside Pulumi (docs/stack.md).
+            self.outputs["cancel_spot_requests"] = pulumi.Output.all(
+                region.region, *compute.spot_request_ids
+            ).apply(
+                lambda values: (
+                    f"aws ec2 cancel-spot-instance-requests --region {values[0]} "
+                    f"--spot-instance-request-ids {' '.join(values[1:])}"
+                )
+            )
+        self.register_outputs(self.outputs)

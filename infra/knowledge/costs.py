@@ -1,0 +1,49 @@
+"""What a stack costs before it exists: $/h per market, the budget, and the runway it buys.
+
+Pure: used by the offline plan and registered as stack outputs by the Guardrails component.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from infra.config.guardrails import GuardrailConfig
+    from infra.knowledge.resolver import Plan
+
+DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
+
+
+def hourly_usd(plan: Plan, *, spot: bool) -> float:
+    """The stack's full-load $/h (all nodes) in the market it launches into."""
+    return plan.spot_usd_per_hour if spot else plan.on_demand_usd_per_hour
+
+
+def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> dict[str, Any]:
+    """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
+
+    `runway_hours` is for the chosen market (`spot`); both markets' runways are given too, so a
+    caller that does not know the market still sees the shorter (on-demand) one.
+    """
+    budget = config.budget_usd
+    monthly_budget = budget * DAYS_PER_MONTH if config.budget_period == "DAILY" else budget
+    on_demand = plan.on_demand_usd_per_hour
+    spot_price = plan.spot_usd_per_hour
+    hourly = hourly_usd(plan, spot=spot)
+    max_hours = config.max_runtime_hours
+    return {
+        "instance_type": plan.instance.type,
+        "nodes": plan.nodes,
+        "market": "spot" if spot else "on-demand",
+        "on_demand_usd_per_hour": round(on_demand, 2),
+        "spot_usd_per_hour": round(spot_price, 2),
+        "hourly_usd": round(hourly, 2),
+        "budget_usd": budget,
+        "budget_period": config.budget_period,
+        "monthly_budget_usd": round(monthly_budget, 2),
+        "runway_hours": round(budget / hourly, 1),
+        "runway_hours_on_demand": round(budget / on_demand, 1),
+        "runway_hours_spot": round(budget / spot_price, 1),
+        "max_runtime_hours": max_hours,
+        "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
+    }

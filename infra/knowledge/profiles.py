@@ -1,0 +1,137 @@
+"""Named stack profiles (data/profiles.toml): a workload mapped to an instance and variant."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, StrictFloat, StrictInt, field_validator
+from pydantic.dataclasses import dataclass
+
+from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from images.matrix import Matrix
+from infra.errors import ConfigError
+from infra.knowledge.catalog import Catalog
+from infra.knowledge.resolver import AUTO, Plan, resolve
+
+PROFILES_PATH = Path(__file__).parent / "data" / "profiles.toml"
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class ExchangeRate:
+    cny_per_usd: Annotated[StrictFloat, Field(gt=0)]
+    as_of: datetime.date
+    source: str
+
+    def to_cny(self, usd: float) -> float:
+        return usd * self.cny_per_usd
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class Profile:
+    """A named workload: where it runs and why that instance was chosen."""
+
+    name: str
+    description: str
+    instance_type: str
+    mapping: str  # why this instance answers the workload, and the trade-off
+    variant: str = AUTO
+    nodes: Annotated[StrictInt, Field(ge=1)] = 1
+    seed_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # the seed's quoted range
+
+    @field_validator("seed_cny_per_hour")
+    @classmethod
+    def _ordered_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not 0 < value[0] <= value[1]:
+            raise ValueError("must be [low, high] with 0 < low <= high")
+        return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Profiles:
+    default: str
+    exchange_rate: ExchangeRate
+    profiles: dict[str, Profile] = field(hash=False)
+
+    def get(self, name: str) -> Profile:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown profile {name!r}: known profiles are {', '.join(self.profiles)}"
+            ) from None
+
+
+def load_profiles(path: Path | str | None = None) -> Profiles:
+    """Load and check data/profiles.toml (or `path`); raise ConfigError in one line."""
+    path = Path(path) if path is not None else PROFILES_PATH
+    raw = read_toml(path, ConfigError)
+    where = path.name
+    check_keys(raw, {"default", "exchange_rate", "profile"}, where=where, error=ConfigError)
+    rate = build_record(
+        ExchangeRate, raw.get("exchange_rate"), where=f"{where}: exchange_rate", error=ConfigError
+    )
+    profiles = {}
+    for name, table in raw.get("profile", {}).items():
+        entry_where = f"{where}: profile '{name}'"
+        if not isinstance(table, dict):
+            raise ConfigError(f"{entry_where}: expected a table, got {table!r}")
+        if "name" in table:
+            raise ConfigError(f"{entry_where}, field 'name': set by the table name, remove it")
+        profiles[name] = build_record(
+            Profile, {"name": name, **table}, where=entry_where, error=ConfigError
+        )
+    default = raw.get("default")
+    if default not in profiles:
+        raise ConfigError(
+            f"{where}: key 'default' is {default!r}, not one of the profiles "
+            f"({', '.join(profiles) or 'none defined'})"
+        )
+    return Profiles(default=default, exchange_rate=rate, profiles=profiles)
+
+
+def resolve_profile(
+    name: str | None = None,
+    *,
+    profiles: Profiles | None = None,
+    catalog: Catalog | None = None,
+    matrix: Matrix | None = None,
+    today: datetime.date | None = None,
+) -> Plan:
+    """Resolve a named profile (default: the file's default) to a Plan.
+
+    Adds a warning when the AWS price falls outside the seed's CNY range.
+    """
+    profiles = profiles if profiles is not None else load_profiles()
+    profile = profiles.get(name if name is not None else profiles.default)
+    plan = resolve(
+        profile.instance_type,
+        profile.variant,
+        profile.nodes,
+        catalog=catalog,
+        matrix=matrix,
+        today=today,
+    )
+    comparison = seed_price_warning(profile, plan, profiles.exchange_rate)
+    if comparison is None:
+        return plan
+    return dataclasses.replace(plan, warnings=(*plan.warnings, comparison))
+
+
+def seed_price_warning(profile: Profile, plan: Plan, rate: ExchangeRate) -> str | None:
+    """A sentence when the on-demand price is outside the seed's range, else None."""
+    if profile.seed_cny_per_hour is None:
+        return None
+    low, high = profile.seed_cny_per_hour
+    on_demand = rate.to_cny(plan.on_demand_usd_per_hour)
+    spot = rate.to_cny(plan.spot_usd_per_hour)
+    if low <= on_demand <= high:
+        return None
+    side = "above" if on_demand > high else "below"
+    return (
+        f"on-demand {on_demand:.0f} CNY/h is {side} the seed's {low:g}-{high:g} CNY/h "
+        f"(spot {spot:.0f} CNY/h; at {rate.cny_per_usd} CNY/USD of {rate.as_of.isoformat()})"
+    )

@@ -1,0 +1,228 @@
+"""Which image variant and AMI may run on which instance, and what it costs.
+
+Pure Python over the catalog and the image matrix (no Pulumi): the Pulumi
+program, the plan command and the tests all ask this one function.
+
+Rules (docs/catalog.md explains them):
+- a GPU instance never gets the cpu variant;
+- the variant's torch wheels must carry kernels the GPU can run
+  (same major architecture, minor at most the GPU's: sm_89 runs sm_86);
+- the AMI's driver must support the GPU and be at least the variant's
+  `min_driver` (the toolkit driver, not the minor-version-compat floor);
+- among AMIs that qualify, the first in amis.toml that is not past end of life
+  wins; an end-of-life AMI is used only when nothing else runs the GPU, with a warning;
+- "auto" picks the newest variant (highest CUDA) that some AMI can run.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from common.records import version_key
+from images.matrix import CUDA13_OLDEST_ARCH, Matrix, MatrixError, Variant, arch_key, load_matrix
+from infra.errors import ConfigError
+from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The resolved answer for one stack: what runs where, and its hourly cost."""
+
+    instance: Instance
+    variant: Variant
+    ami: AmiFamily
+    nodes: int
+    image_tag: str
+    warnings: tuple[str, ...]
+    on_demand_usd_per_hour: float  # all nodes
+    spot_usd_per_hour: float  # all nodes
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.instance.gpu_count
+
+
+def resolve(
+    instance_type: str,
+    variant: str = AUTO,
+    nodes: int = 1,
+    *,
+    catalog: Catalog | None = None,
+    matrix: Matrix | None = None,
+    today: datetime.date | None = None,
+) -> Plan:
+    """Resolve an instance type, image variant (or "auto") and node count to a Plan.
+
+    Raises ConfigError with one sentence: what is wrong and what would work.
+    """
+    catalog = catalog if catalog is not None else load_catalog()
+    matrix = matrix if matrix is not None else _load_matrix()
+    today = today if today is not None else datetime.date.today()
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise ConfigError(f"nodes must be a whole number of at least 1, got {nodes!r}")
+    instance = catalog.instance(instance_type)
+
+    if variant == AUTO:
+        chosen, ami = _newest_runnable(instance, catalog, matrix, today)
+    else:
+        chosen = _named_variant(matrix, variant)
+        _check_gpu_runs(chosen, instance, matrix, catalog, today)
+        ami = _pick_ami(chosen, instance, catalog, today)
+        if ami is None:
+            raise ConfigError(_no_ami_message(chosen, instance, catalog, matrix, today))
+
+    return Plan(
+        instance=instance,
+        variant=chosen,
+        ami=ami,
+        nodes=nodes,
+        image_tag=chosen.tag(matrix.release),
+        warnings=_warnings(instance, ami, nodes, today),
+        on_demand_usd_per_hour=nodes * instance.on_demand_usd_per_hour,
+        spot_usd_per_hour=nodes * instance.spot_usd_per_hour,
+    )
+
+
+def _load_matrix() -> Matrix:
+    try:
+        return load_matrix()
+    except MatrixError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def _named_variant(matrix: Matrix, name: str) -> Variant:
+    try:
+        return matrix.variant(name)
+    except MatrixError as exc:
+        raise ConfigError(f"{exc}, or {AUTO!r}") from None
+
+
+def _runnable_variants(
+    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+) -> list[tuple[Variant, AmiFamily]]:
+    """Every GPU variant the instance can run, with its AMI, oldest CUDA first."""
+    found = []
+    for candidate in matrix.variants:
+        if candidate.cuda is None or not candidate.runs_on(instance.compute_capability):
+            continue
+        ami = _pick_ami(candidate, instance, catalog, today)
+        if ami is not None:
+            found.append((candidate, ami))
+    return found
+
+
+def _newest_runnable(
+    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+) -> tuple[Variant, AmiFamily]:
+    runnable = _runnable_variants(instance, catalog, matrix, today)
+    if not runnable:
+        raise ConfigError(
+            f"no image variant runs on {instance.type} ({instance.gpu_model}, compute capability "
+            f"{instance.compute_capability}) with an AMI in the catalog: add a variant whose "
+            "torch wheels carry that architecture, or an AMI whose driver supports it"
+        )
+    return runnable[-1]
+
+
+def _check_gpu_runs(
+    variant: Variant, instance: Instance, matrix: Matrix, catalog: Catalog, today: datetime.date
+) -> None:
+    if variant.cuda is None:
+        raise ConfigError(
+            f"image variant 'cpu' has no CUDA, so it would leave the {instance.gpu_count}x "
+            f"{instance.gpu_model} of {instance.type} idle; use "
+            f"{_alternatives(instance, catalog, matrix, today)}"
+        )
+    if variant.runs_on(instance.compute_capability):
+        return
+    arch = f"sm_{instance.compute_capability.replace('.', '')}"
+    cuda13_dropped = arch_key(instance.compute_capability) < arch_key(CUDA13_OLDEST_ARCH)
+    if version_key(variant.cuda) >= (13,) and cuda13_dropped:
+        reason = f"CUDA 13 dropped {instance.gpu_model}'s architecture ({arch})"
+    else:
+        reason = (
+            f"{variant.name}'s torch wheels carry no kernels for {instance.gpu_model} ({arch}; "
+            f"they carry {', '.join(variant.compute_capabilities)})"
+        )
+    raise ConfigError(
+        f"image variant {variant.name!r} cannot run on {instance.type}: {reason}; use "
+        f"{_alternatives(instance, catalog, matrix, today)}"
+    )
+
+
+def _alternatives(
+    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+) -> str:
+    """The variants that do run on `instance`, for "use ..." in an error message."""
+    names = [v.name for v, _ in _runnable_variants(instance, catalog, matrix, today)]
+    if not names:
+        return "an instance with a GPU this matrix supports"
+    return " or ".join(repr(n) for n in names) + f" (or {AUTO!r})"
+
+
+def _pick_ami(
+    variant: Variant, instance: Instance, catalog: Catalog, today: datetime.date
+) -> AmiFamily | None:
+    """The preferred AMI whose driver supports the GPU and runs the variant."""
+    fits = [
+        ami
+        for ami in catalog.amis
+        if ami.supports(instance.compute_capability) and ami.runs_driver(variant.min_driver)
+    ]
+    # Stable sort: keeps the file's preference order within "alive" and "past EOL".
+    fits.sort(key=lambda ami: ami.past_end_of_life(today))
+    return fits[0] if fits else None
+
+
+def _no_ami_message(
+    variant: Variant, instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+) -> str:
+    for_gpu = [ami for ami in catalog.amis if ami.supports(instance.compute_capability)]
+    if not for_gpu:
+        return (
+            f"no AMI family in the catalog supports {instance.gpu_model} "
+            f"(compute capability {instance.compute_capability}) of {instance.type}; add an "
+            "AMI family whose driver does to infra/knowledge/data/amis.toml, or pick another "
+            "instance type"
+        )
+    drivers = ", ".join(f"{ami.name} has {ami.driver_version}" for ami in for_gpu)
+    return (
+        f"image variant {variant.name!r} needs NVIDIA driver {variant.min_driver} or newer, "
+        f"but the AMIs for {instance.type} are older ({drivers}); use "
+        f"{_alternatives(instance, catalog, matrix, today)}"
+    )
+
+
+def _warnings(
+    instance: Instance, ami: AmiFamily, nodes: int, today: datetime.date
+) -> tuple[str, ...]:
+    warnings = []
+    if ami.past_end_of_life(today):
+        warnings.append(
+            f"AMI family {ami.name} ({ami.os}) is past end of life since "
+            f"{ami.end_of_life.isoformat()}: no security updates; it is the only AMI family "
+            f"here that runs this image on {instance.gpu_model}, so plan a move to a newer GPU"
+        )
+    # Multi-node without EFA is allowed, not refused: NCCL falls back to TCP sockets,
+    # which is slow for large all-reduces but works, and small data-parallel jobs on
+    # cheap single-GPU types are a legitimate way to use spare capacity.
+    if nodes > 1 and instance.efa_interfaces == 0:
+        warnings.append(
+            f"{instance.type} has no EFA: {nodes} nodes will talk over TCP sockets, "
+            "so gradient all-reduce between nodes will be slow; prefer an EFA type "
+            "(e.g. p4d.24xlarge, g6e.12xlarge) for multi-node training"
+        )
+    if instance.on_demand_upper_bound:
+        warnings.append(
+            f"the on-demand price of {instance.type} predates AWS's June 2025 price cut "
+            "(up to 45%): treat it as an upper bound"
+        )
+    if instance.spot_estimated:
+        warnings.append(
+            f"the spot price of {instance.type} is an estimate (30% of on-demand), "
+            "not an observed figure"
+        )
+    return tuple(warnings)

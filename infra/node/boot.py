@@ -1,0 +1,251 @@
+"""Each node's user data: a `#cloud-config` document that installs and starts the job.
+
+cloud-init writes the boot scripts (infra/node/templates/*.sh, linted by shellcheck),
+the job's environment file and a systemd unit, then enables the unit. The unit,
+not cloud-init, starts the container, so it starts again on every boot: after a
+spot interruption the persistent request restarts the stopped node and the job
+resumes from its last checkpoint without anyone logging in.
+
+Pure Python: the Pulumi program calls `render_user_data` inside an apply once the
+image URI, bucket and node 0's address are known; the tests call it directly.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from infra.node.agent import cloudwatch_agent_config
+
+TEMPLATES = Path(__file__).parent / "templates"
+
+# Where things live on a node. The container sees the same paths (bind mounts).
+BIN_DIR = "/opt/gpu-stack"
+ETC_DIR = "/etc/gpu-stack"
+STATE_DIR = "/var/lib/gpu-stack"  # root EBS volume: survives stop/start
+SCRATCH_DIR = "/scratch"  # instance-store RAID0 where the type has it: wiped on stop
+ENV_FILE = f"{ETC_DIR}/training.env"
+TRAIN_CONFIG_FILE = f"{ETC_DIR}/train.toml"
+AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
+DATA_DIR = f"{SCRATCH_DIR}/data"
+DONE_MARKER = f"{STATE_DIR}/job-done"
+UNIT_NAME = "gpu-training.service"
+MASTER_PORT = 29500
+
+# EC2 rejects user data over 16 KB (RunInstances).
+MAX_USER_DATA_BYTES = 16 * 1024
+
+# What the EFA path needs in the container (reference/aws.md, AWS NCCL-on-EFA
+# setups). FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it
+# to 1 aborts on EFA devices without RDMA support.
+EFA_ENVIRONMENT = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_FORK_SAFE": "1",
+    "RDMAV_FORK_SAFE": "1",
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+}
+
+# Values end up inside double-quoted shell strings and an env file: refuse
+# anything that could break out of them (all values come from checked config).
+_SAFE_VALUE = re.compile(r'^[^"$`\\\n\r]*$')
+
+
+class _ScriptTemplate(string.Template):
+    """`@@name@@` placeholders: a template with them quoted is still valid shell."""
+
+    delimiter = "@@"
+    pattern = r"@@(?:(?P<escaped>(?!))|(?P<named>[a-z0-9_]+)@@|(?P<braced>(?!))|(?P<invalid>))"
+
+
+@dataclass(frozen=True)
+class NodeBoot:
+    """Everything one node's boot needs to know."""
+
+    image_uri: str
+    region: str
+    log_group: str
+    min_driver: str
+    nnodes: int
+    node_rank: int
+    master_addr: str
+    checkpoint_s3_uri: str
+    instance_store_drives: int
+    efa: bool
+    data_s3_uri: str | None = None
+    train_config: str | None = None  # the TOML text shipped to the node
+
+    @property
+    def registry(self) -> str:
+        return self.image_uri.split("/", 1)[0]
+
+    def environment(self) -> dict[str, str]:
+        """The container's environment (docs/contracts.md section 3)."""
+        env = {
+            "TRAIN_NNODES": str(self.nnodes),
+            "TRAIN_NODE_RANK": str(self.node_rank),
+            "TRAIN_MASTER_ADDR": self.master_addr,
+            "TRAIN_MASTER_PORT": str(MASTER_PORT),
+            **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
+            "TRAIN_S3_URI": self.checkpoint_s3_uri,
+            "AWS_REGION": self.region,
+            "AWS_DEFAULT_REGION": self.region,
+        }
+        if self.train_config is not None:
+            env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
+        if self.efa:
+            env.update(EFA_ENVIRONMENT)
+        return env
+
+
+def job_path_overrides(*, data_from_s3: bool) -> dict[str, str]:
+    """The container variables that override the training config's paths on every node.
+
+    The stack's config check loads gpu:trainConfig with them, as the node's trainer will.
+    """
+    env = {
+        "TRAIN_CHECKPOINT_DIR": f"{STATE_DIR}/checkpoints",
+        "TRAIN_OUTPUT_DIR": f"{STATE_DIR}/output",
+    }
+    if data_from_s3:
+        env["TRAIN_DATA_PATH"] = DATA_DIR
+    return env
+
+
+def render_template(name: str, values: dict[str, object]) -> str:
+    """Fill a template from infra/templates with checked values."""
+    for key, value in values.items():
+        if not _SAFE_VALUE.match(str(value)):
+            raise ValueError(f"boot value {key}={value!r} contains a quote, $, ` or newline")
+    return _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
+        {key: str(value) for key, value in values.items()}
+    )
+
+
+def render_files(node: NodeBoot) -> dict[str, str]:
+    """Path on the node → content, for every file the boot writes."""
+    common = {
+        "scratch_dir": SCRATCH_DIR,
+        "state_dir": STATE_DIR,
+        "done_marker": DONE_MARKER,
+    }
+    files = {
+        f"{BIN_DIR}/prepare-scratch.sh": render_template(
+            "prepare-scratch.sh",
+            {"scratch_dir": SCRATCH_DIR, "instance_store_drives": node.instance_store_drives},
+        ),
+        f"{BIN_DIR}/run-training.sh": render_template(
+            "run-training.sh",
+            {
+                **common,
+                "image_uri": node.image_uri,
+                "registry": node.registry,
+                "region": node.region,
+                "min_driver": node.min_driver,
+                "log_group": node.log_group,
+                "node_rank": node.node_rank,
+                "host_network": str(node.nnodes > 1).lower(),
+                "use_efa": str(node.efa).lower(),
+                "data_s3_uri": node.data_s3_uri or "",
+                "data_dir": DATA_DIR,
+                "env_file": ENV_FILE,
+                "train_config_file": TRAIN_CONFIG_FILE if node.train_config is not None else "",
+            },
+        ),
+        f"/etc/systemd/system/{UNIT_NAME}": render_template(
+            UNIT_NAME, {"bin_dir": BIN_DIR, "done_marker": DONE_MARKER}
+        ),
+        ENV_FILE: _env_file(node.environment()),
+        f"{BIN_DIR}/start-gpu-metrics.sh": render_template(
+            "start-gpu-metrics.sh", {"agent_config": AGENT_CONFIG_FILE}
+        ),
+        # The idle alarm reads the metric this agent config publishes.
+        AGENT_CONFIG_FILE: cloudwatch_agent_config(),
+    }
+    if node.train_config is not None:
+        files[TRAIN_CONFIG_FILE] = node.train_config
+    return files
+
+
+def render_user_data(node: NodeBoot) -> str:
+    """The node's `#cloud-config` user data."""
+    text = _cloud_config(node)
+    size = len(text.encode())
+    if size > MAX_USER_DATA_BYTES:
+        raise ValueError(
+            f"user data for node {node.node_rank} is {size} bytes, over EC2's "
+            f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
+        )
+    return text
+
+
+def _cloud_config(node: NodeBoot) -> str:
+    files = render_files(node)
+    document = {
+        "write_files": [
+            {
+                "path": path,
+                "owner": "root:root",
+                "permissions": "0755" if path.endswith(".sh") else "0644",
+                "content": content,
+            }
+            for path, content in files.items()
+        ],
+        "runcmd": [
+            ["systemctl", "daemon-reload"],
+            # --no-block: runcmd runs inside cloud-init's final stage; the unit
+            # waits for docker and the network, and runs on every later boot too.
+            ["systemctl", "enable", "--now", "--no-block", UNIT_NAME],
+            [f"{BIN_DIR}/start-gpu-metrics.sh"],
+        ],
+    }
+    return "#cloud-config\n" + yaml.dump(
+        document, Dumper=_LiteralDumper, sort_keys=False, width=1000
+    )
+
+
+def largest_user_data_bytes(train_config: str | None) -> int:
+    """Size of the largest user data any node could get with this training config.
+
+    Renders a node with every option on and the longest values the config allows
+    (ECR URI with a 128-character tag, a long S3 data URI), so the config check can
+    refuse a training TOML that would push some node past EC2's 16 KB.
+    """
+    longest = NodeBoot(
+        image_uri=f"123456789012.dkr.ecr.ap-southeast-2.amazonaws.com/{'r' * 64}:{'t' * 128}",
+        region="ap-southeast-2",
+        log_group=f"/gpu-training/{'s' * 128}",
+        min_driver="999.999.99",
+        nnodes=999,
+        node_rank=998,
+        master_addr="255.255.255.255",
+        checkpoint_s3_uri=f"s3://{'b' * 63}/checkpoints",
+        instance_store_drives=99,
+        efa=True,
+        data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
+        train_config=train_config,
+    )
+    return len(_cloud_config(longest).encode())
+
+
+def _env_file(env: dict[str, str]) -> str:
+    """docker --env-file format: KEY=value per line, no quoting."""
+    for key, value in env.items():
+        if not _SAFE_VALUE.match(value):
+            raise ValueError(f"environment value {key}={value!r} contains a quote, $, ` or newline")
+    return "".join(f"{key}={value}\n" for key, value in env.items())
+
+
+class _LiteralDumper(yaml.SafeDumper):
+    """Writes multi-line strings as `|` blocks, so the scripts stay readable."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_LiteralDumper.add_representer(str, _represent_str)

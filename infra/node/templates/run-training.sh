@@ -1,0 +1,108 @@
+#!/bin/bash
+# Start, or resume, the training container on this node. The gpu-training systemd
+# unit runs this on every boot and again after a failure. Exit codes are the
+# trainer's (docs/contracts.md section 3): 0 done, 2 bad configuration (systemd
+# does not retry), 75 interrupted and checkpointed (systemd starts it again).
+# Rendered by infra/node/boot.py, which fills in the placeholders.
+set -euo pipefail
+
+readonly IMAGE_URI="@@image_uri@@"
+readonly REGISTRY="@@registry@@"
+readonly REGION="@@region@@"
+readonly MIN_DRIVER="@@min_driver@@"
+readonly LOG_GROUP="@@log_group@@"
+readonly NODE_RANK="@@node_rank@@"
+readonly HOST_NETWORK="@@host_network@@"
+readonly USE_EFA="@@use_efa@@"
+readonly DATA_S3_URI="@@data_s3_uri@@"
+readonly DATA_DIR="@@data_dir@@"
+readonly SCRATCH_DIR="@@scratch_dir@@"
+readonly STATE_DIR="@@state_dir@@"
+readonly ENV_FILE="@@env_file@@"
+readonly TRAIN_CONFIG_FILE="@@train_config_file@@"
+readonly DONE_MARKER="@@done_marker@@"
+readonly CONTAINER=gpu-training
+readonly PULL_RETRY_SECONDS=60
+
+log() { echo "gpu-stack: $*"; }
+
+# The AMI brings the kernel driver, the image only the CUDA user space: refuse to
+# start an image whose CUDA needs a newer driver than the one actually loaded.
+# One line per GPU; read them all (a pipe into head could kill nvidia-smi with SIGPIPE).
+mapfile -t drivers < <(nvidia-smi --query-gpu=driver_version --format=csv,noheader)
+driver=${drivers[0]:-}
+if [ -z "$driver" ]; then
+  log "nvidia-smi reported no GPU driver; retrying later"
+  exit 1
+fi
+# Sorted (minimum first, equal allowed) means the driver is new enough. Field by field
+# as numbers, a missing field as 0 (-s: no tie-break on the text), as the image's own
+# check (training/spec/selfcheck.py) compares: 570.26 = 570.26.00, 580.65.6 = 580.65.06.
+if ! printf '%s\n%s\n' "$MIN_DRIVER" "$driver" |
+  sort --stable --field-separator=. -k1,1n -k2,2n -k3,3n -k4,4n --check=quiet; then
+  log "NVIDIA driver $driver is older than $MIN_DRIVER, the minimum for $IMAGE_URI;" \
+    "not starting. Pick an image variant this AMI's driver runs (gpu:imageVariant) or a newer AMI."
+  exit 2
+fi
+log "NVIDIA driver $driver (image needs at least $MIN_DRIVER)"
+
+if [ -n "$DATA_S3_URI" ]; then
+  log "syncing $DATA_S3_URI to $DATA_DIR"
+  mkdir -p "$DATA_DIR"
+  # The aws CLI's own exit codes (2: files skipped) must not reach systemd, where 2
+  # means bad configuration and is never retried: a failed sync is tried again.
+  if ! aws s3 sync "$DATA_S3_URI" "$DATA_DIR" --region "$REGION" --only-show-errors; then
+    log "could not sync $DATA_S3_URI (the aws error is above); retrying later"
+    exit 1
+  fi
+fi
+
+# The stack creates the repository, so on a new stack the image is pushed after the
+# nodes boot: wait for it. (A node that waits too long is stopped by the idle alarm.)
+until aws ecr get-login-password --region "$REGION" |
+  docker login --username AWS --password-stdin "$REGISTRY" &&
+  docker pull --quiet "$IMAGE_URI"; do
+  log "waiting for $IMAGE_URI to be pushed to the stack's repository; retrying in ${PULL_RETRY_SECONDS}s"
+  sleep "$PULL_RETRY_SECONDS"
+done
+docker rm --force "$CONTAINER" >/dev/null 2>&1 || true
+
+# The image may run as a non-root user: the directories it writes through the bind
+# mounts must be that user's. Ask the image (numeric ids, whatever its USER line says).
+owner=$(docker run --rm --entrypoint sh "$IMAGE_URI" -c 'echo "$(id -u):$(id -g)"')
+install -d -o "${owner%:*}" -g "${owner#*:}" "$STATE_DIR/checkpoints" "$STATE_DIR/output"
+log "checkpoints and output under $STATE_DIR belong to the container's user $owner"
+
+docker_args=(
+  --name "$CONTAINER"
+  --rm
+  --gpus all
+  --ipc=host
+  --env-file "$ENV_FILE"
+  --log-driver awslogs
+  --log-opt "awslogs-region=$REGION"
+  --log-opt "awslogs-group=$LOG_GROUP"
+  --log-opt "awslogs-stream=node-$NODE_RANK"
+  --volume "$SCRATCH_DIR:$SCRATCH_DIR"
+  --volume "$STATE_DIR:$STATE_DIR"
+)
+if [ "$HOST_NETWORK" = true ]; then
+  # Other nodes reach this one's rendezvous and NCCL ports at the host's address.
+  docker_args+=(--network host)
+fi
+if [ "$USE_EFA" = true ]; then
+  docker_args+=(--device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1)
+fi
+if [ -n "$TRAIN_CONFIG_FILE" ]; then
+  docker_args+=(--volume "$TRAIN_CONFIG_FILE:$TRAIN_CONFIG_FILE:ro")
+fi
+
+log "starting $IMAGE_URI as node $NODE_RANK"
+status=0
+docker run "${docker_args[@]}" "$IMAGE_URI" || status=$?
+log "training container exited with status $status"
+if [ "$status" -eq 0 ]; then
+  # Finished: later boots leave the job alone (the unit checks this marker).
+  touch "$DONE_MARKER"
+fi
+exit "$status"

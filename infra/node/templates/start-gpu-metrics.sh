@@ -1,0 +1,28 @@
+#!/bin/bash
+# Publish GPU utilisation to CloudWatch once a minute: the guardrails' idle alarm
+# stops the nodes when it stays low. The agent runs as its own systemd service, so
+# after this first start it comes back on every boot by itself.
+# Rendered by infra/node/boot.py, which fills in the placeholders.
+set -euo pipefail
+
+readonly AGENT_CONFIG="@@agent_config@@"
+readonly AGENT_CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-ctl
+readonly UBUNTU_PACKAGE=https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
+
+log() { echo "gpu-stack metrics: $*"; }
+
+if [ ! -x "$AGENT_CTL" ]; then
+  log "installing the CloudWatch agent"
+  if command -v dnf >/dev/null; then
+    dnf install -y amazon-cloudwatch-agent
+  elif command -v yum >/dev/null; then
+    yum install -y amazon-cloudwatch-agent
+  else
+    package=$(mktemp --suffix=.deb)
+    curl --fail --silent --show-error --location --output "$package" "$UBUNTU_PACKAGE"
+    dpkg -i "$package"
+    rm -f "$package"
+  fi
+fi
+"$AGENT_CTL" -a fetch-config -m ec2 -s -c "file:$AGENT_CONFIG"
+log "CloudWatch agent publishing GPU metrics"

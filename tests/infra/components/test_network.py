@@ -1,0 +1,54 @@
+"""Network: own VPC or the default one, the zone that offers the type, SSH only when asked."""
+
+from __future__ import annotations
+
+import pulumi
+import pytest
+
+from infra.dryrun.run import RecordingMocks
+from tests.support.stack_runs import LAUNCH_TEMPLATE, SECURITY_GROUP, run_stack
+
+
+def test_own_vpc_has_a_public_subnet_route_to_the_gateway_and_an_s3_endpoint():
+    run = run_stack()
+    vpc = run.one("aws:ec2/vpc:Vpc")
+    subnet = run.one("aws:ec2/subnet:Subnet")
+    assert subnet.inputs["vpcId"] == vpc.id
+    routes = run.one("aws:ec2/routeTable:RouteTable")
+    gateway = run.one("aws:ec2/internetGateway:InternetGateway")
+    assert routes.inputs["routes"] == [{"cidrBlock": "0.0.0.0/0", "gatewayId": gateway.id}]
+    endpoint = run.one("aws:ec2/vpcEndpoint:VpcEndpoint")
+    assert endpoint.inputs["serviceName"] == "com.amazonaws.us-east-1.s3"
+    assert endpoint.inputs["vpcEndpointType"] == "Gateway"
+    assert endpoint.inputs["routeTableIds"] == [routes.id]
+    (interface,) = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    assert interface["subnetId"] == subnet.id
+
+
+def test_default_vpc_when_asked():
+    run = run_stack(useDefaultVpc=True, availabilityZone="us-east-1c")
+    assert run.of_type("aws:ec2/vpc:Vpc") == [] and run.of_type("aws:ec2/subnet:Subnet") == []
+    assert run.one(SECURITY_GROUP).inputs["vpcId"] == "vpc-default"
+    (interface,) = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    assert interface["subnetId"] == "subnet-default-us-east-1c"
+
+
+def test_ssh_opens_only_to_the_configured_cidr():
+    run = run_stack(sshCidr="203.0.113.7/32")
+    (rule,) = run.one(SECURITY_GROUP).inputs["ingress"]
+    assert rule == rule | {"protocol": "tcp", "fromPort": 22, "toPort": 22}
+    assert rule["cidrBlocks"] == ["203.0.113.7/32"]
+
+
+def test_zone_defaults_to_the_first_that_offers_the_type():
+    run = run_stack(mocks=RecordingMocks(offering_zones=("us-east-1d", "us-east-1b")))
+    assert run.one("aws:ec2/subnet:Subnet").inputs["availabilityZone"] == "us-east-1b"
+    assert run.one(LAUNCH_TEMPLATE).inputs["placement"]["availabilityZone"] == "us-east-1b"
+    assert run.outputs["availability_zone"] == "us-east-1b"
+
+
+def test_configured_zone_without_the_type_is_refused():
+    mocks = RecordingMocks(offering_zones=("us-east-1b",))
+    with pytest.raises(pulumi.RunError, match=r"gpu:availabilityZone: 'us-east-1a' does not offer"):
+        run_stack(mocks=mocks, availabilityZone="us-east-1a")
+    assert not any(r.type.startswith("aws:ec2/") for r in mocks.resources)

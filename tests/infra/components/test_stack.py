@@ -1,0 +1,314 @@
+"""The whole program, per profile, for one and two nodes, on-demand and spot (one run per case)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.profiles import load_profiles, resolve_profile
+from infra.knowledge.resolver import resolve
+from infra.node.boot import MASTER_PORT
+from policy import rules
+from tests.support.stack_runs import (
+    BASE_CONFIG,
+    LAUNCH_TEMPLATE,
+    PLACEMENT_GROUP,
+    SECURITY_GROUP,
+    boot_env,
+    boot_files,
+    node_policy,
+    nodes_in_rank_order,
+    run_stack,
+)
+from tests.support.tools import require_tool
+
+PROFILES = tuple(load_profiles().profiles)
+CASES = [
+    (profile, nodes, spot) for profile in PROFILES for nodes in (1, 2) for spot in (False, True)
+]
+
+
+def test_every_profile_is_covered():
+    assert set(PROFILES) == {"v100x1", "a100x2", "a100x8-80g", "a100x8"}
+
+
+@pytest.fixture(
+    scope="module", params=CASES, ids=[f"{p}-{n}node-{'spot' if s else 'od'}" for p, n, s in CASES]
+)
+def case(request):
+    profile, nodes, spot = request.param
+    profile_plan = resolve_profile(profile)
+    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, nodes)
+    run = run_stack(profile=profile, nodes=nodes, spot=spot)
+    return expected, spot, run
+
+
+def test_ami_is_the_resolvers_ssm_parameter(case):
+    plan, _, run = case
+    template = run.one(LAUNCH_TEMPLATE).inputs
+    assert template["imageId"] == f"resolve:ssm:{plan.ami.ssm_parameter}"
+    assert template["instanceType"] == plan.instance.type
+
+
+def test_imdsv2_required_with_two_hops_for_containers(case):
+    _, _, run = case
+    metadata = run.one(LAUNCH_TEMPLATE).inputs["metadataOptions"]
+    assert metadata["httpTokens"] == "required"
+    assert metadata["httpPutResponseHopLimit"] == 2
+    assert metadata["httpEndpoint"] == "enabled"
+
+
+def test_root_volume_is_encrypted_gp3_and_sized(case):
+    plan, _, run = case
+    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    assert root["ebs"] == root["ebs"] | {
+        "encrypted": "true",
+        "volumeType": "gp3",
+        "volumeSize": 500,
+    }
+    expected_device = "/dev/sda1" if plan.ami.os.startswith("Ubuntu") else "/dev/xvda"
+    assert root["deviceName"] == expected_device
+
+
+def test_no_inbound_from_the_internet_and_no_ssh(case):
+    plan, _, run = case
+    ingress = run.one(SECURITY_GROUP).inputs.get("ingress", [])
+    assert all(not rule.get("cidrBlocks") for rule in ingress)
+    assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
+    if plan.nodes > 1:
+        # Members reach each other on every port (EFA, NCCL, rendezvous), nobody else does.
+        assert ingress == [rule | {"self": True, "protocol": "-1"} for rule in ingress]
+        assert len(ingress) == 1
+    else:
+        assert ingress == []
+
+
+def test_efa_and_placement_group_only_for_multi_node(case):
+    plan, _, run = case
+    template = run.one(LAUNCH_TEMPLATE).inputs
+    interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
+    groups = run.of_type(PLACEMENT_GROUP)
+    if plan.nodes == 1:
+        assert groups == []
+        assert "groupName" not in template["placement"]
+        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
+        assert interfaces[0]["associatePublicIpAddress"] == "true"
+        return
+    (group,) = groups
+    assert group.inputs["strategy"] == "cluster"
+    assert template["placement"]["groupName"] == group.state["name"]
+    if plan.instance.efa_interfaces == 0:
+        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
+        return
+    assert len(interfaces) == plan.instance.efa_interfaces
+    primary, *others = interfaces
+    assert (primary["networkCardIndex"], primary["deviceIndex"]) == (0, 0)
+    assert primary["interfaceType"] == "efa"
+    assert [i["networkCardIndex"] for i in others] == list(range(1, plan.instance.efa_interfaces))
+    assert all(i["deviceIndex"] == 1 and i["interfaceType"] == "efa" for i in others)
+
+
+def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
+    plan, spot, run = case
+    template = run.one(LAUNCH_TEMPLATE)
+    nodes = nodes_in_rank_order(run)
+    assert len(nodes) == plan.nodes
+    assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
+    for node in nodes:
+        assert node.inputs["launchTemplate"]["id"] == template.id
+        market = node.inputs.get("instanceMarketOptions")
+        if spot:
+            assert market == {
+                "marketType": "spot",
+                "spotOptions": {
+                    "spotInstanceType": "persistent",
+                    "instanceInterruptionBehavior": "stop",
+                },
+            }
+        else:
+            assert market is None
+
+
+def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case):
+    plan, _, run = case
+    nodes = nodes_in_rank_order(run)
+    master_ip = nodes[0].state["privateIp"]
+    for rank, node in enumerate(nodes):
+        files = boot_files(node)
+        script = files["/opt/gpu-stack/run-training.sh"]
+        assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
+        assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
+        assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
+        assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
+        env = boot_env(node)
+        assert env["TRAIN_NNODES"] == str(plan.nodes)
+        assert env["TRAIN_NODE_RANK"] == str(rank)
+        assert env["TRAIN_MASTER_PORT"] == str(MASTER_PORT)
+        assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
+        assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
+        # Node 0 hosts the rendezvous; every other node dials node 0's private address.
+        assert env["TRAIN_MASTER_ADDR"] == ("127.0.0.1" if rank == 0 else master_ip)
+        assert ("FI_PROVIDER" in env) == (plan.nodes > 1 and plan.instance.efa_interfaces > 0)
+        unit = files["/etc/systemd/system/gpu-training.service"]
+        assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
+
+
+def test_instance_role_names_only_the_stacks_own_resources(case):
+    _, _, run = case
+    bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
+    repository = run.one("aws:ecr/repository:Repository").state["arn"]
+    log_group = run.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
+    for statement in node_policy(run)["Statement"]:
+        actions = _as_list(statement["Action"])
+        resources = _as_list(statement["Resource"])
+        if resources == ["*"]:
+            # The two actions without resource-level permissions, narrowed as far as AWS allows.
+            assert actions in (["ecr:GetAuthorizationToken"], ["cloudwatch:PutMetricData"])
+            if actions == ["cloudwatch:PutMetricData"]:
+                assert "cloudwatch:namespace" in statement["Condition"]["StringEquals"]
+        else:
+            assert set(resources) <= own, statement
+        assert not any(action.endswith(":*") or action == "*" for action in actions)
+
+
+def test_every_aws_resource_uses_the_tagged_provider(case):
+    _, _, run = case
+    (provider,) = run.of_type("pulumi:providers:aws")
+    # Provider inputs travel as JSON text.
+    tags = json.loads(provider.inputs["defaultTags"])
+    assert tags == {"tags": {"gpu-stack": "gpu-training-stack-test"}}
+    aws_resources = [r for r in run.resources if r.type.startswith("aws:")]
+    assert len(aws_resources) > 20
+    for resource in aws_resources:
+        assert resource.provider.endswith(f"::{provider.name}::{provider.id}"), resource.type
+
+
+def test_outputs_name_instances_sessions_image_and_bucket(case):
+    _, spot, run = case
+    outputs = run.outputs
+    nodes = nodes_in_rank_order(run)
+    assert outputs["instance_ids"] == [node.id for node in nodes]
+    assert outputs["private_ips"] == [node.state["privateIp"] for node in nodes]
+    assert outputs["ssm_sessions"] == [
+        f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
+    ]
+    assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
+    assert ("cancel_spot_requests" in outputs) == spot
+    if spot:
+        requests = [node.state["spotInstanceRequestId"] for node in nodes]
+        assert outputs["cancel_spot_requests"] == (
+            "aws ec2 cancel-spot-instance-requests --region us-east-1 "
+            f"--spot-instance-request-ids {' '.join(requests)}"
+        )
+
+
+def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
+    plan, spot, run = case
+    outputs = run.outputs
+    instance = load_catalog().instance(plan.instance.type)
+    on_demand = instance.on_demand_usd_per_hour * plan.nodes
+    spot_price = instance.spot_usd_per_hour * plan.nodes
+    hourly = spot_price if spot else on_demand
+    budget = BASE_CONFIG["budgetUsd"]  # monthly, the default period
+    assert outputs["on_demand_usd_per_hour"] == pytest.approx(on_demand, abs=0.005)
+    assert outputs["spot_usd_per_hour"] == pytest.approx(spot_price, abs=0.005)
+    assert outputs["hourly_cost_usd"] == pytest.approx(hourly, abs=0.005)
+    assert outputs["monthly_budget_usd"] == budget
+    assert outputs["runway_hours"] == pytest.approx(budget / hourly, abs=0.05)
+
+
+def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
+    outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
+    spot_price = load_catalog().instance("p3.2xlarge").spot_usd_per_hour
+    assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
+    # The runway is what one period's budget buys: hours a day here.
+    assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
+
+
+def _as_list(value: str | list[str]) -> list[str]:
+    return value if isinstance(value, list) else [value]
+
+
+def test_training_data_is_synced_from_s3_into_scratch(tmp_path):
+    run = run_stack(dataS3Uri="s3://corpus/tokens/v2")
+    (node,) = nodes_in_rank_order(run)
+    assert boot_env(node)["TRAIN_DATA_PATH"] == "/scratch/data"
+    script = boot_files(node)["/opt/gpu-stack/run-training.sh"]
+    assert 'readonly DATA_S3_URI="s3://corpus/tokens/v2"' in script
+
+
+def test_training_config_is_shipped_and_named_in_the_env(tmp_path):
+    toml = tmp_path / "job.toml"
+    toml.write_text("[optimizer]\nlr = 3e-4\n")
+    run = run_stack(trainConfig=str(toml))
+    (node,) = nodes_in_rank_order(run)
+    assert boot_files(node)["/etc/gpu-stack/train.toml"] == toml.read_text()
+    assert boot_env(node)["TRAIN_CONFIG"] == "/etc/gpu-stack/train.toml"
+
+
+def test_instance_store_count_reaches_the_scratch_script():
+    run = run_stack(profile="a100x8")
+    (node,) = nodes_in_rank_order(run)
+    script = boot_files(node)["/opt/gpu-stack/prepare-scratch.sh"]
+    assert (
+        f'readonly EXPECTED_DRIVES="{resolve_profile("a100x8").instance.instance_store_nvme}"'
+        in (script)
+    )
+
+
+def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
+    cloud_init = require_tool("cloud-init", "cloud-init")
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    toml = tmp_path / "job.toml"
+    toml.write_text("[optimizer]\nlr = 3e-4\n")
+    run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
+    for node in nodes_in_rank_order(run):
+        user_data = tmp_path / f"{node.name}.yaml"
+        user_data.write_text(node.inputs["userData"])
+        schema = subprocess.run(
+            [cloud_init, "schema", "--config-file", str(user_data)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert schema.returncode == 0 and "Valid cloud-config" in schema.stdout, schema.stdout
+        scripts = []
+        for path, content in boot_files(node).items():
+            if path.endswith(".sh"):
+                scripts.append(tmp_path / f"{node.name}-{Path(path).name}")
+                scripts[-1].write_text(content)
+        assert len(scripts) == 3
+        lint = subprocess.run(
+            [shellcheck, *map(str, scripts)], capture_output=True, text=True, timeout=60
+        )
+        assert lint.returncode == 0, lint.stdout
+
+
+@pytest.mark.parametrize(("nodes", "spot"), [(1, False), (2, True)])
+def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
+    run = run_stack(nodes=nodes, spot=spot, sshCidr="203.0.113.7/32")
+    allowed = rules.catalog_instance_types()
+    for resource in run.resources:
+        props = resource.state
+        assert rules.check_imdsv2(resource.type, props) == [], resource.name
+        assert rules.check_volume_encryption(resource.type, props) == [], resource.name
+        assert rules.check_no_public_ssh(resource.type, props) == [], resource.name
+        assert rules.check_gpu_instance_type(resource.type, props, allowed) == [], resource.name
+    stack = [rules.StackResource(r.type, r.name, r.state, id=r.id) for r in run.resources]
+    assert rules.check_budget_for_gpus(stack) == []
+    assert rules.check_bucket_encryption(stack) == []
+
+
+def test_warnings_output_holds_the_plans_and_the_guardrails():
+    run = run_stack(profile="v100x1", alertEmails=["you@example.com"])
+    warnings = run.outputs["warnings"]
+    assert any("past end of life" in w or "end of life" in w for w in warnings), warnings
+    assert any("you@example.com" in w for w in warnings), warnings
+    assert not any(
+        "alertEmails" in w for w in run_stack(alertEmails=["ml@company.io"]).outputs["warnings"]
+    )

@@ -1,0 +1,41 @@
+"""Stack files read as the Pulumi CLI hands their config to the program, checked the same way."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path
+from infra.errors import ConfigError
+
+
+def test_stack_files_sit_next_to_pulumi_yaml():
+    assert stack_file_path("a100x8") == REPO_ROOT / "Pulumi.a100x8.yaml"
+    assert (REPO_ROOT / "Pulumi.yaml").is_file()
+
+
+def test_yaml_values_reach_the_config_as_pulumi_passes_them(tmp_path):
+    path = tmp_path / "Pulumi.mine.yaml"
+    path.write_text(
+        "config:\n  aws:region: eu-west-1\n  gpu:profile: v100x1\n  gpu:spot: true\n"
+        "  gpu:budgetUsd: 250\n  gpu:alertEmails:\n    - a@example.com\n    - b@example.com\n"
+    )
+    stack = load_stack_file(path)
+    assert (stack.profile, stack.spot) == ("v100x1", True)
+    assert stack.guardrails.budget_usd == 250
+    assert stack.guardrails.alert_emails == ("a@example.com", "b@example.com")
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        ("gpu:spot: maybe", "Pulumi.bad.yaml: gpu:spot is 'maybe'"),
+        ("gpu:budgtUsd: 5", "Pulumi.bad.yaml: gpu:budgtUsd is not a config key"),
+        ("- not a map", "'config' must be a mapping"),
+    ],
+)
+def test_bad_stack_file_is_one_line_naming_the_file(tmp_path, config, expected):
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(f"config:\n  {config}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_stack_file(path)
+    assert expected in str(caught.value) and "\n" not in str(caught.value)

@@ -1,0 +1,144 @@
+"""The offline plan: the real program under mocks, as `python -m infra plan --resources` shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.cli import COMMANDS, main
+from infra.config.stack_file import stack_file_config
+from infra.dryrun.run import describe_run, run_stack_file, with_resources
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.profiles import load_profiles, resolve_profile
+from tests.support.infra import run_cli
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.mark.parametrize("profile", tuple(load_profiles().profiles))
+def test_every_profile_has_a_stack_file_that_runs(profile):
+    path = REPO / f"Pulumi.{profile}.yaml"
+    config = stack_file_config(path)
+    assert config["gpu:profile"] == profile
+    run = run_stack_file(path)
+    plan = resolve_profile(profile)
+    assert run.outputs["instance_type"] == plan.instance.type
+    assert len(run.outputs["instance_ids"]) == plan.nodes
+
+
+def test_describe_lists_resources_and_key_properties():
+    run = run_stack_file(REPO / "Pulumi.a100x8.yaml")
+    text = describe_run(run)
+    plan = resolve_profile("a100x8")
+    assert f"{len(run.resources)} resources" in text
+    assert f"ami=resolve:ssm:{plan.ami.ssm_parameter}" in text
+    assert "imds=required" in text and "encrypted=true" in text
+    assert "aws.ec2.Instance" in text and "TRAIN_NODE_RANK=0" in text
+    assert "inbound=none" in text
+    assert f"image: {run.outputs['image_uri']}" in text
+
+
+def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
+    result = run_cli("plan", "a100x8", "--resources")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    lines = out.splitlines()
+    assert lines[0] == "stack file     Pulumi.a100x8.yaml"
+    assert "aws.ec2.LaunchTemplate" in out
+    # The resolved plan, as plain `plan a100x8` prints it.
+    plan = resolve_profile("a100x8")
+    for line in (
+        "instance       1 x p4d.24xlarge",
+        "GPUs           8 x A100 40 GiB (compute capability 8.0, NVSwitch)",
+        f"AMI family     {plan.ami.name} ({plan.ami.os}, end of life "
+        f"{plan.ami.end_of_life.isoformat()})",
+        f"SSM parameter  {plan.ami.ssm_parameter}",
+        f"driver         {plan.ami.driver_version} ({plan.ami.driver_kind}; image needs "
+        f">= {plan.variant.min_driver})",
+        f"image tag      {plan.image_tag}",
+    ):
+        assert line in lines
+    assert any(line.startswith(f"image variant  {plan.variant.name} (") for line in lines)
+    # The costs, from the catalog's prices and the stack file's budget.
+    budget = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]["gpu:budgetUsd"]
+    p4d = load_catalog().instance("p4d.24xlarge")
+    on_demand, spot = p4d.on_demand_usd_per_hour, p4d.spot_usd_per_hour
+    assert any(line.startswith(f"on-demand      ${on_demand:.2f}/h") for line in lines)
+    assert any(line.startswith(f"spot           ${spot:.2f}/h") for line in lines)
+    assert f"market         on-demand: ${on_demand:.2f}/h for the stack" in lines
+    assert f"budget         ${budget:,.2f} a month" in lines
+    assert (
+        f"runway         {budget / on_demand:.1f} h a month at full load on-demand "
+        f"(on-demand {budget / on_demand:.1f} h, spot {budget / spot:.1f} h)"
+    ) in lines
+    assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
+
+
+def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.small.yaml"
+    stack.write_text(
+        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
+        "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    p3 = load_catalog().instance("p3.2xlarge")
+    on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
+    assert lines[0] == "stack file     Pulumi.small.yaml"
+    # Two nodes is not the v100x1 profile: its description would not hold.
+    assert not any(line.startswith("profile ") for line in lines)
+    assert "instance       2 x p3.2xlarge" in lines
+    assert f"market         spot: ${spot:.2f}/h for the stack" in lines
+    assert f"budget         $40.00 a day (${40 * 365 / 12:,.2f} a month)" in lines
+    assert (
+        f"runway         {40 / spot:.1f} h a day at full load spot "
+        f"(on-demand {40 / on_demand:.1f} h, spot {40 / spot:.1f} h)"
+    ) in lines
+    assert (
+        f"longest run    ${12 * spot:,.2f} spot: gpu:maxRuntimeHours stops each node after 12 h"
+    ) in lines
+    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 2
+
+
+def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):
+    stack = tmp_path / "Pulumi.bad.yaml"
+    stack.write_text("config:\n  gpu:profile: a100x8\n  gpu:spot: maybe\n")
+    result = run_cli("plan", "--resources", "--stack-file", str(stack))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "gpu:spot is 'maybe'" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_plan_resources_refuses_a_training_config_the_stacks_gpus_cannot_run(tmp_path):
+    job = tmp_path / "job.toml"
+    job.write_text("[precision]\nbf16 = true\n")
+    stack = tmp_path / "Pulumi.old.yaml"
+    stack.write_text(
+        "config:\n  gpu:profile: v100x1\n  gpu:budgetUsd: 100\n"
+        f"  gpu:alertEmails: [ml@example.com]\n  gpu:trainConfig: {job}\n"
+    )
+    result = run_cli("plan", "--resources", "--stack-file", str(stack))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert result.stderr.startswith(f"error: Pulumi.old.yaml: gpu:trainConfig is {str(job)!r}")
+    assert "precision.bf16 = true needs compute capability 8.0" in result.stderr
+    assert "Traceback" not in result.stderr and result.stdout == ""
+
+
+def test_plan_without_resources_lists_no_resources():
+    result = run_cli("plan", "a100x8")
+    assert result.returncode == 0, result.stderr
+    assert "aws.ec2.LaunchTemplate" not in result.stdout
+    assert "p4d.24xlarge" in result.stdout
+
+
+def test_the_example_stack_files_placeholder_address_is_pointed_out():
+    result = run_cli("plan", "a100x8", "--resources")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
+    assert line.startswith("warning ") and "you@example.com" in line

@@ -1,0 +1,59 @@
+import pytest
+
+from infra.config.guardrails import GuardrailConfig
+from infra.knowledge.costs import DAYS_PER_MONTH, cost_summary, hourly_usd
+from infra.knowledge.profiles import resolve_profile
+from infra.knowledge.resolver import resolve
+
+PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
+
+
+def test_p4d_on_demand_runway():
+    plan = resolve_profile("a100x8")  # p4d.24xlarge: $32.7726/h on-demand, $9.9/h spot
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
+    assert summary["instance_type"] == "p4d.24xlarge"
+    assert summary["market"] == "on-demand"
+    assert summary["on_demand_usd_per_hour"] == 32.77
+    assert summary["spot_usd_per_hour"] == 9.9
+    assert summary["hourly_usd"] == 32.77
+    assert summary["monthly_budget_usd"] == 500
+    assert summary["runway_hours"] == 15.3  # 500 / 32.7726
+    assert summary["runway_hours_spot"] == 50.5  # 500 / 9.9
+
+
+def test_spot_market_sets_the_runway():
+    plan = resolve_profile("a100x8")
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=500), spot=True)
+    assert summary["market"] == "spot"
+    assert summary["hourly_usd"] == 9.9
+    assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
+    assert summary["runway_hours_on_demand"] == 15.3
+
+
+def test_costs_scale_with_nodes():
+    one, two = resolve("p4d.24xlarge", nodes=1), resolve("p4d.24xlarge", nodes=2)
+    config = GuardrailConfig(budget_usd=1000)
+    assert cost_summary(two, config)["hourly_usd"] == pytest.approx(
+        2 * cost_summary(one, config)["hourly_usd"], abs=0.01
+    )
+    assert cost_summary(two, config)["runway_hours"] == pytest.approx(
+        cost_summary(one, config)["runway_hours"] / 2, abs=0.1
+    )
+
+
+def test_daily_budget_is_shown_per_month_and_max_run_priced():
+    plan = resolve_profile("v100x1")  # p3.2xlarge: $3.06/h
+    config = GuardrailConfig(budget_usd=30, budget_period="DAILY", max_runtime_hours=8)
+    summary = cost_summary(plan, config)
+    assert summary["budget_period"] == "DAILY"
+    assert summary["monthly_budget_usd"] == round(30 * DAYS_PER_MONTH, 2)
+    assert summary["runway_hours"] == 9.8  # 30 / 3.06: hours per day of full load
+    assert summary["max_run_usd"] == 24.48
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_has_hourly_cost_and_runway(profile):
+    plan = resolve_profile(profile)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=1000))
+    assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
+    assert summary["runway_hours"] == round(1000 / hourly_usd(plan, spot=False), 1)

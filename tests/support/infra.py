@@ -1,0 +1,29 @@
+"""Shared by the infra tests: modified copies of the data files, the command line."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from infra.knowledge.catalog import CATALOG_DIR
+
+
+def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
+    """A copy of the real catalog with the first `old` in `file` replaced by `new`."""
+    for name in ("instances.toml", "amis.toml"):
+        shutil.copy(CATALOG_DIR / name, tmp_path / name)
+    text = (tmp_path / file).read_text()
+    assert old in text, f"test fixture out of date: {old!r} not in {file}"
+    (tmp_path / file).write_text(text.replace(old, new, 1))
+    return tmp_path
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m infra ARGS` from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "infra", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )

@@ -1,0 +1,48 @@
+"""Run the real Pulumi program (__main__.py) under mocks and read what it registered."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import yaml
+
+from infra.dryrun.run import ProgramRun, Recorded, RecordingMocks, run_program
+
+INSTANCE = "aws:ec2/instance:Instance"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+
+# Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
+BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
+
+
+def run_stack(mocks: RecordingMocks | None = None, **config: Any) -> ProgramRun:
+    """One mocked run of the program with BASE_CONFIG plus `config` (gpu: keys, no prefix)."""
+    return run_program({**BASE_CONFIG, **config}, stack="test", mocks=mocks)
+
+
+def nodes_in_rank_order(run: ProgramRun) -> list[Recorded]:
+    return sorted(run.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"]["gpu-node-rank"]))
+
+
+def boot_files(instance: Recorded) -> dict[str, str]:
+    """Path -> content of the files a node's cloud-config writes."""
+    user_data = instance.inputs["userData"]
+    assert user_data.startswith("#cloud-config\n")
+    document = yaml.safe_load(user_data)
+    return {item["path"]: item["content"] for item in document["write_files"]}
+
+
+def boot_env(instance: Recorded) -> dict[str, str]:
+    """The container environment a node's user data ships."""
+    content = boot_files(instance)["/etc/gpu-stack/training.env"]
+    return dict(line.split("=", 1) for line in content.splitlines())
+
+
+def node_policy(run: ProgramRun) -> dict:
+    """The instance role's inline policy, parsed from the JSON the role receives."""
+    (policy,) = [r for r in run.of_type(ROLE_POLICY) if r.name.endswith("-node")]
+    return json.loads(policy.inputs["policy"])

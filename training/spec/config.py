@@ -1,0 +1,335 @@
+"""The job's configuration: a typed TOML file, environment overrides and `--set key=value`.
+
+Everything a run needs is validated here, before any process is spawned, so a bad
+value costs a second and exit code 2 instead of a cluster launch. Errors are
+`ConfigError`s whose message is one line naming the key, the bad value and what
+would work.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+
+from training.spec.presets import PRESETS
+
+DEMO_CONFIG = Path(__file__).parents[1] / "demo.toml"
+
+# Contract (docs/contracts.md, section 3): environment variables that override config keys.
+ENV_OVERRIDES = {
+    "TRAIN_OUTPUT_DIR": "run.output_dir",
+    "TRAIN_DATA_PATH": "data.path",
+    "TRAIN_CHECKPOINT_DIR": "checkpoint.dir",
+}
+
+_IMPORT_STRING = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _import_string(value: str) -> str:
+    if not _IMPORT_STRING.match(value):
+        raise ValueError("expected 'package.module:function', e.g. 'mypkg.models:build'")
+    return value
+
+
+ImportString = Annotated[str, AfterValidator(_import_string)]
+
+
+class ConfigError(Exception):
+    """A bad configuration; str(error) is the one-line message shown to the user."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = "run"
+    seed: int = 1234
+    # Empty means runs/<name>; TRAIN_OUTPUT_DIR overrides.
+    output_dir: str = ""
+
+
+class ModelConfig(Section):
+    preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
+    # "package.module:function" building your own nn.Module; see docs/training.md.
+    builder: ImportString | None = None
+    # Keyword arguments for `builder` (free-form: they belong to your model).
+    options: dict[str, Any] = Field(default_factory=dict)
+    # Overrides of the preset's shape (built-in presets, not with builder).
+    n_layer: int | None = Field(default=None, gt=0)
+    n_head: int | None = Field(default=None, gt=0)
+    n_embd: int | None = Field(default=None, gt=0)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    activation_checkpointing: bool = False
+
+
+class DataConfig(Section):
+    # synthetic: seeded learnable sequences; tokens: a uint16/uint32 token file (nanoGPT .bin);
+    # text: raw bytes of a text file as tokens (vocab 256).
+    kind: Literal["synthetic", "tokens", "text"] = "synthetic"
+    # "package.module:function" building your own Dataset; replaces `kind`.
+    builder: ImportString | None = None
+    options: dict[str, Any] = Field(default_factory=dict)
+    # File, or a directory holding train.bin (tokens) / *.txt (text). TRAIN_DATA_PATH overrides.
+    path: str | None = None
+    dtype: Literal["uint16", "uint32"] = "uint16"
+    seq_len: int = Field(default=256, gt=0)
+    # Defaults: 50304 (GPT-2's vocabulary padded to a multiple of 64) for synthetic and tokens.
+    vocab_size: int | None = Field(default=None, gt=1)
+    synthetic_samples: int = Field(default=100_000, gt=0)
+    # Encoder presets (bert-*): the fraction of tokens hidden for the model to predict.
+    mask_prob: float = Field(default=0.15, gt=0, lt=1)
+    num_workers: int = Field(default=0, ge=0)
+
+
+class TrainConfig(Section):
+    steps: int = Field(default=1000, gt=0)
+    # Give any two of these three (world size is known at launch); all three must agree.
+    global_batch_size: int | None = Field(default=None, gt=0)
+    micro_batch_size: int | None = Field(default=None, gt=0)
+    gradient_accumulation_steps: int | None = Field(default=None, gt=0)
+    gradient_clipping: float = Field(default=1.0, ge=0.0)
+
+
+class OptimizerConfig(Section):
+    lr: float = Field(default=6e-4, gt=0)
+    weight_decay: float = Field(default=0.1, ge=0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(default=1e-8, gt=0)
+
+
+class SchedulerConfig(Section):
+    # cosine: WarmupCosineLR (warmup, then cosine decay to min_lr_ratio at train.steps);
+    # constant: WarmupLR (warmup, then hold lr).
+    kind: Literal["cosine", "constant"] = "cosine"
+    warmup_steps: int = Field(default=100, ge=1)
+    min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
+
+
+class ZeroConfig(Section):
+    stage: int = Field(default=2, ge=0, le=3)
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+
+class PrecisionConfig(Section):
+    bf16: bool = False
+    fp16: bool = False
+    # fp16 dynamic loss scaling: start at 2**initial_scale_power, grow after this many good steps.
+    initial_scale_power: int = Field(default=16, ge=0)
+    loss_scale_window: int = Field(default=1000, gt=0)
+
+
+class CheckpointConfig(Section):
+    every_steps: int = Field(default=1000, gt=0)
+    keep_last: int = Field(default=3, gt=0)
+    # Empty means <output_dir>/checkpoints; TRAIN_CHECKPOINT_DIR overrides.
+    dir: str = ""
+
+
+class LoggingConfig(Section):
+    every_steps: int = Field(default=10, gt=0)
+    tensorboard: bool = True
+    progress_bar: bool = True
+
+
+class Config(Section):
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    scheduler: SchedulerConfig = Field(default_factory=SchedulerConfig)
+    zero: ZeroConfig = Field(default_factory=ZeroConfig)
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = Field(default_factory=LoggingConfig)
+
+    @property
+    def output_dir(self) -> Path:
+        return Path(self.run.output_dir or f"runs/{self.run.name}")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else self.output_dir / "checkpoints"
+
+    @property
+    def vocab_size(self) -> int:
+        if self.data.kind == "text" and self.data.builder is None:
+            return 256
+        return self.data.vocab_size or 50304
+
+
+class BatchSizes(BaseModel):
+    """The three batch sizes DeepSpeed needs, consistent with the world size."""
+
+    global_batch_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+
+
+def load_config(
+    path: str | Path | None,
+    overrides: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+) -> Config:
+    """Read the TOML file (the demo job's when `path` is None), then env, then `--set` values."""
+    env = os.environ if env is None else env
+    source = Path(path) if path else DEMO_CONFIG
+    try:
+        raw = tomllib.loads(source.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {source} does not exist") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {source} is not valid TOML: {error}") from None
+    for variable, key in ENV_OVERRIDES.items():
+        if env.get(variable):
+            _set_key(raw, key, env[variable])
+    for item in overrides:
+        key, value = _parse_override(item)
+        _set_key(raw, key, value)
+    try:
+        return Config.model_validate(raw)
+    except ValidationError as error:
+        raise ConfigError(_describe(error)) from None
+
+
+def validate(config: Config, world_size: int) -> BatchSizes:
+    """Reject impossible combinations; return the resolved batch sizes."""
+    zero, precision = config.zero, config.precision
+    if precision.bf16 and precision.fp16:
+        raise ConfigError(
+            "precision.fp16 = true and precision.bf16 = true: choose one (bf16 on A100/H100, "
+            "fp16 on V100/T4)"
+        )
+    if zero.offload_param and zero.stage != 3:
+        raise ConfigError(
+            f"zero.offload_param = true needs zero.stage = 3 (got {zero.stage}): "
+            "only ZeRO-3 partitions parameters"
+        )
+    if zero.offload_optimizer and zero.stage == 0:
+        raise ConfigError(
+            "zero.offload_optimizer = true needs zero.stage 1, 2 or 3 (got 0): "
+            "without ZeRO there is no optimizer partition to offload"
+        )
+    if config.model.builder is None and config.model.options:
+        raise ConfigError(
+            "model.options is set but model.builder is not: options go to your own model's builder"
+        )
+    if config.data.builder is None and config.data.options:
+        raise ConfigError(
+            "data.options is set but data.builder is not: options go to your own dataset's builder"
+        )
+    if config.data.builder is None and config.data.kind != "synthetic" and not config.data.path:
+        raise ConfigError(
+            f"data.kind = {config.data.kind!r} needs data.path (or TRAIN_DATA_PATH): "
+            "a file or directory to read"
+        )
+    if config.data.kind == "text" and config.data.vocab_size not in (None, 256):
+        raise ConfigError(
+            f"data.vocab_size = {config.data.vocab_size} with data.kind = 'text': "
+            "text is read as bytes, so the vocabulary is 256 (remove the key)"
+        )
+    if config.model.builder is None:
+        shape = PRESETS[config.model.preset] | {
+            key: value
+            for key in ("n_layer", "n_head", "n_embd")
+            if (value := getattr(config.model, key)) is not None
+        }
+        if shape["n_embd"] % shape["n_head"]:
+            raise ConfigError(
+                f"model.n_embd = {shape['n_embd']} is not divisible by model.n_head = "
+                f"{shape['n_head']}: pick a head count that divides the width"
+            )
+    if config.scheduler.kind == "cosine" and config.scheduler.warmup_steps >= config.train.steps:
+        raise ConfigError(
+            f"scheduler.warmup_steps = {config.scheduler.warmup_steps} is not below train.steps "
+            f"= {config.train.steps}: the cosine schedule needs steps after warmup "
+            "(lower warmup_steps or use scheduler.kind = 'constant')"
+        )
+    return resolve_batch_sizes(config.train, world_size)
+
+
+def resolve_batch_sizes(train: TrainConfig, world_size: int) -> BatchSizes:
+    """global = micro x accumulation x world size; any two given determine the third."""
+    total, micro, accum = (
+        train.global_batch_size,
+        train.micro_batch_size,
+        train.gradient_accumulation_steps,
+    )
+    if total is None:
+        micro, accum = micro or 1, accum or 1
+        total = micro * accum * world_size
+    elif micro is None and accum is None:
+        accum = 1
+        micro = _divide(total, world_size, "world size")
+    elif micro is None:
+        micro = _divide(total, accum * world_size, "gradient_accumulation_steps x world size")
+    elif accum is None:
+        accum = _divide(total, micro * world_size, "micro_batch_size x world size")
+    elif total != micro * accum * world_size:
+        raise ConfigError(
+            f"train.global_batch_size = {total} but micro_batch_size x "
+            f"gradient_accumulation_steps x world size = {micro} x {accum} x {world_size} = "
+            f"{micro * accum * world_size}: give only two of the three, or make them agree"
+        )
+    return BatchSizes(
+        global_batch_size=total, micro_batch_size=micro, gradient_accumulation_steps=accum
+    )
+
+
+def _divide(total: int, divisor: int, what: str) -> int:
+    if total % divisor:
+        raise ConfigError(
+            f"train.global_batch_size = {total} is not divisible by {what} = {divisor}: "
+            f"use a multiple of {divisor}"
+        )
+    return total // divisor
+
+
+def _parse_override(item: str) -> tuple[str, Any]:
+    key, sep, text = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected key.sub=value, e.g. --set train.steps=100")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text  # a bare word such as run.name=demo: take it as a string
+    return key.strip(), value
+
+
+def _set_key(raw: dict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = raw
+    for part in parents:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"{key}: {part} is a value, not a section")
+        node = child
+    node[leaf] = value
+
+
+def _describe(error: ValidationError) -> str:
+    first = error.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    if first["type"] == "extra_forbidden":
+        section = ".".join(str(part) for part in first["loc"][:-1])
+        known = _known_keys(section)
+        return f"{key}: unknown key (known keys{' in ' + section if section else ''}: {known})"
+    return f"{key} = {first['input']!r}: {first['msg']}"
+
+
+def _known_keys(section: str) -> str:
+    model: type[BaseModel] = Config
+    for part in filter(None, section.split(".")):
+        annotation = model.model_fields[part].annotation
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return "?"
+        model = annotation
+    return ", ".join(model.model_fields)

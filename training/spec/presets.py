@@ -1,0 +1,21 @@
+"""The built-in model presets: names and shapes, without torch.
+
+The config check (training/spec/config.py) needs them to validate `model.preset` and the
+head/width split; it also runs in the Pulumi program, whose venv has no torch.
+training/model.py builds the networks from the same table.
+"""
+
+from __future__ import annotations
+
+# Shapes of the presets (GPT-2 small/medium, GPT-3 XL and BERT-base widths); vocab and
+# seq_len come from the data.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
+    "gpt-124m": {"n_layer": 12, "n_head": 12, "n_embd": 768},
+    "gpt-350m": {"n_layer": 24, "n_head": 16, "n_embd": 1024},
+    "gpt-1.3b": {"n_layer": 24, "n_head": 16, "n_embd": 2048},
+    "bert-tiny": {"n_layer": 2, "n_head": 2, "n_embd": 64},
+    "bert-base": {"n_layer": 12, "n_head": 12, "n_embd": 768},
+}
+# Presets with bidirectional attention and a masked-token objective.
+ENCODER_PRESETS = frozenset({"bert-tiny", "bert-base"})
