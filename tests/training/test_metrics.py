@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import subprocess
 
 import pytest
 import torch
 
+from tests.support.tools import require_tool
 from training.metrics import GpuMonitor, MetricsSink, load_peaks, mfu, peak_tflops
 from training.model import build_gpt
 
@@ -73,6 +75,25 @@ def test_sink_appends_jsonl_and_tensorboard(tmp_path):
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["loss"] for line in lines] == [2.0, 1.0]
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
+
+
+def test_plain_tensorboard_reads_the_run_folder(tmp_path):
+    """`tensorboard --logdir RUN` as a user types it, with the venv's own entry point: it once
+    crashed on import (pkg_resources gone from setuptools 81+)."""
+    sink = MetricsSink(tmp_path, total_steps=2, start_step=0, tensorboard=True, progress_bar=False)
+    for step in (1, 2):
+        sink.write({"step": step, "loss": 3.0 - step, "mfu": None})
+        sink.advance()
+    sink.close()
+    tensorboard = require_tool("tensorboard", "tensorboard", pip=True)
+    result = subprocess.run(
+        [tensorboard, "--inspect", "--logdir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "train/loss" in result.stdout, result.stdout
 
 
 def test_gpu_monitor_reads_nothing_without_a_gpu():
