@@ -24,6 +24,7 @@ from images.base import buildah_command
 from images.build_args import IMAGE_NAME
 from images.matrix import Matrix, Variant
 from images.workflow import expectations
+from training.checkpoint.layout import COMMIT_MARKER  # written last: a checkpoint counts with it
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
 TRAINER_UID = 1000  # the image's non-root user
@@ -36,7 +37,6 @@ TRAINING_OVERRIDES = (
 )
 # Off EC2 there is no metadata service to poll for spot notices: empty turns polling off.
 JOB_ENV = {"TRAIN_OUTPUT_DIR": "/smoke/out", "TRAIN_NPROC_PER_NODE": "2", "TRAIN_SPOT_ENDPOINT": ""}
-COMMIT_MARKER = "commit.json"  # the trainer writes it last: a checkpoint only counts with it
 
 
 class SmokeError(RuntimeError):

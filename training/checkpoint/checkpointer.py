@@ -1,22 +1,19 @@
-"""Crash-safe DeepSpeed checkpoints: commit marker, keep-last pruning, S3 mirror, resume.
+"""Crash-safe DeepSpeed checkpoints: commit manifest, keep-last pruning, a remote mirror, resume.
 
-Layout under the checkpoint root (``TRAIN_CHECKPOINT_DIR``):
-
-    step_00000100/            DeepSpeed's files for step 100
-    step_00000100/commit.json written last: lists every file of the checkpoint and its size
-    latest_committed          names the newest committed step (for people and tools)
-    universal/step_00000100/  converted copy, made when the data-parallel size changes
+The folder layout and the manifest are ``training.checkpoint.layout``'s; the
+remote copy is any ``training.checkpoint.store.CheckpointStore`` (the S3 mirror
+in the stack), and ``universal/step_NNNNNNNN/`` holds a converted copy made when
+the data-parallel size changes.
 
 DeepSpeed's own ``latest`` file is never written or read: it is not written
 atomically, and a missing one makes ``load_checkpoint`` start from scratch
-without an error. A step folder is loadable only when its marker parses and
-every file it lists is present with the recorded size.
+without an error.
 
 The root may be shared by all nodes (one filesystem) or local to each node.
 Rank 0 does the file work on a shared root; on node-local roots each node's
 first rank does it for its node. A node-local folder then holds only that
-node's part of the checkpoint (its marker still lists every file), and the
-S3 mirror is what joins the parts: on resume each node fetches what it lacks.
+node's part of the checkpoint (its manifest still lists every file), and the
+mirror is what joins the parts: on resume each node fetches what it lacks.
 """
 
 from __future__ import annotations
@@ -25,35 +22,37 @@ import argparse
 import json
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from training.checkpoint.s3 import S3Mirror
+from training.checkpoint.layout import (
+    COMMIT_MARKER,
+    COMPLETE,
+    PARTIAL,
+    POINTER_NAME,
+    UNCOMMITTED,
+    UNIVERSAL_DIR,
+    examine,
+    fsync_path,
+    parse_step,
+    step_dirs,
+    tag_for,
+    write_atomically,
+)
+from training.checkpoint.store import CheckpointStore, prune
 
 log = logging.getLogger(__name__)
 
-COMMIT_MARKER = "commit.json"
-POINTER_NAME = "latest_committed"
-UNIVERSAL_DIR = "universal"
-_TAG_RE = re.compile(r"^step_(\d{8,})$")
 # ds_to_universal refuses checkpoints that lack this client_state entry.
 _UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
 # The caller's client_state sits under one key, apart from DeepSpeed's own entries.
 _CLIENT_STATE_KEY = "training_client_state"
-
-# What a step folder holds, as seen by the node looking at it.
-COMPLETE = "complete"  # marker and every listed file: loadable
-PARTIAL = "partial"  # marker, some files absent (another node's part): needs S3
-DAMAGED = "damaged"  # marker, but a file has the wrong size or the marker is unreadable
-UNCOMMITTED = "uncommitted"  # no marker: the save never finished
 
 T = TypeVar("T")
 
@@ -62,44 +61,13 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be written, committed or loaded."""
 
 
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def parse_step(tag: str) -> int | None:
-    """The step of a ``step_NNNNNNNN`` tag, or None for any other name."""
-    match = _TAG_RE.match(tag)
-    return int(match.group(1)) if match else None
-
-
-def examine(folder: Path) -> tuple[str, str]:
-    """(state, reason) of a step folder: COMPLETE, PARTIAL, DAMAGED or UNCOMMITTED."""
-    try:
-        record = json.loads((folder / COMMIT_MARKER).read_text())
-        files = dict(record["files"])
-    except FileNotFoundError:
-        return UNCOMMITTED, f"no {COMMIT_MARKER} (the save did not finish)"
-    except (ValueError, KeyError, TypeError) as exc:
-        return DAMAGED, f"unreadable {COMMIT_MARKER}: {exc}"
-    missing = []
-    for name, size in files.items():
-        path = folder / name
-        if not path.is_file():
-            missing.append(name)
-        elif path.stat().st_size != size:
-            return DAMAGED, f"{name} has {path.stat().st_size} bytes, {size} were saved"
-    if missing:
-        return PARTIAL, f"{len(missing)} of {len(files)} files are not here ({missing[0]}, ...)"
-    return COMPLETE, "every file present"
-
-
 def committed_tags(root: Path) -> list[str]:
     """Tags of the loadable (complete) step folders under ``root``, oldest first."""
-    return [tag for tag in _step_dirs(root) if examine(root / tag)[0] == COMPLETE]
+    return [tag for tag in step_dirs(root) if examine(root / tag)[0] == COMPLETE]
 
 
 class Checkpointer:
-    def __init__(self, root: Path, *, keep_last: int = 3, mirror: S3Mirror | None = None):
+    def __init__(self, root: Path, *, keep_last: int = 3, mirror: CheckpointStore | None = None):
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be at least 1 (the newest checkpoint)")
         self.root = Path(root)
@@ -176,7 +144,7 @@ class Checkpointer:
             _on_rank0(commit_in_s3)
 
     def _prune_local(self) -> None:
-        states = {tag: examine(self.root / tag)[0] for tag in _step_dirs(self.root)}
+        states = {tag: examine(self.root / tag)[0] for tag in step_dirs(self.root)}
         kept = [tag for tag, state in states.items() if state in (COMPLETE, PARTIAL)]
         keep = set(kept[-self.keep_last :])
         for tag in states:
@@ -191,11 +159,8 @@ class Checkpointer:
 
     def _prune_mirror(self) -> None:
         try:
-            keep = set(self.mirror.committed_tags()[-self.keep_last :])
-            for tag in self.mirror.tags():
-                if tag not in keep:
-                    log.info("pruning checkpoint %s/%s", self.mirror.uri, tag)
-                    self.mirror.delete(tag)
+            for tag in prune(self.mirror, self.keep_last):
+                log.info("pruned checkpoint %s/%s", self.mirror.uri, tag)
         except Exception:
             log.exception("could not prune old checkpoints in %s", self.mirror.uri)
 
@@ -253,7 +218,7 @@ class Checkpointer:
     def _inventory(self) -> dict[str, str]:
         """Writers: state of every committed step folder here (uncommitted ones are logged)."""
         inventory = {}
-        for tag in _step_dirs(self.root):
+        for tag in step_dirs(self.root):
             state, reason = examine(self.root / tag)
             if state != COMPLETE:
                 level = logging.INFO if state == PARTIAL else logging.WARNING
@@ -393,21 +358,14 @@ def _load(engine, load_root: Path, tag: str, *, universal: bool) -> dict:
 # ------------------------------------------------------------------ files
 
 
-def _step_dirs(root: Path) -> list[str]:
-    if not root.is_dir():
-        return []
-    tags = [p.name for p in root.iterdir() if p.is_dir() and parse_step(p.name) is not None]
-    return sorted(tags, key=parse_step)
-
-
 def _make_durable(folder: Path) -> dict[str, int]:
     """fsync every file under ``folder`` and the folders; returns {relative path: size}."""
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMMIT_MARKER):
-        _fsync(path, os.O_RDONLY)
+        fsync_path(path)
         files[path.relative_to(folder).as_posix()] = path.stat().st_size
     for sub in {p.parent for p in folder.rglob("*")} | {folder}:
-        _fsync(sub, os.O_RDONLY | os.O_DIRECTORY)
+        fsync_path(sub, directory=True)
     return files
 
 
@@ -424,25 +382,6 @@ def _remove_step_dir(step_dir: Path) -> None:
     # Marker first: a folder whose removal is interrupted is never taken as committed.
     (step_dir / COMMIT_MARKER).unlink(missing_ok=True)
     shutil.rmtree(step_dir, ignore_errors=True)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------ distributed

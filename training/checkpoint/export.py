@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME
 
 
 class ExportError(Exception):

@@ -24,12 +24,7 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import ClientError
 
-from training.checkpoint.checkpointer import (
-    COMMIT_MARKER,
-    POINTER_NAME,
-    parse_step,
-    write_atomically,
-)
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +32,8 @@ _DELETE_BATCH = 1000  # S3 DeleteObjects limit
 
 
 class S3Mirror:
+    """The checkpoint store (training.checkpoint.store.CheckpointStore) in an S3 prefix."""
+
     def __init__(self, bucket: str, prefix: str, *, client=None):
         self.bucket = bucket
         self.prefix = prefix.strip("/")

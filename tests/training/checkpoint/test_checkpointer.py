@@ -14,15 +14,13 @@ import torch
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
 from tests.training.multirank import torchrun, torchrun_nodes
-from training.checkpoint.checkpointer import (
+from training.checkpoint.checkpointer import Checkpointer, CheckpointError, committed_tags
+from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
     PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
-    Checkpointer,
-    CheckpointError,
-    committed_tags,
     examine,
     parse_step,
     tag_for,

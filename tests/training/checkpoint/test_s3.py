@@ -10,7 +10,7 @@ import pytest
 
 from infra.components.iam import instance_policy
 from infra.components.storage import CHECKPOINT_PREFIX
-from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME
 from training.checkpoint.s3 import S3Mirror
 
 
