@@ -12,7 +12,6 @@ import os
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 import torch
@@ -81,11 +80,6 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
     # do not oversubscribe the CPU cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Workers must import this package whatever their working directory.
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [package_parent, os.environ.get("PYTHONPATH")])
-    )
     config = LaunchConfig(
         min_nodes=topo.nnodes,
         max_nodes=topo.nnodes,
