@@ -19,13 +19,14 @@ mirror is what joins the parts: on resume each node fetches what it lacks.
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import errno
 import logging
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,13 +35,17 @@ import torch.distributed as dist
 from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
+    DAMAGED,
     PARTIAL,
     POINTER_NAME,
     UNCOMMITTED,
     UNIVERSAL_DIR,
+    describe_file,
     examine,
     fsync_path,
+    manifest_bytes,
     parse_step,
+    read_manifest,
     step_dirs,
     tag_for,
     write_atomically,
@@ -53,12 +58,19 @@ log = logging.getLogger(__name__)
 _UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
 # The caller's client_state sits under one key, apart from DeepSpeed's own entries.
 _CLIENT_STATE_KEY = "training_client_state"
+# Free space below this after a failed write means the disk filled (torch's writer
+# reports ENOSPC as "basic_ios::clear: iostream error", without the errno).
+_LOW_SPACE = 1 << 20
 
 T = TypeVar("T")
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be written, committed or loaded."""
+
+
+class DiskFullError(CheckpointError):
+    """The checkpoint root's filesystem ran out of space during a save."""
 
 
 def committed_tags(root: Path) -> list[str]:
@@ -74,6 +86,7 @@ class Checkpointer:
         self.keep_last = keep_last
         self.mirror = mirror
         self._shared_root: bool | None = None  # found out on first use, by every rank at once
+        self._verified: set[str] = set()  # tags whose checksums this process checked
 
     # ----------------------------------------------------------------- save
 
@@ -87,13 +100,32 @@ class Checkpointer:
         # Committed on some nodes only (one was replaced): those copies go too, so that
         # no committed folder is rewritten in place.
         self._on_writers(lambda: self._clear_save_dir(step_dir))
+        self._on_writers(self._warn_if_short_of_space)
+        try:
+            self._write(engine, step, step_dir, client_state)
+        except CheckpointError as error:
+            # Nothing half-written stays behind; the committed checkpoints are untouched.
+            self._on_writers(lambda: _remove_step_dir(step_dir))
+            raise self._explain(error, step_dir) from error
+        if self.mirror is not None:
+            self._mirror(step_dir, tag)
+        self._on_writers(self._prune_local)
+        if self.mirror is not None:
+            _on_rank0(self._prune_mirror)
+        return step_dir
 
+    def _write(self, engine, step: int, step_dir: Path, client_state: dict) -> None:
         saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=saved_state, save_latest=False)
-        _barrier()  # every rank's files are written before any is listed
-        files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir)))
+        with _recording_writes(engine) as written:
+            engine.save_checkpoint(
+                str(self.root), tag=step_dir.name, client_state=saved_state, save_latest=False
+            )
+        # Each rank checksums the files it wrote, all ranks at once, while the bytes are
+        # still in the page cache; a write that failed on any rank fails the save on all.
+        reported = _merge_listings(_collective(lambda: written.entries(step_dir), runs_here=True))
+        files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir, reported)))
         record = {
-            "tag": tag,
+            "tag": step_dir.name,
             "step": step,
             "dp_world_size": engine.dp_world_size,
             "zero_stage": engine.zero_optimization_stage(),
@@ -101,12 +133,45 @@ class Checkpointer:
             "files": files,
         }
         self._on_writers(lambda: self._commit(step_dir, record))
-        if self.mirror is not None:
-            self._mirror(step_dir, tag)
-        self._on_writers(self._prune_local)
-        if self.mirror is not None:
-            _on_rank0(self._prune_mirror)
-        return step_dir
+
+    def _warn_if_short_of_space(self) -> None:
+        """Writers: say before the save, not after, when the last checkpoint would not fit."""
+        committed = committed_tags(self.root)
+        if not committed:
+            return
+        needed = _folder_bytes(self.root / committed[-1])
+        free = shutil.disk_usage(self.root).free
+        if free < needed:
+            log.warning(
+                "%s has %s free, less than the last checkpoint's %s: this save will likely "
+                "fail with 'No space left on device'; free space there or lower "
+                "checkpoint.keep_last",
+                self.root,
+                _bytes(free),
+                _bytes(needed),
+            )
+
+    def _explain(self, error: CheckpointError, step_dir: Path) -> CheckpointError:
+        """A DiskFullError naming the folder, the sizes and the way out, when that is what
+        happened; ``error`` otherwise."""
+        free = shutil.disk_usage(self.root).free if self.root.is_dir() else 0
+        committed = committed_tags(self.root)
+        needed = _folder_bytes(self.root / committed[-1]) if committed else None
+        out_of_space = "No space left" in str(error) or free < max(needed or 0, _LOW_SPACE)
+        if not out_of_space:
+            return error
+        size = (
+            f"about {_bytes(needed)} (the size of {committed[-1]})"
+            if needed
+            else "more than was free"
+        )
+        return DiskFullError(
+            f"No space left on device in {step_dir.parent}: the checkpoint {step_dir.name} needs "
+            f"{size} and {_bytes(free)} are free there. The half-written {step_dir.name} was "
+            "removed and the checkpoints committed before it are intact: free space on that "
+            "disk, point TRAIN_CHECKPOINT_DIR (checkpoint.dir) at a bigger one, or lower "
+            f"checkpoint.keep_last, then run the same command again ({error})"
+        )
 
     def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():
@@ -115,7 +180,7 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _commit(self, step_dir: Path, record: dict) -> None:
-        write_atomically(step_dir / COMMIT_MARKER, json.dumps(record, indent=1).encode())
+        write_atomically(step_dir / COMMIT_MARKER, manifest_bytes(record))
         write_atomically(self.root / POINTER_NAME, (record["tag"] + "\n").encode())
         log.info("committed checkpoint %s (%d files)", step_dir, len(record["files"]))
 
@@ -172,11 +237,27 @@ class Checkpointer:
         Every rank calls it, on a freshly built engine. Returns the saved
         client_state, or None when no checkpoint was ever committed.
         """
-        inventories = self._on_writers(self._inventory)
         remote = _on_rank0(self._remote_tags)
-        tag = _choose(inventories, remote)
+        refused: set[str] = set()
+        while True:
+            inventories = self._on_writers(lambda: self._inventory(refused))
+            tag = _choose(inventories, [t for t in remote if t not in refused])
+            if tag is None:
+                break
+            try:
+                self._on_writers(lambda tag=tag: self._make_complete(tag, remote))
+            except CheckpointError as error:
+                _log_rank0(
+                    logging.WARNING,
+                    "%s cannot be loaded (%s): resuming from the committed checkpoint before it",
+                    tag,
+                    error,
+                )
+                refused.add(tag)
+                continue
+            break
         if tag is None:
-            damaged = sorted({t for inventory in inventories for t in inventory})
+            damaged = sorted({t for inventory in inventories for t in inventory} | refused)
             if damaged:
                 raise CheckpointError(
                     f"no checkpoint in {self.root} can be loaded, though {', '.join(damaged)} "
@@ -196,8 +277,7 @@ class Checkpointer:
             _newest(t for inventory in inventories for t, s in inventory.items() if s == COMPLETE),
             _newest(remote) if self.mirror is not None else "no mirror",
         )
-        self._on_writers(lambda: self._make_complete(tag, remote))
-        record = json.loads((self.root / tag / COMMIT_MARKER).read_text())
+        record = read_manifest(self.root / tag)
 
         load_root = self.root
         if record["zero_stage"] > 0 and record["dp_world_size"] != engine.dp_world_size:
@@ -215,17 +295,27 @@ class Checkpointer:
         _log_rank0(logging.INFO, "resumed from %s at step %d", load_root / tag, record["step"])
         return loaded[_CLIENT_STATE_KEY]
 
-    def _inventory(self) -> dict[str, str]:
-        """Writers: state of every committed step folder here (uncommitted ones are logged)."""
+    def _inventory(self, refused: set[str]) -> dict[str, str]:
+        """Writers: state of every committed step folder here (the others are logged).
+
+        Newest first, each folder's checksums are verified until one is complete;
+        the older ones are only sized, since resume will not reach them.
+        """
         inventory = {}
-        for tag in step_dirs(self.root):
-            state, reason = examine(self.root / tag)
+        verifying = True
+        for tag in reversed(step_dirs(self.root)):
+            if tag in refused:
+                continue
+            state, reason = examine(self.root / tag, verify=verifying)
+            if state == COMPLETE and verifying:
+                self._verified.add(tag)
+                verifying = False
             if state != COMPLETE:
                 level = logging.INFO if state == PARTIAL else logging.WARNING
                 log.log(level, "%s is %s: %s", self.root / tag, state, reason)
             if state != UNCOMMITTED:
                 inventory[tag] = state
-        return inventory
+        return dict(reversed(inventory.items()))
 
     def _remote_tags(self) -> list[str]:
         if self.mirror is None:
@@ -240,15 +330,19 @@ class Checkpointer:
     def _make_complete(self, tag: str, remote: list[str]) -> None:
         """Writers: fetch from S3 whatever this node's copy of ``tag`` lacks."""
         folder = self.root / tag
-        state, reason = examine(folder)
+        state, reason = (
+            (COMPLETE, "verified") if tag in self._verified else examine(folder, verify=True)
+        )
         if state == COMPLETE:
             log.info("loading %s from local disk", folder)
             return
         if tag not in remote:
             raise CheckpointError(f"{folder} cannot be loaded ({reason}) and S3 has no copy")
         log.info("fetching %s from %s (%s here: %s)", tag, self.mirror.uri, state, reason)
+        if state == DAMAGED:
+            _remove_step_dir(folder)  # a same-size damaged file would otherwise be kept
         self.mirror.download(tag, self.root)
-        state, reason = examine(folder)
+        state, reason = examine(folder, verify=True)
         if state != COMPLETE:
             raise CheckpointError(f"{tag} fetched from {self.mirror.uri} is {state}: {reason}")
 
@@ -271,9 +365,9 @@ class Checkpointer:
                 inject_missing_state=False,
             )
         )
-        record = json.loads((self.root / tag / COMMIT_MARKER).read_text())
-        record["files"] = _make_durable(out)
-        write_atomically(out / COMMIT_MARKER, json.dumps(record, indent=1).encode())
+        record = read_manifest(self.root / tag)
+        record["files"] = _make_durable(out, {})
+        write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
 
     # ------------------------------------------------------ who does file work
 
@@ -358,24 +452,94 @@ def _load(engine, load_root: Path, tag: str, *, universal: bool) -> dict:
 # ------------------------------------------------------------------ files
 
 
-def _make_durable(folder: Path) -> dict[str, int]:
-    """fsync every file under ``folder`` and the folders; returns {relative path: size}."""
+def _make_durable(folder: Path, known: dict[str, dict]) -> dict[str, dict]:
+    """fsync every file under ``folder`` and the folders; returns each file's manifest entry.
+
+    ``known`` holds the entries the writing ranks computed; a file no rank reported
+    (written by DeepSpeed outside its checkpoint engine) is checksummed here.
+    """
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMMIT_MARKER):
         fsync_path(path)
-        files[path.relative_to(folder).as_posix()] = path.stat().st_size
+        name = path.relative_to(folder).as_posix()
+        entry = known.get(name)
+        if entry is None or entry["size"] != path.stat().st_size:
+            entry = describe_file(path)
+        files[name] = entry
     for sub in {p.parent for p in folder.rglob("*")} | {folder}:
         fsync_path(sub, directory=True)
     return files
 
 
-def _merge_listings(listings: list[dict[str, int]]) -> dict[str, int]:
-    merged: dict[str, int] = {}
+def _merge_listings(listings: list[dict[str, dict]]) -> dict[str, dict]:
+    merged: dict[str, dict] = {}
     for listing in listings:
-        for name, size in listing.items():
-            if merged.setdefault(name, size) != size:
-                raise CheckpointError(f"{name} differs in size between nodes")
+        for name, entry in listing.items():
+            if merged.setdefault(name, entry) != entry:
+                raise CheckpointError(f"{name} differs between nodes ({merged[name]} vs {entry})")
     return dict(sorted(merged.items()))
+
+
+class _Writes:
+    """The files one rank's checkpoint engine wrote during a save, and its failures."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self.failures: list[str] = []
+
+    def entries(self, step_dir: Path) -> dict[str, dict]:
+        if self.failures:
+            raise CheckpointError("; ".join(self.failures))
+        return {
+            path.relative_to(step_dir).as_posix(): describe_file(path)
+            for path in self.paths
+            if path.is_relative_to(step_dir)
+        }
+
+
+@contextlib.contextmanager
+def _recording_writes(engine) -> Iterator[_Writes]:
+    """Note every file ``engine``'s checkpoint engine saves.
+
+    A failed write is recorded rather than raised: DeepSpeed's save goes through
+    barriers after each file, and a rank leaving early would leave the others
+    waiting there. The caller turns a recorded failure into an error on every rank.
+    """
+    writes = _Writes()
+    checkpoint_engine = engine.checkpoint_engine
+    original = checkpoint_engine.save
+
+    def save(state_dict, path, *args, **kwargs):
+        try:
+            original(state_dict, path, *args, **kwargs)
+        except Exception as exc:
+            reason = os.strerror(errno.ENOSPC) if _is_enospc(exc) else f"{type(exc).__name__}"
+            writes.failures.append(f"could not write {path}: {reason}: {exc}")
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        else:
+            writes.paths.append(Path(path))
+
+    checkpoint_engine.save = save
+    try:
+        yield writes
+    finally:
+        del checkpoint_engine.save  # the class's method again
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _bytes(count: int) -> str:
+    """A byte count for messages: exact, with MiB beside it when that helps."""
+    return (
+        f"{count:,} bytes" if count < 1 << 20 else f"{count:,} bytes ({count / (1 << 20):.1f} MiB)"
+    )
 
 
 def _remove_step_dir(step_dir: Path) -> None:
