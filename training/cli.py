@@ -101,6 +101,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _worker(args: argparse.Namespace) -> NoReturn:
+    from training.checkpoint.checkpointer import CheckpointError
     from training.trainer import Placement, Trainer
 
     placement = Placement.from_env()
@@ -111,6 +112,9 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         code = ExitCode.BAD_CONFIG
+    except CheckpointError as error:  # says what happened and what to do: no traceback
+        log.error("rank %d: %s", placement.rank, error)
+        code = ExitCode.FAILED
     except Exception:
         log.exception("rank %d failed", placement.rank)
         code = ExitCode.FAILED

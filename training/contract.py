@@ -25,7 +25,7 @@ class ExitCode(IntEnum):
 
 EXIT_MEANING = {
     ExitCode.DONE: "done",
-    ExitCode.FAILED: "a worker failed: see its traceback above",
+    ExitCode.FAILED: "a worker failed: see its error above",
     ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
     ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
 }
