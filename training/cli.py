@@ -21,7 +21,7 @@ import torch
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
-from training.launcher import TopologyError, launch, topology_from_env
+from training.launcher import TopologyError, die_with_launcher, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
@@ -104,6 +104,7 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.trainer import Placement, Trainer
 
+    die_with_launcher()
     placement = Placement.from_env()
     _configure_logging(rank=placement.rank)
     try:

@@ -33,6 +33,10 @@ EXIT_MEANING = {
 # The rendezvous port of node 0 when TRAIN_MASTER_PORT is unset (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
 
+# Set by the launcher for its workers (not by users): the launcher's process id, so
+# that a worker started after the launcher died knows it is an orphan.
+LAUNCHER_PID_ENV = "TRAIN_LAUNCHER_PID"
+
 # The environment the trainer reads. Each name maps to what it means; the boot
 # script and the Slurm batch script set only names from this table.
 ENV = {

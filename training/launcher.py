@@ -7,6 +7,7 @@ waits for them to checkpoint, and exits with their exit code (docs/contracts.md,
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -18,11 +19,12 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from training.contract import DEFAULT_MASTER_PORT, EXIT_MEANING, ExitCode
+from training.contract import DEFAULT_MASTER_PORT, EXIT_MEANING, LAUNCHER_PID_ENV, ExitCode
 
 log = logging.getLogger(__name__)
 
 CPU_WORKERS = 2
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,7 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
     # do not oversubscribe the CPU cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     config = LaunchConfig(
         min_nodes=topo.nnodes,
         max_nodes=topo.nnodes,
@@ -135,3 +138,23 @@ def _job_exit_code(exit_codes: list[int]) -> int:
     ):
         return ExitCode.INTERRUPTED
     return ExitCode.FAILED
+
+
+def die_with_launcher(env: dict[str, str] = os.environ) -> None:
+    """Worker side: be killed the moment the launcher dies, however it died.
+
+    torch's elastic agent starts workers in their own sessions, so a launcher
+    killed alone (SIGKILL, OOM) would leave them training, racing the next run
+    for the same checkpoint folder. The kernel's parent-death signal
+    (prctl(2) PR_SET_PDEATHSIG, Linux) kills them instead; a checkpoint cut short
+    that way is never committed, so the next run resumes from the last one.
+    """
+    launcher = env.get(LAUNCHER_PID_ENV)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        log.warning("cannot ask to die with the launcher: %s", os.strerror(ctypes.get_errno()))
+        return
+    if os.getppid() != int(launcher):  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)
