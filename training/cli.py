@@ -18,10 +18,17 @@ from typing import NoReturn
 
 import torch
 
+from training import startup
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
-from training.launcher import TopologyError, die_with_launcher, launch, topology_from_env
+from training.launcher import (
+    TopologyError,
+    die_with_launcher,
+    launch,
+    stopped_before_training,
+    topology_from_env,
+)
 from training.machine import gpu_capability, installed_driver
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
@@ -89,6 +96,8 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    if startup.stop_requested():
+        return stopped_before_training(startup.stop_requested())
     log.info(
         "starting %d worker(s) on node %d of %d (world size %d), output in %s",
         topo.nproc_per_node,
@@ -102,14 +111,20 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
 
 def _worker(args: argparse.Namespace) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
+    from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
 
     die_with_launcher()
     placement = Placement.from_env()
     _configure_logging(rank=placement.rank)
+    # Listening from here on; a request that came during start-up is handed over.
+    stop = StopFlag(spot_endpoint=spot_endpoint_from_env(os.environ))
+    stop.start()
+    if startup.stop_requested():
+        stop.request_stop(startup.stop_requested())
     try:
         config, _ = _load(args, placement.world_size)
-        code = Trainer(config, placement).run()
+        code = Trainer(config, placement, stop=stop).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         code = ExitCode.BAD_CONFIG

@@ -19,7 +19,14 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from training.contract import DEFAULT_MASTER_PORT, EXIT_MEANING, LAUNCHER_PID_ENV, ExitCode
+from training import startup
+from training.contract import (
+    DEFAULT_MASTER_PORT,
+    EXIT_MEANING,
+    LAUNCHER_PID_ENV,
+    STOPPED_BEFORE_TRAINING,
+    ExitCode,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +108,14 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
         sig: signal.signal(sig, _forward_to_workers) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        if startup.stop_requested():  # between the caller's check and the handlers above
+            return stopped_before_training(startup.stop_requested())
         elastic_launch(config, sys.executable)("-m", "training", *worker_args)
     except ChildFailedError as error:
-        code = _job_exit_code([failure.exitcode for failure in error.failures.values()])
+        code = _job_exit_code(
+            [failure.exitcode for failure in error.failures.values()],
+            stop_requested=bool(_forwarded),
+        )
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         return code
     finally:
@@ -112,8 +124,17 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     return 0
 
 
+def stopped_before_training(signal_name: str | None) -> int:
+    log.warning("received %s: %s (exit code 75)", signal_name, STOPPED_BEFORE_TRAINING)
+    return ExitCode.INTERRUPTED
+
+
+_forwarded: list[str] = []  # the stop signals passed on to the workers
+
+
 def _forward_to_workers(signum: int, _frame) -> None:
     """Pass the signal on; the workers' stop flag checkpoints and they exit with 75."""
+    _forwarded.append(signal.Signals(signum).name)
     workers = psutil.Process().children(recursive=False)
     log.warning(
         "received %s: asking %d worker(s) to checkpoint and stop",
@@ -125,17 +146,18 @@ def _forward_to_workers(signum: int, _frame) -> None:
             worker.send_signal(signum)
 
 
-def _job_exit_code(exit_codes: list[int]) -> int:
+def _job_exit_code(exit_codes: list[int], *, stop_requested: bool = False) -> int:
     """One code for the job from the failed workers' codes.
 
     75 from any rank means the collective checkpoint was written; ranks the launcher
-    stopped meanwhile (negative: killed by a signal) do not change that.
+    stopped meanwhile (negative: killed by a signal) do not change that. After a stop
+    request passed on to the workers, ranks killed by it before they listened (still
+    starting) count as stopped too: nothing had trained, nothing is lost.
     """
     if ExitCode.BAD_CONFIG in exit_codes:
         return ExitCode.BAD_CONFIG
-    if ExitCode.INTERRUPTED in exit_codes and all(
-        code == ExitCode.INTERRUPTED or code < 0 for code in exit_codes
-    ):
+    stopped = [code == ExitCode.INTERRUPTED or code < 0 for code in exit_codes]
+    if all(stopped) and (stop_requested or ExitCode.INTERRUPTED in exit_codes):
         return ExitCode.INTERRUPTED
     return ExitCode.FAILED
 

@@ -81,10 +81,17 @@ class Job:
 
 
 class Trainer:
-    def __init__(self, config: Config, placement: Placement, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        config: Config,
+        placement: Placement,
+        env: dict[str, str] | None = None,
+        stop: StopFlag | None = None,
+    ):
         self.config = config
         self.placement = placement
         self.env = os.environ if env is None else env
+        self.stop = stop
         self.on_gpu = torch.cuda.is_available()
         self.is_rank0 = placement.rank == 0
 
@@ -92,7 +99,7 @@ class Trainer:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
         # Listen for SIGTERM and spot notices from the start: one that arrives while the
         # engine is being built stops the job after its first step, with a checkpoint.
-        stop = StopFlag(spot_endpoint=spot_endpoint_from_env(self.env))
+        stop = self.stop or StopFlag(spot_endpoint=spot_endpoint_from_env(self.env))
         stop.start()
         try:
             job = self._setup()
