@@ -22,6 +22,7 @@ from training import startup
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
+from training.environment import check_environment, rendezvous_port
 from training.launcher import (
     TopologyError,
     die_with_launcher,
@@ -79,6 +80,7 @@ def _load(args: argparse.Namespace, world_size: int) -> tuple[Config, BatchSizes
 def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     _configure_logging(rank=None)
     try:
+        check_environment(os.environ)
         topo = topology_from_env(os.environ)
         config, batch = _load(args, topo.world_size)
         preflight(config)
@@ -96,6 +98,11 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    try:
+        topo = rendezvous_port(topo, os.environ)
+    except TopologyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
     log.info(
