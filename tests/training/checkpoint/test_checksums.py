@@ -3,18 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import boto3
 import pytest
 import torch
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
+from tests.training.damage import TARGETS, damage, flip_bytes
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.export import main as export_main
-from training.checkpoint.layout import COMMIT_MARKER, DAMAGED, examine, tag_for
+from training.checkpoint.layout import DAMAGED, examine, tag_for
 from training.checkpoint.s3 import S3Mirror
 
 LOGGER = "training.checkpoint.checkpointer"
@@ -27,49 +26,8 @@ def trained_engine(steps: int):
     return engine
 
 
-def flip_bytes(path: Path, count: int = 256) -> None:
-    """Invert ``count`` bytes in the middle of the file; its size stays the same."""
-    data = bytearray(path.read_bytes())
-    middle = len(data) // 2
-    for i in range(middle, min(middle + count, len(data))):
-        data[i] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def edit_marker_digit(path: Path) -> None:
-    """A change that still parses: one digit of a recorded size, same length."""
-    text = path.read_text()
-    record = json.loads(text)
-    entry = next(iter(record["files"].values()))
-    old = f'"size": {entry["size"]}'
-    last = str(entry["size"])[-1]
-    new = old[:-1] + ("1" if last != "1" else "2")
-    assert text.count(old) == 1
-    path.write_text(text.replace(old, new))
-
-
-def damage(step_dir: Path, target: str) -> str:
-    """Damage one file of ``step_dir`` in place; returns the file's name."""
-    if target == "model":
-        path = step_dir / "mp_rank_00_model_states.pt"
-        flip_bytes(path)
-    elif target == "optimizer":
-        path = next(step_dir.glob("*optim_states.pt"))
-        flip_bytes(path)
-    elif target == "marker bytes":
-        path = step_dir / COMMIT_MARKER
-        flip_bytes(path, count=8)
-    else:
-        path = step_dir / COMMIT_MARKER
-        edit_marker_digit(path)
-    return path.name
-
-
 def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-TARGETS = ["model", "optimizer", "marker bytes", "marker digit"]
 
 
 @pytest.mark.parametrize("target", TARGETS)
