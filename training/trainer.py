@@ -204,7 +204,7 @@ class Trainer:
                     or job.step == config.train.steps
                 ):
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
-                if stopping:
+                if stopping and job.step < config.train.steps:  # at the end: done, not stopped
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
                     return ExitCode.INTERRUPTED
         finally:

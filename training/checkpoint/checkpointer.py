@@ -40,6 +40,7 @@ from training.checkpoint.layout import (
     POINTER_NAME,
     UNCOMMITTED,
     UNIVERSAL_DIR,
+    committed_tags,
     describe_file,
     examine,
     fsync_path,
@@ -71,11 +72,6 @@ class CheckpointError(RuntimeError):
 
 class DiskFullError(CheckpointError):
     """The checkpoint root's filesystem ran out of space during a save."""
-
-
-def committed_tags(root: Path) -> list[str]:
-    """Tags of the loadable (complete) step folders under ``root``, oldest first."""
-    return [tag for tag in step_dirs(root) if examine(root / tag)[0] == COMPLETE]
 
 
 class Checkpointer:

@@ -150,13 +150,9 @@ def examine(folder: Path, *, verify: bool = False) -> tuple[str, str]:
     return COMPLETE, "every file present" + (" and verified" if verify else "")
 
 
-def read_pointer(root: Path) -> str | None:
-    """The tag ``latest_committed`` names, or None when it is missing or not a tag."""
-    try:
-        text = (root / POINTER_NAME).read_bytes().decode(errors="replace").strip()
-    except FileNotFoundError:
-        return None
-    return text if parse_step(text) is not None else None
+def committed_tags(root: Path) -> list[str]:
+    """Tags of the loadable (complete, by size) step folders under ``root``, oldest first."""
+    return [tag for tag in step_dirs(root) if examine(root / tag)[0] == COMPLETE]
 
 
 # ------------------------------------------------------------------- writing
