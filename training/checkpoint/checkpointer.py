@@ -150,7 +150,9 @@ class Checkpointer:
     def _explain(self, error: CheckpointError, step_dir: Path) -> CheckpointError:
         """A DiskFullError naming the folder, the sizes and the way out, when that is what
         happened; ``error`` otherwise."""
-        free = shutil.disk_usage(self.root).free if self.root.is_dir() else 0
+        if not self.root.is_dir():
+            return error
+        free = shutil.disk_usage(self.root).free
         committed = committed_tags(self.root)
         needed = _folder_bytes(self.root / committed[-1]) if committed else None
         out_of_space = "No space left" in str(error) or free < max(needed or 0, _LOW_SPACE)

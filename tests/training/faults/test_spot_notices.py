@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.training.fake_imds import FakeImds
+from tests.training.fake_imds import NOTICE_PATH, FakeImds
 from tests.training.jobs import TINY, job_env, run_job, start_job
 from training.checkpoint.layout import COMPLETE, committed_tags, examine, tag_for
 
@@ -49,8 +49,11 @@ def test_a_notice_during_a_checkpoint_and_again_stops_once_with_both_committed(t
         try:
             wait_for_pause(tmp_path, job)
             imds.notify("terminate", "2026-12-01T08:00:00Z")
-            time.sleep(1)
-            imds.notify("terminate", "2026-12-01T08:00:30Z")
+            deadline = time.monotonic() + 30
+            while imds.count("GET", NOTICE_PATH, 200) == 0:  # the poller has it
+                assert time.monotonic() < deadline, "the notice was never read"
+                time.sleep(0.05)
+            imds.notify("terminate", "2026-12-01T08:00:30Z")  # EC2 updates the time
             _, stderr = job.communicate(timeout=180)
         finally:
             job.kill()
