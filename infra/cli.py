@@ -14,6 +14,7 @@ from pathlib import Path
 from images.matrix import MatrixError, load_matrix
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
+from infra.knowledge import price_refresh
 from infra.knowledge.catalog import Catalog, load_catalog
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles, resolve_profile
@@ -119,6 +120,7 @@ COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]
 ] = {
     "plan": (_add_plan_arguments, _run_plan),
+    "prices": (price_refresh.add_arguments, price_refresh.run),
 }
 
 
