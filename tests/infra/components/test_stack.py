@@ -24,6 +24,7 @@ from tests.support.stack_runs import (
     node_policy,
     nodes_in_rank_order,
     run_stack,
+    training_log_group,
 )
 from tests.support.tools import require_tool
 from training.contract import DEFAULT_MASTER_PORT
@@ -163,7 +164,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
     bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
     repository = run.one("aws:ecr/repository:Repository").state["arn"]
-    log_group = run.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    log_group = training_log_group(run).state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
