@@ -73,7 +73,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
         f"runway         {budget / on_demand:.1f} h a month at full load on-demand "
         f"(on-demand {budget / on_demand:.1f} h, spot {budget / spot:.1f} h)"
     ) in lines
-    assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
+    hours = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"][
+        "gpu:maxRuntimeHours"
+    ]
+    assert (
+        f"longest run    ${hours * on_demand:,.2f} on-demand: gpu:maxRuntimeHours stops each "
+        f"node after {hours:g} h"
+    ) in lines
 
 
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
