@@ -40,13 +40,18 @@ class Ledger:
         return datetime.datetime.fromisoformat(self.accounted_until)
 
 
+def _number(value: float) -> str:
+    """Plain decimal text: DynamoDB numbers are strings, and 1e-05 is not plain."""
+    return f"{value:.10f}".rstrip("0").rstrip(".")
+
+
 def to_item(ledger: Ledger) -> dict[str, Any]:
     item: dict[str, Any] = {
         PERIOD_KEY: {"S": ledger.period},
-        "spent_usd": {"N": repr(ledger.spent_usd)},
-        "budget_usd": {"N": repr(ledger.budget_usd)},
+        "spent_usd": {"N": _number(ledger.spent_usd)},
+        "budget_usd": {"N": _number(ledger.budget_usd)},
         "stopped": {"BOOL": ledger.stopped},
-        "notified_thresholds": {"L": [{"N": repr(t)} for t in ledger.notified_thresholds]},
+        "notified_thresholds": {"L": [{"N": _number(t)} for t in ledger.notified_thresholds]},
         "updated_at": {"S": ledger.updated_at},
         "accounted_until": {"S": ledger.accounted_until},
         "version": {"N": str(ledger.version)},

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import re
 from collections.abc import Iterable
@@ -175,7 +176,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         now=datetime.datetime.now(UTC),
     )
     ledger = outcome.ledger
-    return {
+    summary = {
         "period": ledger.period,
         "spent_usd": round(ledger.spent_usd, 2),
         "budget_usd": ledger.budget_usd,
@@ -184,6 +185,8 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "stopped_instances": list(outcome.stopped_instances),
         "notices": list(outcome.notices),
     }
+    print(json.dumps(summary))  # one line per run in the function's log group
+    return summary
 
 
 def _opening(period: str, start: datetime.datetime) -> Ledger:

@@ -148,3 +148,19 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
     assert line.startswith("warning ") and "you@example.com" in line
+
+
+def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.ireland.yaml"
+    stack.write_text(
+        "config:\n  aws:region: eu-west-1\n  gpu:profile: a100x8\n  gpu:budgetUsd: 2000\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    prices = load_catalog().prices
+    ireland = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert f"market         on-demand: ${ireland:.2f}/h for the stack" in out.splitlines()
+    assert "prices         eu-west-1 (estimates)" in out

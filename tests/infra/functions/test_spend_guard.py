@@ -7,8 +7,8 @@ import datetime
 import pytest
 
 from infra.functions.ledger import read_ledger
-from infra.functions.settings import GuardSettings
-from infra.functions.spend_guard import market, run_guard, running_hours
+from infra.functions.settings import GuardSettings, SettingsError
+from infra.functions.spend_guard import handler, market, run_guard, running_hours
 from tests.infra.functions.world import COST_TAG, PRICES, World, notices
 
 SCHEDULE = datetime.timedelta(minutes=5)
@@ -98,6 +98,9 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
     subjects = notices(aws["sqs"], queue)
 
     assert stop_run is not None, "the budget was never reached"
+    # Over the whole week the stack ran past its budget by at most one period of its price.
+    full_price = PRICES["p4d.24xlarge"]["on-demand"] + PRICES["p4d.24xlarge"]["spot"]
+    assert world.spend() - budget <= full_price * SCHEDULE.total_seconds() / 3600
     # Every interval was dated except the spot interruption: off by at most one run of it.
     assert worst_gap <= PRICES["p4d.24xlarge"]["spot"] * SCHEDULE.total_seconds() / 3600 + 1e-6
     assert sorted(subjects) == sorted(
@@ -269,3 +272,31 @@ def test_market_follows_the_instance_lifecycle():
     assert market(described("running", "2026-12-07T08:00:00+00:00", lifecycle="spot")) == "spot"
     block = described("running", "2026-12-07T08:00:00+00:00", lifecycle="capacity-block")
     assert market(block) == "capacity-block"
+
+
+def test_the_lambda_entry_point_reads_its_environment_and_runs_on_the_real_clock(
+    aws, topic, endpoint, monkeypatch
+):
+    topic_arn, _ = topic
+    for key, value in settings(topic_arn, 10_000.0).to_environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    world = World(aws["ec2"], datetime.datetime.now(datetime.UTC))
+    node = world.launch()
+    summary = handler({}, None)
+    assert summary["period"] == datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
+    assert summary["stopped"] is False and summary["stopped_instances"] == []
+    assert read_ledger(aws["dynamodb"], "ledger", summary["period"]).running == (node,)
+
+
+def test_settings_travel_through_the_environment_and_a_broken_one_is_named():
+    config = settings("arn:aws:sns:us-east-1:123456789012:alerts", 250.0)
+    assert GuardSettings.from_environment(config.to_environment()) == config
+    broken = {**config.to_environment(), "COST_TAG": "gpu-stack"}
+    with pytest.raises(SettingsError, match="COST_TAG 'gpu-stack' is not KEY=VALUE"):
+        GuardSettings.from_environment(broken)
+    with pytest.raises(SettingsError, match="lacks LEDGER_TABLE"):
+        GuardSettings.from_environment({})
