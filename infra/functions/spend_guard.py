@@ -70,6 +70,7 @@ class Outcome:
     charges: tuple[Charge, ...]
     stopped_instances: tuple[str, ...]  # stopped by this run
     notices: tuple[str, ...]  # subjects published by this run
+    unstoppable: tuple[str, ...] = ()  # "id (EC2 error code)" for each stop EC2 refused
 
 
 def budget_period(now: datetime.datetime, period: str) -> tuple[str, datetime.datetime]:
@@ -145,8 +146,8 @@ def run_guard(
         except ClientError as exc:
             if exc.response["Error"]["Code"] != _CONFLICT or attempt == WRITE_ATTEMPTS - 1:
                 raise
-    stopped = _stop(ec2, instances) if ledger.stopped else ()
-    notices = _notices(settings, ledger, stopped)
+    stopped, unstoppable = _stop(ec2, instances) if ledger.stopped else ((), ())
+    notices = _notices(settings, ledger, stopped, unstoppable)
     for subject, message in notices:
         sns.publish(TopicArn=settings.topic_arn, Subject=subject, Message=message)
     crossed = _crossed(settings, ledger)
@@ -162,7 +163,8 @@ def run_guard(
         except ClientError as exc:  # a newer run holds the ledger; it notifies again
             if exc.response["Error"]["Code"] != _CONFLICT:
                 raise
-    return Outcome(ledger, tuple(charges), stopped, tuple(subject for subject, _ in notices))
+    subjects = tuple(subject for subject, _ in notices)
+    return Outcome(ledger, tuple(charges), stopped, subjects, unstoppable)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -282,9 +284,13 @@ def _account(
     running = tuple(
         sorted(i["InstanceId"] for i in instances if i["State"]["Name"] == BILLED_STATE)
     )
+    notified = before.notified_thresholds
+    if before.budget_usd != settings.budget_usd:  # a new budget: thresholds of the new one
+        notified = tuple(t for t in notified if spent >= settings.budget_usd * t / 100)
     return dataclasses.replace(
         before,
         spent_usd=spent,
+        notified_thresholds=notified,
         budget_usd=settings.budget_usd,
         stopped=bool(reasons),
         stop_reason="; ".join(reasons),
@@ -295,12 +301,28 @@ def _account(
     )
 
 
-def _stop(ec2: Any, instances: Iterable[dict[str, Any]]) -> tuple[str, ...]:
-    """Stop every running or starting instance; their disks stay (a stop, not a terminate)."""
+def _stop(ec2: Any, instances: Iterable[dict[str, Any]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Stop every running or starting instance; their disks stay (a stop, not a terminate).
+
+    EC2 refuses the whole call when it cannot stop one of them (a one-time spot instance,
+    say): then each is stopped on its own, so the others stop still. Returns (stopped,
+    "id (error code)" of each refused).
+    """
     ids = sorted(i["InstanceId"] for i in instances if i["State"]["Name"] in STOPPABLE_STATES)
-    if ids:
+    if not ids:
+        return (), ()
+    try:
         ec2.stop_instances(InstanceIds=ids)
-    return tuple(ids)
+        return tuple(ids), ()
+    except ClientError:
+        stopped, refused = [], []
+        for instance_id in ids:
+            try:
+                ec2.stop_instances(InstanceIds=[instance_id])
+                stopped.append(instance_id)
+            except ClientError as exc:
+                refused.append(f"{instance_id} ({exc.response['Error']['Code']})")
+        return tuple(stopped), tuple(refused)
 
 
 def _crossed(settings: GuardSettings, ledger: Ledger) -> tuple[float, ...]:
@@ -313,7 +335,10 @@ def _crossed(settings: GuardSettings, ledger: Ledger) -> tuple[float, ...]:
 
 
 def _notices(
-    settings: GuardSettings, ledger: Ledger, stopped: tuple[str, ...]
+    settings: GuardSettings,
+    ledger: Ledger,
+    stopped: tuple[str, ...],
+    unstoppable: tuple[str, ...],
 ) -> list[tuple[str, str]]:
     """(subject, message) for each threshold newly passed and for a stop this run made."""
     stack = settings.cost_tag[1]
@@ -333,6 +358,14 @@ def _notices(
                 f"Stopped {', '.join(stopped)} because {ledger.stop_reason}. Their volumes are "
                 "kept. The guard stops them again until the budget (gpu:budgetUsd) is raised "
                 "or the period ends.",
+            )
+        )
+    if unstoppable:
+        notices.append(
+            (
+                f"{stack}: spend guard could not stop {len(unstoppable)} instance(s)",
+                f"EC2 refused to stop {', '.join(unstoppable)}, which should stop because "
+                f"{ledger.stop_reason}. Stop or terminate them yourself.",
             )
         )
     return [(subject[:100], message) for subject, message in notices]  # SNS: subject <= 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 
 import pytest
+from botocore.exceptions import ClientError
 
 from infra.functions.ledger import read_ledger
 from infra.functions.settings import GuardSettings, SettingsError
@@ -134,6 +135,8 @@ def test_instances_started_after_the_stop_are_stopped_until_the_budget_is_raised
     assert not raised.ledger.stopped and raised.stopped_instances == ()
     assert world.running_ids() == {node}
     assert raised.ledger.budget_usd == 500.0
+    # Thresholds are of the new budget: none of them is passed yet, so each will notify again.
+    assert raised.ledger.notified_thresholds == ()
 
 
 def test_a_run_that_crashed_after_writing_the_ledger_is_not_counted_twice(aws, topic):
@@ -300,3 +303,32 @@ def test_settings_travel_through_the_environment_and_a_broken_one_is_named():
         GuardSettings.from_environment(broken)
     with pytest.raises(SettingsError, match="lacks LEDGER_TABLE"):
         GuardSettings.from_environment({})
+
+
+def test_an_instance_ec2_will_not_stop_does_not_keep_the_others_running(aws, topic):
+    topic_arn, queue = topic
+    world = World(aws["ec2"], MONDAY)
+    stubborn, other = world.launch(), world.launch()
+
+    class Refusing:
+        """EC2 refusing the stop of one instance, as for a one-time spot instance."""
+
+        def __getattr__(self, name):
+            return getattr(aws["ec2"], name)
+
+        def stop_instances(self, InstanceIds):
+            if stubborn in InstanceIds:
+                error = {"Error": {"Code": "UnsupportedOperation", "Message": "one-time spot"}}
+                raise ClientError(error, "StopInstances")
+            return aws["ec2"].stop_instances(InstanceIds=InstanceIds)
+
+    world.advance(hours=2)
+    outcome = run_guard(
+        settings(topic_arn, 50.0), ec2=Refusing(), dynamodb=aws["dynamodb"], sns=aws["sns"],
+        now=world.now,
+    )  # fmt: skip
+    world.sync()
+    assert outcome.stopped_instances == (other,)
+    assert outcome.unstoppable == (f"{stubborn} (UnsupportedOperation)",)
+    assert world.running_ids() == {stubborn}
+    assert f"{COST_TAG[1]}: spend guard could not stop 1 instance(s)" in notices(aws["sqs"], queue)
