@@ -61,5 +61,4 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
         "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
-        "region": plan.price.region,
     }

@@ -223,6 +223,7 @@ def test_a_new_period_starts_a_new_ledger(aws, topic):
     assert january.period == "2027-01"
     assert january.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])  # one hour
     assert read_ledger(aws["dynamodb"], "ledger", "2026-12").spent_usd == 0.0
+    assert read_ledger(aws["dynamodb"], "ledger", "2026-11") is None  # never written
 
 
 # EC2's description of an instance, as DescribeInstances returns it, for the pure rules.
