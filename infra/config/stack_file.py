@@ -70,7 +70,6 @@ def stack_file_config(path: Path) -> dict[str, Any]:
     config = document.get("config") or {}
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: 'config' must be a mapping of keys to values")
-    _warn_unknown_aws_settings(path, config)
     return config
 
 
@@ -90,9 +89,16 @@ def config_text(value: Any) -> str:
     return json.dumps(value)
 
 
+def stack_file_region(path: Path) -> str | None:
+    """The file's `aws:region`, if it sets one."""
+    region = stack_file_config(path).get("aws:region")
+    return None if region is None else str(region)
+
+
 def load_stack_file(path: Path) -> StackConfig:
     """The checked `gpu:` config of a stack file; a bad key or value names the file."""
     config = stack_file_config(path)
+    _warn_unknown_aws_settings(path, config)
     own = {
         key.removeprefix(NAMESPACE): config_text(value)
         for key, value in config.items()

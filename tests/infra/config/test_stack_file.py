@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path
+from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
 
 
@@ -57,3 +57,15 @@ def test_an_unknown_aws_setting_is_warned_about(tmp_path, caplog):
     assert "Pulumi.typo.yaml: aws:regoin is not a setting of the AWS provider" in caplog.text
     assert "did you mean aws:region?" in caplog.text
     assert "aws:region is not" not in caplog.text
+
+
+@pytest.mark.parametrize("path", sorted(REPO_ROOT.glob("Pulumi.*.yaml")), ids=lambda p: p.name)
+def test_every_example_stack_stops_a_runaway_node_within_its_budget(path):
+    """A hung job keeps its GPUs busy, so only the runtime alarm stops it before the budget:
+    each example sets gpu:maxRuntimeHours, and one run that long fits in the budget."""
+    stack = load_stack_file(path)
+    hours = stack.guardrails.max_runtime_hours
+    assert hours is not None, f"{path.name} sets no gpu:maxRuntimeHours"
+    plan = stack.resolve_plan(stack_file_region(path))
+    hourly = plan.spot_usd_per_hour if stack.spot else plan.on_demand_usd_per_hour
+    assert hours * hourly <= stack.guardrails.budget_usd
