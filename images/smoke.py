@@ -22,8 +22,8 @@ from pathlib import Path
 
 from images.base import buildah_command
 from images.build_args import IMAGE_NAME
+from images.ci_matrix import expectations
 from images.matrix import Matrix, Variant
-from images.workflow import expectations
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
 TRAINER_UID = 1000  # the image's non-root user
@@ -232,7 +232,7 @@ def main(matrix: Matrix, variant: Variant, storage_driver: str | None, workdir: 
     shutil.copy(IMAGE_CHECK, workdir / IMAGE_CHECK.name)
     container = SmokeContainer(image, storage_driver, f"smoke-{variant.name}", config)
     try:
-        check = ["python", f"/smoke/{IMAGE_CHECK.name}", *expectations(variant)]
+        check = ["python", f"/smoke/{IMAGE_CHECK.name}", *expectations(matrix, variant)]
         if container.run(check, {workdir: "/smoke"}, {}) != 0:
             problems.append("image_check.py found versions that differ from the matrix (above)")
         problems += check_training(container, workdir / "train")
