@@ -27,6 +27,7 @@ from images.base import buildah_command
 from images.build_args import IMAGE_NAME
 from images.ci_matrix import expectations
 from images.matrix import Matrix, Variant
+from training.contract import ExitCode
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
 TRAINER_UID = 1000  # the image's non-root user
@@ -190,7 +191,7 @@ def check_training(container: SmokeContainer, root: Path) -> list[str]:
         {checkpoints: "/checkpoints", outputs: "/smoke/out", extensions: "/smoke/extensions"},
         {**JOB_ENV, "TORCH_EXTENSIONS_DIR": "/smoke/extensions"},
     )
-    problems = [] if code == 0 else [f"the training job exited {code}, expected 0"]
+    problems = [] if code == ExitCode.DONE else [f"the training job exited {code}, expected 0"]
     compiled = sorted(path.name for path in extensions.iterdir())
     if compiled:
         problems.append(f"DeepSpeed compiled {', '.join(compiled)} at run time: pre-build it")
@@ -209,7 +210,9 @@ def check_as_slurm_starts_it(container: SmokeContainer, root: Path) -> list[str]
         env,
         user=f"{SLURM_USER_UID}:{SLURM_USER_UID}",
     )
-    problems = [] if code == 0 else [f"as uid {SLURM_USER_UID} without the entrypoint: exit {code}"]
+    problems = (
+        [] if code == ExitCode.DONE else [f"as uid {SLURM_USER_UID}, no entrypoint: exit {code}"]
+    )
     if not list(checkpoints.rglob(COMMIT_MARKER)):
         problems.append(f"as uid {SLURM_USER_UID} without the entrypoint: no committed checkpoint")
     return problems
@@ -244,7 +247,10 @@ def check_interrupt(container: SmokeContainer, root: Path, timeout: float = 300)
         if job.poll() is None:
             job.kill()
             job.wait()
-    problems = [] if code == 75 else [f"after SIGTERM the job exited {code}, expected 75"]
+    expected = ExitCode.INTERRUPTED
+    problems = (
+        [] if code == expected else [f"after SIGTERM the job exited {code}, expected {expected}"]
+    )
     if not list(checkpoints.rglob(COMMIT_MARKER)):
         problems.append("after SIGTERM no committed checkpoint exists")
     return problems

@@ -94,3 +94,11 @@ def test_runtime_stage_carries_labels_for_every_pin():
         assert f"org.opencontainers.image.{key}=" in runtime
     for pin in ("torch", "deepspeed", "cuda", "cudnn", "nccl", "python", "min-driver"):
         assert f"org.gpu-training-stack.{pin}=" in runtime
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.cuda], ids=lambda v: v.name)
+def test_cuda_variants_carry_efa_at_the_matrix_pins(variant):
+    args = args_for(variant)
+    assert args["EFA_INSTALLER_VERSION"] == MATRIX.efa.installer
+    assert args["AWS_OFI_NCCL_VERSION"] == MATRIX.efa.aws_ofi_nccl
+    assert args["NCCL_NET_PLUGIN"] == "ofi"  # NCCL then loads libnccl-net-ofi.so
