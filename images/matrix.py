@@ -54,7 +54,7 @@ def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
 class TorchWheels:
-    """What one torch release ships in one wheel variant (cu126, cu130, cpu...)."""
+    """What one torch release ships in one wheel variant (cu128, cu130, cpu...)."""
 
     source: str
     compute_capabilities: tuple[str, ...] = ()
