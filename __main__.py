@@ -8,11 +8,12 @@ what would work. docs/stack.md lists the keys.
 import pulumi
 
 from infra.components.stack import TrainingStack
-from infra.config.schema import config_from_pulumi, load_stack_config
+from infra.components.stack_config import namespace_config
+from infra.config.schema import load_stack_config
 from infra.errors import ConfigError
 
 try:
-    config = load_stack_config(config_from_pulumi(pulumi.Config("gpu")))
+    config = load_stack_config(namespace_config("gpu"))
     plan = config.resolve_plan()
     config.check_plan(plan)
     for warning in (*plan.warnings, *config.guardrails.warnings):

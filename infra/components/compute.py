@@ -16,41 +16,16 @@ given an end date, a RunInstances one stays until cancelled.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
+from infra.knowledge.layout import interface_layout
 from infra.knowledge.resolver import Plan
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
 ROOT_VOLUME_THROUGHPUT_MIBPS = 500
 ROOT_VOLUME_IOPS = 3000
-
-
-@dataclass(frozen=True)
-class Interface:
-    network_card_index: int
-    device_index: int
-    interface_type: str | None  # None: a plain ENA interface
-
-
-def interface_layout(plan: Plan) -> list[Interface]:
-    """The network interfaces of one node, per AWS's guide for multi-card EFA types.
-
-    Single node, or a type without EFA: one ENA interface. Multi-node on an EFA
-    type: one EFA interface per network card up to the catalog's EFA count; the
-    primary (card 0, device 0) is "efa" (an EFA-only interface cannot be primary),
-    the others sit at device index 1, of the catalog's `efa_secondary_interface` kind.
-    """
-    efa_count = plan.instance.efa_interfaces
-    if plan.nodes == 1 or efa_count == 0:
-        return [Interface(network_card_index=0, device_index=0, interface_type=None)]
-    secondary = plan.instance.efa_secondary_interface
-    return [Interface(network_card_index=0, device_index=0, interface_type="efa")] + [
-        Interface(network_card_index=card, device_index=1, interface_type=secondary)
-        for card in range(1, efa_count)
-    ]
 
 
 class Compute(pulumi.ComponentResource):

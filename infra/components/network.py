@@ -15,7 +15,7 @@ import ipaddress
 import pulumi
 import pulumi_aws as aws
 
-from infra.errors import ConfigError
+from infra.knowledge.layout import choose_zone
 
 VPC_CIDR = "10.42.0.0/16"
 # /20: 4091 usable addresses; a p5 node with EFA interfaces on every card may use 32.
@@ -43,7 +43,9 @@ class Network(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Network", name, None, opts)
         invoke = pulumi.InvokeOptions(parent=self)
-        self.availability_zone = _pick_zone(instance_type, availability_zone, invoke)
+        self.availability_zone = choose_zone(
+            instance_type, availability_zone, _offering_zones(instance_type, invoke)
+        )
         child = pulumi.ResourceOptions(parent=self)
 
         if use_default_vpc:
@@ -151,30 +153,10 @@ class Network(pulumi.ComponentResource):
         self.subnet_id = subnet.id
 
 
-def _pick_zone(instance_type: str, requested: str | None, invoke: pulumi.InvokeOptions) -> str:
-    """The configured zone if it offers the instance type, else the first zone that does.
-
-    GPU types are offered in only some zones of a region; a launch in another zone
-    fails late with "Unsupported". Multi-node stacks need one zone anyway (cluster
-    placement group).
-    """
-    offered = sorted(
-        aws.ec2.get_instance_type_offerings(
-            location_type="availability-zone",
-            filters=[{"name": "instance-type", "values": [instance_type]}],
-            opts=invoke,
-        ).locations
-    )
-    if not offered:
-        raise ConfigError(
-            f"{instance_type} is not offered in any availability zone of this region; "
-            "pick another region (aws:region) or instance type (gpu:instanceType)"
-        )
-    if requested is None:
-        return offered[0]
-    if requested not in offered:
-        raise ConfigError(
-            f"gpu:availabilityZone: {requested!r} does not offer {instance_type}; "
-            f"use one of {', '.join(offered)} or leave it unset"
-        )
-    return requested
+def _offering_zones(instance_type: str, invoke: pulumi.InvokeOptions) -> list[str]:
+    """The zones of the region that offer `instance_type` (EC2 DescribeInstanceTypeOfferings)."""
+    return aws.ec2.get_instance_type_offerings(
+        location_type="availability-zone",
+        filters=[{"name": "instance-type", "values": [instance_type]}],
+        opts=invoke,
+    ).locations

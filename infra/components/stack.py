@@ -10,12 +10,13 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.compute import Compute, interface_layout
+from infra.components.compute import Compute
 from infra.components.guardrails import Guardrails
 from infra.components.iam import InstanceRole
 from infra.components.network import Network
 from infra.components.storage import Storage
 from infra.config.schema import StackConfig
+from infra.knowledge.layout import interface_layout
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 

@@ -15,7 +15,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from images.matrix import arch_key
@@ -259,17 +258,3 @@ def _first_error(exc: ValidationError, raw: Mapping[str, Any]) -> str:
     elif error["type"] == "string_pattern_mismatch" and key == "imageTag":
         message = "is not a valid image tag (letters, digits, '_', '.', '-'; at most 128)"
     return f"gpu:{key} is {raw.get(key)!r}: it {message}"
-
-
-def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:
-    """Every key set in the stack's config for `config`'s namespace, without the prefix.
-
-    pulumi.Config only answers for keys one asks about; to refuse unknown keys we
-    read the whole map the language host passes in (PULUMI_CONFIG), plus any key
-    set in-process (pulumi.runtime.set_config, used by the tests and the offline plan).
-    """
-    settings = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
-    prefix = f"{config.name}:"
-    return {
-        key.removeprefix(prefix): value for key, value in settings.items() if key.startswith(prefix)
-    }

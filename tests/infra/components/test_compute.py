@@ -1,10 +1,7 @@
-"""Node layout: EFA interfaces per AWS's multi-card guide, root device, multi-node wiring."""
+"""Nodes: root device, multi-node wiring."""
 
 from __future__ import annotations
 
-from infra.components.compute import interface_layout
-from infra.knowledge.catalog import load_catalog
-from infra.knowledge.resolver import resolve
 from tests.support.stack_runs import (
     INSTANCE,
     LAUNCH_TEMPLATE,
@@ -12,46 +9,6 @@ from tests.support.stack_runs import (
     nodes_in_rank_order,
     run_stack,
 )
-
-
-def kinds(plan) -> list[tuple[int, int, str | None]]:
-    return [
-        (i.network_card_index, i.device_index, i.interface_type) for i in interface_layout(plan)
-    ]
-
-
-def test_single_node_gets_one_plain_interface_even_on_an_efa_type():
-    assert kinds(resolve("p4d.24xlarge", nodes=1)) == [(0, 0, None)]
-
-
-def test_p4d_multi_node_gets_four_efa_interfaces_one_per_card():
-    assert kinds(resolve("p4d.24xlarge", nodes=2)) == [
-        (0, 0, "efa"),
-        (1, 1, "efa"),
-        (2, 1, "efa"),
-        (3, 1, "efa"),
-    ]
-
-
-def test_p5_multi_node_gets_32_cards_with_efa_only_secondaries():
-    layout = kinds(resolve("p5.48xlarge", nodes=2))
-    assert len(layout) == 32
-    # The primary interface cannot be EFA-only: it carries the node's IP traffic.
-    assert layout[0] == (0, 0, "efa")
-    assert layout[1:] == [(card, 1, "efa-only") for card in range(1, 32)]
-
-
-def test_multi_node_without_efa_keeps_one_plain_interface():
-    assert kinds(resolve("p3.2xlarge", nodes=2)) == [(0, 0, None)]
-
-
-def test_only_families_documented_efa_only_get_efa_only_secondaries():
-    for instance in load_catalog().instances.values():
-        if instance.efa_interfaces < 2:
-            continue
-        layout = kinds(resolve(instance.type, nodes=2))
-        expected = "efa-only" if instance.type.startswith("p5") else "efa"
-        assert {kind for _, _, kind in layout[1:]} == {expected}, instance.type
 
 
 def test_root_volume_is_mapped_on_the_amis_root_device():
