@@ -55,21 +55,94 @@ class StackConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    profile: str = "a100x8"
-    instance_type: str | None = Field(None, alias="instanceType")
-    image_variant: str | None = Field(None, alias="imageVariant")
-    nodes: int | None = Field(None, ge=1)
-    spot: bool = False
-    image_tag: str | None = Field(
-        None, alias="imageTag", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+    profile: str = Field(
+        "a100x8",
+        description="named workload from infra/knowledge/data/profiles.toml: instance type, "
+        "image variant, nodes",
     )
-    train_config: Path | None = Field(None, alias="trainConfig")
-    data_s3_uri: S3Uri | None = Field(None, alias="dataS3Uri")
-    ssh_cidr: ipaddress.IPv4Network | None = Field(None, alias="sshCidr")
-    root_volume_gib: int = Field(500, alias="rootVolumeGiB", ge=100, le=16384)
-    log_retention_days: int = Field(30, alias="logRetentionDays")
-    availability_zone: str | None = Field(None, alias="availabilityZone")
-    use_default_vpc: bool = Field(False, alias="useDefaultVpc")
+    instance_type: str | None = Field(
+        None,
+        alias="instanceType",
+        description="another catalog instance type (infra/knowledge/data/instances.toml); the "
+        "image variant is then chosen again for it unless `gpu:imageVariant` is set",
+        json_schema_extra={"default_text": "the profile's"},
+    )
+    image_variant: str | None = Field(
+        None,
+        alias="imageVariant",
+        description="image variant from images/matrix.toml (`cu126`, `cu128`, `cu130`, ... or "
+        "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
+        json_schema_extra={"default_text": "the profile's (`auto`)"},
+    )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        description="number of instances; more than 1 adds EFA (where the type has it), a "
+        "cluster placement group and the rendezvous wiring. Without EFA the plan warns that "
+        "NCCL falls back to TCP",
+        json_schema_extra={"default_text": "the profile's (1)"},
+    )
+    spot: bool = Field(
+        False,
+        description="`true`: spot instances (persistent request, stop on interruption); "
+        "`false`: on-demand. Only `true` or `false`",
+    )
+    image_tag: str | None = Field(
+        None,
+        alias="imageTag",
+        pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$",
+        description="tag of the training image in the stack's ECR repository",
+        json_schema_extra={
+            "default_text": "the variant's release tag, e.g. `0.1.0-torch2.13.0-cu130-py3.12`"
+        },
+    )
+    train_config: Path | None = Field(
+        None,
+        alias="trainConfig",
+        description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
+        "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
+        "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
+        "against the stack's GPUs (see below). Unset: the image's default job",
+    )
+    data_s3_uri: S3Uri | None = Field(
+        None,
+        alias="dataS3Uri",
+        description="`s3://bucket/prefix` synced into `/scratch/data` on every boot; the "
+        "container gets `TRAIN_DATA_PATH`; the role may read that prefix only",
+    )
+    ssh_cidr: ipaddress.IPv4Network | None = Field(
+        None,
+        alias="sshCidr",
+        description="an IPv4 CIDR allowed to reach port 22; `0.0.0.0/0` is refused. Use SSM "
+        "instead when you can",
+        json_schema_extra={"default_text": "unset (no SSH)"},
+    )
+    root_volume_gib: int = Field(
+        500,
+        alias="rootVolumeGiB",
+        ge=100,
+        le=16384,
+        description="encrypted gp3 root volume (100-16384 GiB): the image, checkpoints and run "
+        "output live there",
+    )
+    log_retention_days: int = Field(
+        30,
+        alias="logRetentionDays",
+        description="retention of the stack's CloudWatch Logs group (a CloudWatch value: 1, 3, "
+        "5, 7, 14, 30, 60, 90, ...)",
+    )
+    availability_zone: str | None = Field(
+        None,
+        alias="availabilityZone",
+        description="zone for every node; refused when it does not offer the instance type",
+        json_schema_extra={"default_text": "the first zone that offers the type"},
+    )
+    use_default_vpc: bool = Field(
+        False,
+        alias="useDefaultVpc",
+        description="`true`: use the account's default VPC and its default subnet in the zone "
+        "instead of creating a VPC",
+    )
     guardrails: GuardrailConfig
 
     @field_validator("spot", "use_default_vpc", mode="before")
