@@ -15,17 +15,37 @@ given an end date, a RunInstances one stays until cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.knowledge.layout import interface_layout
-from infra.knowledge.resolver import Plan
+from infra.knowledge.layout import Interface
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
 ROOT_VOLUME_THROUGHPUT_MIBPS = 500
 ROOT_VOLUME_IOPS = 3000
+
+
+@dataclass(frozen=True)
+class ComputeArgs:
+    instance_type: str
+    image_id: str  # an AMI id, or "resolve:ssm:<public parameter>" that EC2 resolves at launch
+    root_device_name: str  # the AMI's own root device: under another name it would add a volume
+    description: str
+    interfaces: Sequence[Interface]  # per node (infra.knowledge.layout.interface_layout)
+    nodes: int
+    spot: bool
+    root_volume_gib: int
+    availability_zone: str
+    subnet_id: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    instance_profile_arn: pulumi.Input[str]
+    # user_data(node_rank, master_addr): one node's boot document
+    user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]]
+    # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
+    wait_for: Sequence[pulumi.Resource] = ()
 
 
 class Compute(pulumi.ComponentResource):
@@ -38,36 +58,27 @@ class Compute(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        plan: Plan,
-        spot: bool,
-        root_volume_gib: int,
-        availability_zone: str,
-        subnet_id: pulumi.Input[str],
-        security_group_id: pulumi.Input[str],
-        instance_profile_arn: pulumi.Input[str],
-        user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]],
+        args: ComputeArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`user_data(node_rank, master_addr)` renders one node's boot document."""
         super().__init__("gpu:infra:Compute", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        interfaces = interface_layout(plan)
+        interfaces = args.interfaces
         # EC2 auto-assigns a public address only to an instance with one interface;
         # multi-interface (EFA) nodes get an Elastic IP for their outbound traffic.
         needs_elastic_ip = len(interfaces) > 1
 
-        placement: dict = {"availability_zone": availability_zone}
-        if plan.nodes > 1:
+        placement: dict = {"availability_zone": args.availability_zone}
+        if args.nodes > 1:
             group = aws.ec2.PlacementGroup(f"{name}-cluster", strategy="cluster", opts=child)
             placement["group_name"] = group.name
 
         template = aws.ec2.LaunchTemplate(
             f"{name}-node",
-            description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-            image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
-            instance_type=plan.instance.type,
-            iam_instance_profile={"arn": instance_profile_arn},
+            description=args.description,
+            image_id=args.image_id,
+            instance_type=args.instance_type,
+            iam_instance_profile={"arn": args.instance_profile_arn},
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",  # IMDSv2 only
@@ -76,10 +87,9 @@ class Compute(pulumi.ComponentResource):
             },
             block_device_mappings=[
                 {
-                    # The AMI's own root device: under another name this would add a volume.
-                    "device_name": plan.ami.root_device_name,
+                    "device_name": args.root_device_name,
                     "ebs": {
-                        "volume_size": root_volume_gib,
+                        "volume_size": args.root_volume_gib,
                         "volume_type": "gp3",
                         "iops": ROOT_VOLUME_IOPS,
                         "throughput": ROOT_VOLUME_THROUGHPUT_MIBPS,
@@ -93,8 +103,8 @@ class Compute(pulumi.ComponentResource):
                     "network_card_index": interface.network_card_index,
                     "device_index": interface.device_index,
                     "interface_type": interface.interface_type,
-                    "subnet_id": subnet_id,
-                    "security_groups": [security_group_id],
+                    "subnet_id": args.subnet_id,
+                    "security_groups": [args.security_group_id],
                     "delete_on_termination": "true",
                     "associate_public_ip_address": (
                         None if needs_elastic_ip or interface.device_index else "true"
@@ -115,21 +125,21 @@ class Compute(pulumi.ComponentResource):
                     "instance_interruption_behavior": "stop",
                 },
             }
-            if spot
+            if args.spot
             else None
         )
         self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
         master_addr: pulumi.Input[str] = "127.0.0.1"
-        for rank in range(plan.nodes):
+        for rank in range(args.nodes):
             node = aws.ec2.Instance(
                 f"{name}-node-{rank}",
                 launch_template={"id": template.id, "version": template.latest_version.apply(str)},
                 instance_market_options=market,
-                user_data=user_data(rank, master_addr),
+                user_data=args.user_data(rank, master_addr),
                 tags={"Name": f"{name}-node-{rank}", "gpu-node-rank": str(rank)},
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.wait_for)),
             )
-            if rank == 0 and plan.nodes > 1:
+            if rank == 0 and args.nodes > 1:
                 # Every other node's user data waits for node 0's address.
                 master_addr = node.private_ip
             if needs_elastic_ip:
@@ -141,7 +151,7 @@ class Compute(pulumi.ComponentResource):
                 )
             self.instance_ids.append(node.id)
             self.private_ips.append(node.private_ip)
-            if spot:
+            if args.spot:
                 self.spot_request_ids.append(node.spot_instance_request_id)
 
         self.register_outputs(

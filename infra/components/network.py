@@ -11,6 +11,7 @@ between the stack's own nodes (EFA and NCCL need it).
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -20,6 +21,15 @@ from infra.knowledge.layout import choose_zone
 VPC_CIDR = "10.42.0.0/16"
 # /20: 4091 usable addresses; a p5 node with EFA interfaces on every card may use 32.
 SUBNET_CIDR = "10.42.0.0/20"
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    instance_type: str  # the zone chosen must offer it
+    availability_zone: str | None  # None: the first zone (by name) that offers the type
+    use_default_vpc: bool
+    multi_node: bool  # the nodes' security group lets them reach each other
+    ssh_cidr: ipaddress.IPv4Network | None
 
 
 class Network(pulumi.ComponentResource):
@@ -33,22 +43,17 @@ class Network(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        instance_type: str,
-        availability_zone: str | None,
-        use_default_vpc: bool,
-        multi_node: bool,
-        ssh_cidr: ipaddress.IPv4Network | None,
+        args: NetworkArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpu:infra:Network", name, None, opts)
         invoke = pulumi.InvokeOptions(parent=self)
         self.availability_zone = choose_zone(
-            instance_type, availability_zone, _offering_zones(instance_type, invoke)
+            args.instance_type, args.availability_zone, _offering_zones(args.instance_type, invoke)
         )
         child = pulumi.ResourceOptions(parent=self)
 
-        if use_default_vpc:
+        if args.use_default_vpc:
             vpc = aws.ec2.get_vpc(default=True, opts=invoke)
             subnet = aws.ec2.get_subnet(
                 vpc_id=vpc.id,
@@ -62,7 +67,7 @@ class Network(pulumi.ComponentResource):
             self._create_vpc(name, child)
 
         ingress = []
-        if multi_node:
+        if args.multi_node:
             # EFA and NCCL: every port, every protocol, but only between the nodes.
             ingress.append(
                 {
@@ -73,13 +78,13 @@ class Network(pulumi.ComponentResource):
                     "description": "all traffic between the stack's nodes (EFA, NCCL)",
                 }
             )
-        if ssh_cidr is not None:
+        if args.ssh_cidr is not None:
             ingress.append(
                 {
                     "protocol": "tcp",
                     "from_port": 22,
                     "to_port": 22,
-                    "cidr_blocks": [str(ssh_cidr)],
+                    "cidr_blocks": [str(args.ssh_cidr)],
                     "description": "SSH from gpu:sshCidr",
                 }
             )

@@ -10,12 +10,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_aws as aws
 
 CHECKPOINT_PREFIX = "checkpoints"
 NONCURRENT_VERSION_DAYS = 7
 ABORT_MULTIPART_DAYS = 2
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    log_retention_days: int
 
 
 class Storage(pulumi.ComponentResource):
@@ -32,8 +39,7 @@ class Storage(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        log_retention_days: int,
+        args: StorageArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpu:infra:Storage", name, None, opts)
@@ -90,7 +96,7 @@ class Storage(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-training",
             name=f"/gpu-training/{name}",
-            retention_in_days=log_retention_days,
+            retention_in_days=args.log_retention_days,
             opts=child,
         )
 

@@ -13,7 +13,7 @@ import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, plugin_pb2
 
-from infra.dryrun.run import REPO_ROOT
+from infra.config.stack_file import REPO_ROOT
 from tests.policy.test_pack import POLICIES
 
 MANDATORY = analyzer_pb2.EnforcementLevel.Value("MANDATORY")

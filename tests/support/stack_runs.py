@@ -7,7 +7,8 @@ from typing import Any
 
 import yaml
 
-from infra.dryrun.run import ProgramRun, Recorded, RecordingMocks, run_program
+from infra.dryrun.mocks import Recorded, RecordingMocks
+from infra.dryrun.runner import ProgramRun, run_program
 
 INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"

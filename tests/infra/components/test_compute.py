@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tests.support.mock_runs import one
 from tests.support.stack_runs import (
     INSTANCE,
     LAUNCH_TEMPLATE,
@@ -14,13 +15,14 @@ from tests.support.stack_runs import (
 def test_root_volume_is_mapped_on_the_amis_root_device():
     # Both profiles boot Amazon Linux (2023 and 2), whose AMIs name the root /dev/xvda.
     for profile in ("a100x8", "v100x1"):
-        (root,) = run_stack(profile=profile).one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+        template = one(run_stack(profile=profile), LAUNCH_TEMPLATE)
+        (root,) = template.inputs["blockDeviceMappings"]
         assert root["deviceName"] == "/dev/xvda"
 
 
 def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
     run = run_stack(instanceType="p5.48xlarge", nodes=3)
-    interfaces = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    interfaces = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
     assert len(interfaces) == 32
     assert sum(i["interfaceType"] == "efa-only" for i in interfaces) == 31
     # More than one interface: EC2 assigns no public address, so each node gets an Elastic IP.
@@ -38,5 +40,5 @@ def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
 
 def test_root_volume_size_follows_the_config():
     run = run_stack(rootVolumeGiB=1200)
-    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"]["volumeSize"] == 1200

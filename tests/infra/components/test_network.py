@@ -5,45 +5,46 @@ from __future__ import annotations
 import pulumi
 import pytest
 
-from infra.dryrun.run import RecordingMocks
+from infra.dryrun.mocks import RecordingMocks
+from tests.support.mock_runs import one
 from tests.support.stack_runs import LAUNCH_TEMPLATE, SECURITY_GROUP, run_stack
 
 
 def test_own_vpc_has_a_public_subnet_route_to_the_gateway_and_an_s3_endpoint():
     run = run_stack()
-    vpc = run.one("aws:ec2/vpc:Vpc")
-    subnet = run.one("aws:ec2/subnet:Subnet")
+    vpc = one(run, "aws:ec2/vpc:Vpc")
+    subnet = one(run, "aws:ec2/subnet:Subnet")
     assert subnet.inputs["vpcId"] == vpc.id
-    routes = run.one("aws:ec2/routeTable:RouteTable")
-    gateway = run.one("aws:ec2/internetGateway:InternetGateway")
+    routes = one(run, "aws:ec2/routeTable:RouteTable")
+    gateway = one(run, "aws:ec2/internetGateway:InternetGateway")
     assert routes.inputs["routes"] == [{"cidrBlock": "0.0.0.0/0", "gatewayId": gateway.id}]
-    endpoint = run.one("aws:ec2/vpcEndpoint:VpcEndpoint")
+    endpoint = one(run, "aws:ec2/vpcEndpoint:VpcEndpoint")
     assert endpoint.inputs["serviceName"] == "com.amazonaws.us-east-1.s3"
     assert endpoint.inputs["vpcEndpointType"] == "Gateway"
     assert endpoint.inputs["routeTableIds"] == [routes.id]
-    (interface,) = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    (interface,) = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
     assert interface["subnetId"] == subnet.id
 
 
 def test_default_vpc_when_asked():
     run = run_stack(useDefaultVpc=True, availabilityZone="us-east-1c")
     assert run.of_type("aws:ec2/vpc:Vpc") == [] and run.of_type("aws:ec2/subnet:Subnet") == []
-    assert run.one(SECURITY_GROUP).inputs["vpcId"] == "vpc-default"
-    (interface,) = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    assert one(run, SECURITY_GROUP).inputs["vpcId"] == "vpc-default"
+    (interface,) = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
     assert interface["subnetId"] == "subnet-default-us-east-1c"
 
 
 def test_ssh_opens_only_to_the_configured_cidr():
     run = run_stack(sshCidr="203.0.113.7/32")
-    (rule,) = run.one(SECURITY_GROUP).inputs["ingress"]
+    (rule,) = one(run, SECURITY_GROUP).inputs["ingress"]
     assert rule == rule | {"protocol": "tcp", "fromPort": 22, "toPort": 22}
     assert rule["cidrBlocks"] == ["203.0.113.7/32"]
 
 
 def test_zone_defaults_to_the_first_that_offers_the_type():
     run = run_stack(mocks=RecordingMocks(offering_zones=("us-east-1d", "us-east-1b")))
-    assert run.one("aws:ec2/subnet:Subnet").inputs["availabilityZone"] == "us-east-1b"
-    assert run.one(LAUNCH_TEMPLATE).inputs["placement"]["availabilityZone"] == "us-east-1b"
+    assert one(run, "aws:ec2/subnet:Subnet").inputs["availabilityZone"] == "us-east-1b"
+    assert one(run, LAUNCH_TEMPLATE).inputs["placement"]["availabilityZone"] == "us-east-1b"
     assert run.outputs["availability_zone"] == "us-east-1b"
 
 

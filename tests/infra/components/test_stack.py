@@ -12,6 +12,7 @@ from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
+from tests.support.mock_runs import one
 from tests.support.stack_runs import (
     BASE_CONFIG,
     LAUNCH_TEMPLATE,
@@ -49,14 +50,14 @@ def case(request):
 
 def test_ami_is_the_resolvers_ssm_parameter(case):
     plan, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
+    template = one(run, LAUNCH_TEMPLATE).inputs
     assert template["imageId"] == f"resolve:ssm:{plan.ami.ssm_parameter}"
     assert template["instanceType"] == plan.instance.type
 
 
 def test_imdsv2_required_with_two_hops_for_containers(case):
     _, _, run = case
-    metadata = run.one(LAUNCH_TEMPLATE).inputs["metadataOptions"]
+    metadata = one(run, LAUNCH_TEMPLATE).inputs["metadataOptions"]
     assert metadata["httpTokens"] == "required"
     assert metadata["httpPutResponseHopLimit"] == 2
     assert metadata["httpEndpoint"] == "enabled"
@@ -64,7 +65,7 @@ def test_imdsv2_required_with_two_hops_for_containers(case):
 
 def test_root_volume_is_encrypted_gp3_and_sized(case):
     plan, _, run = case
-    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"] == root["ebs"] | {
         "encrypted": "true",
         "volumeType": "gp3",
@@ -76,7 +77,7 @@ def test_root_volume_is_encrypted_gp3_and_sized(case):
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
     plan, _, run = case
-    ingress = run.one(SECURITY_GROUP).inputs.get("ingress", [])
+    ingress = one(run, SECURITY_GROUP).inputs.get("ingress", [])
     assert all(not rule.get("cidrBlocks") for rule in ingress)
     assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
     if plan.nodes > 1:
@@ -89,7 +90,7 @@ def test_no_inbound_from_the_internet_and_no_ssh(case):
 
 def test_efa_and_placement_group_only_for_multi_node(case):
     plan, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
+    template = one(run, LAUNCH_TEMPLATE).inputs
     interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
     groups = run.of_type(PLACEMENT_GROUP)
     if plan.nodes == 1:
@@ -114,7 +115,7 @@ def test_efa_and_placement_group_only_for_multi_node(case):
 
 def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
     plan, spot, run = case
-    template = run.one(LAUNCH_TEMPLATE)
+    template = one(run, LAUNCH_TEMPLATE)
     nodes = nodes_in_rank_order(run)
     assert len(nodes) == plan.nodes
     assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
@@ -159,9 +160,9 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case
 
 def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
-    bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
-    repository = run.one("aws:ecr/repository:Repository").state["arn"]
-    log_group = run.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
+    repository = one(run, "aws:ecr/repository:Repository").state["arn"]
+    log_group = one(run, "aws:cloudwatch/logGroup:LogGroup").state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
@@ -197,7 +198,7 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
     assert outputs["ssm_sessions"] == [
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
-    assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
+    assert outputs["checkpoint_bucket"] == one(run, "aws:s3/bucket:Bucket").state["bucket"]
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
         requests = [node.state["spotInstanceRequestId"] for node in nodes]

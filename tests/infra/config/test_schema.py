@@ -10,7 +10,7 @@ import pytest
 
 from infra.config.guardrails import GuardrailConfig
 from infra.config.schema import load_stack_config, own_keys
-from infra.dryrun.run import RecordingMocks
+from infra.dryrun.mocks import RecordingMocks
 from infra.errors import ConfigError
 from tests.support.stack_runs import BASE_CONFIG, run_stack
 

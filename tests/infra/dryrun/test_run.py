@@ -9,7 +9,9 @@ import yaml
 
 from infra.cli import COMMANDS, main
 from infra.config.stack_file import stack_file_config
-from infra.dryrun.run import describe_run, run_stack_file, with_resources
+from infra.dryrun.plan_command import with_resources
+from infra.dryrun.report import describe_run
+from infra.dryrun.runner import run_stack_file
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from tests.support.infra import run_cli
