@@ -9,7 +9,10 @@ from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
 
 
-def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> str:
+def format_plan(
+    plan: Plan, *, profile: Profile | None, rate: ExchangeRate, region: str | None = None
+) -> str:
+    """The plan's lines; `region` is the stack's own (aws:region), when there is a stack."""
     instance, variant, ami = plan.instance, plan.variant, plan.ami
     lines = []
     if profile is not None:
@@ -35,9 +38,13 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         low, high = profile.seed_cny_per_hour
         lines.append(f"seed range     {low:g}-{high:g} CNY/h")
     lines.append(
-        f"prices         {instance.prices_checked.isoformat()}, us-east-1; "
+        f"prices         {instance.prices_checked.isoformat()}, {plan.prices_region}; "
         f"CNY at {rate.cny_per_usd} per USD ({rate.as_of.isoformat()})"
     )
+    if region is not None and region != plan.prices_region:
+        lines.append(
+            f"region         {region}: prices there differ from {plan.prices_region}'s above"
+        )
     if profile is not None:
         lines.append(f"why            {profile.mapping}")
     lines += [f"warning        {warning}" for warning in plan.warnings]

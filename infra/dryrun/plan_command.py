@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pulumi
 
-from infra.config.stack_file import load_stack_file, stack_file_path
+from infra.config.stack_file import load_stack_file, stack_file_config, stack_file_path
 from infra.dryrun.report import describe_run, describe_stack
 from infra.dryrun.runner import run_stack_file
 from infra.errors import ConfigError
@@ -50,9 +50,12 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
             )
         path = args.stack_file or stack_file_path(args.profile or _default_stack())
         if not path.is_file():
+            with_files = [
+                name for name in load_profiles().profiles if stack_file_path(name).is_file()
+            ]
             raise ConfigError(
                 f"no stack file {path}: give a profile with a Pulumi.<profile>.yaml "
-                "(a100x8, a100x8-80g, a100x2, v100x1) or --stack-file PATH"
+                f"({', '.join(with_files)}) or --stack-file PATH"
             )
         try:
             run_result = run_stack_file(path)  # checks every key and value first
@@ -61,7 +64,7 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
         return "\n".join(
             [
                 f"stack file     {path.name}",
-                describe_stack(load_stack_file(path)),
+                describe_stack(load_stack_file(path), stack_file_config(path).get("aws:region")),
                 "",
                 describe_run(run_result),
             ]

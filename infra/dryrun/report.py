@@ -113,7 +113,7 @@ def describe_run(run: ProgramRun) -> str:
     return "\n".join(lines)
 
 
-def describe_stack(stack: StackConfig) -> str:
+def describe_stack(stack: StackConfig, region: str | None = None) -> str:
     """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
     plan = stack.resolve_plan()
     profiles = load_profiles()
@@ -121,7 +121,7 @@ def describe_stack(stack: StackConfig) -> str:
     profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
     return "\n".join(
         [
-            format_plan(plan, profile=profile, rate=profiles.exchange_rate),
+            format_plan(plan, profile=profile, rate=profiles.exchange_rate, region=region),
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
             *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]

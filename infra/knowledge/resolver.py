@@ -39,6 +39,7 @@ class Plan:
     warnings: tuple[str, ...]
     on_demand_usd_per_hour: float  # all nodes
     spot_usd_per_hour: float  # all nodes
+    prices_region: str  # the region the catalog's prices are for
 
     @property
     def gpus(self) -> int:
@@ -83,6 +84,7 @@ def resolve(
         warnings=_warnings(instance, ami, nodes, today),
         on_demand_usd_per_hour=nodes * instance.on_demand_usd_per_hour,
         spot_usd_per_hour=nodes * instance.spot_usd_per_hour,
+        prices_region=catalog.region,
     )
 
 

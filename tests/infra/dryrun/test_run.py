@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -144,3 +145,37 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
     assert line.startswith("warning ") and "you@example.com" in line
+
+
+def test_the_plan_names_the_prices_region_and_a_stack_in_another_region(monkeypatch, capsys):
+    catalog_region = tomllib.loads((REPO / "infra/knowledge/data/instances.toml").read_text())[
+        "region"
+    ]
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "a100x8", "--resources"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (prices,) = [line for line in lines if line.startswith("prices ")]
+    assert f", {catalog_region};" in prices
+    assert not any(line.startswith("region ") for line in lines)  # the example is us-east-1
+
+
+def test_a_stack_in_another_region_is_told_its_prices_differ(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.west.yaml"
+    stack.write_text(
+        "config:\n  aws:region: us-west-2\n  gpu:profile: a100x8\n  gpu:budgetUsd: 1000\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    assert "region         us-west-2: prices there differ from us-east-1's above" in out
+
+
+def test_a_missing_stack_file_names_the_profiles_that_have_one():
+    result = run_cli("plan", "no-such-profile", "--resources")
+    assert result.returncode == 2
+    with_files = sorted(
+        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in REPO.glob("Pulumi.*.yaml")
+    )
+    for name in with_files:
+        assert name in result.stderr
