@@ -34,9 +34,9 @@ def format_plan(
         f"spot           ${plan.spot_usd_per_hour:.2f}/h "
         f"({rate.to_cny(plan.spot_usd_per_hour):.0f} CNY/h)",
     ]
-    if profile is not None and profile.seed_cny_per_hour is not None:
-        low, high = profile.seed_cny_per_hour
-        lines.append(f"seed range     {low:g}-{high:g} CNY/h")
+    if profile is not None and profile.guide_cny_per_hour is not None:
+        low, high = profile.guide_cny_per_hour
+        lines.append(f"guide range    {low:g}-{high:g} CNY/h (GPU-cloud selection guide)")
     lines.append(
         f"prices         {instance.prices_checked.isoformat()}, {plan.prices_region}; "
         f"CNY at {rate.cny_per_usd} per USD ({rate.as_of.isoformat()})"

@@ -67,7 +67,7 @@ def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, cap
     assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
 
 
-def test_v100_profile_shows_eol_and_seed_range():
+def test_v100_profile_shows_eol_and_guide_range():
     result = run_cli("plan", "v100x1")
     assert result.returncode == 0, result.stderr
     assert "p3.2xlarge" in result.stdout and "base-proprietary-nvidia-driver" in result.stdout
