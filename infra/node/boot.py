@@ -40,8 +40,9 @@ UNIT_NAME = "gpu-training.service"
 MAX_USER_DATA_BYTES = 16 * 1024
 
 # What the EFA path needs in the container (EC2 User Guide, "Get started with EFA and NCCL",
-# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html). FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it
-# to 1 aborts on EFA devices without RDMA support.
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html).
+# FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it to 1 aborts on EFA
+# devices without RDMA support.
 EFA_ENVIRONMENT = {
     "FI_PROVIDER": "efa",
     "FI_EFA_FORK_SAFE": "1",
