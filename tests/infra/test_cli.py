@@ -7,8 +7,7 @@ import yaml
 
 from images.matrix import MATRIX_PATH
 from infra import cli
-from infra.knowledge.catalog import load_catalog
-from tests.support.infra import modified_catalog, run_cli
+from tests.support.infra import data_file_prices, modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +31,7 @@ def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
     budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = data_file_prices("p4d.24xlarge")
     assert on_demand
     lines = result.stdout.splitlines()
     assert "stack file     Pulumi.a100x8.yaml" in lines

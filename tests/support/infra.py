@@ -3,7 +3,9 @@
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 from infra.knowledge.catalog import CATALOG_DIR
 
@@ -26,4 +28,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def data_file_prices(instance_type: str) -> SimpleNamespace:
+    """One instance's $/h as the data file writes them, read without the catalog loader: tests
+    of what the stack charges compute their expectation from the file, not from the code."""
+    entry = tomllib.loads((CATALOG_DIR / "instances.toml").read_text())["instance"][instance_type]
+    return SimpleNamespace(
+        on_demand_usd_per_hour=entry["on_demand_usd_per_hour"],
+        spot_usd_per_hour=entry["spot_usd_per_hour"],
     )

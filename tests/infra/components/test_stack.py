@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
+from tests.support.infra import data_file_prices
 from tests.support.mock_runs import one
 from tests.support.stack_runs import (
     BASE_CONFIG,
@@ -211,7 +211,7 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
 def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     plan, spot, run = case
     outputs = run.outputs
-    instance = load_catalog().instance(plan.instance.type)
+    instance = data_file_prices(plan.instance.type)
     on_demand = instance.on_demand_usd_per_hour * plan.nodes
     spot_price = instance.spot_usd_per_hour * plan.nodes
     hourly = spot_price if spot else on_demand
@@ -225,7 +225,7 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
 
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
-    spot_price = load_catalog().instance("p3.2xlarge").spot_usd_per_hour
+    spot_price = data_file_prices("p3.2xlarge").spot_usd_per_hour
     assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
     # The runway is what one period's budget buys: hours a day here.
     assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)

@@ -13,9 +13,8 @@ from infra.config.stack_file import stack_file_config
 from infra.dryrun.plan_command import with_resources
 from infra.dryrun.report import describe_run
 from infra.dryrun.runner import run_stack_file
-from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.infra import run_cli
+from tests.support.infra import data_file_prices, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -66,7 +65,7 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     assert any(line.startswith(f"image variant  {plan.variant.name} (") for line in lines)
     # The costs, from the catalog's prices and the stack file's budget.
     budget = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]["gpu:budgetUsd"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = data_file_prices("p4d.24xlarge")
     on_demand, spot = p4d.on_demand_usd_per_hour, p4d.spot_usd_per_hour
     assert any(line.startswith(f"on-demand      ${on_demand:.2f}/h") for line in lines)
     assert any(line.startswith(f"spot           ${spot:.2f}/h") for line in lines)
@@ -89,7 +88,7 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p3 = load_catalog().instance("p3.2xlarge")
+    p3 = data_file_prices("p3.2xlarge")
     on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
     # Two nodes is not the v100x1 profile: its description would not hold.
