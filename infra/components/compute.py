@@ -136,8 +136,20 @@ class Compute(pulumi.ComponentResource):
                 launch_template={"id": template.id, "version": template.latest_version.apply(str)},
                 instance_market_options=market,
                 user_data=args.user_data(rank, master_addr),
+                # Changed user data would only stop and start the instance, and cloud-init
+                # writes its files once per instance: the node would keep its first boot's
+                # scripts and job (pulumi-aws Instance, user_data: "Updates to this field will
+                # trigger a stop/start"). Replace the node instead.
+                user_data_replace_on_change=True,
                 tags={"Name": f"{name}-node-{rank}", "gpu-node-rank": str(rank)},
-                opts=pulumi.ResourceOptions(parent=self, depends_on=list(args.wait_for)),
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=list(args.wait_for),
+                    # A replacement (new user data or launch template version, which is
+                    # ForceNew) deletes the old node first: two p4d.24xlarge at once would need
+                    # twice the vCPU quota (VcpuLimitExceeded) or double the bill.
+                    delete_before_replace=True,
+                ),
             )
             if rank == 0 and args.nodes > 1:
                 # Every other node's user data waits for node 0's address.

@@ -2,8 +2,8 @@
 
 `run_program(config)` executes the repository's `__main__.py` under `pulumi.runtime.set_mocks`
 (infra.dryrun.mocks.RecordingMocks), records every resource it registers (type, name, inputs,
-provider, explicit dependencies) and resolves the stack outputs. `run_under_mocks(program)` does
-the same for any callable that builds resources. The tests assert on these recordings;
+provider, the options that order creation and replacement) and resolves the stack outputs.
+`run_under_mocks(program)` does the same for any callable that builds resources. The tests assert on these recordings;
 `python -m infra plan --resources` prints them (infra.dryrun.report).
 """
 
@@ -31,6 +31,8 @@ class ProgramRun:
     outputs: dict[str, Any]
     # "type name" -> the names of the resources it was told to wait for (depends_on)
     depends_on: dict[str, list[str]] = field(default_factory=dict)
+    # "type name" of the resources that are deleted before their replacement is created
+    delete_before_replace: set[str] = field(default_factory=set)
 
     def of_type(self, type_: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == type_]
@@ -51,26 +53,32 @@ def run_under_mocks(
         mocks, project=PROJECT, stack=stack, preview=False, logger=_QUIET_ENGINE
     )
     depends_on: dict[str, list[str]] = {}
+    delete_first: set[str] = set()
 
-    def record_dependencies(
+    def record_options(
         args: pulumi.ResourceTransformationArgs,
     ) -> pulumi.ResourceTransformationResult | None:
+        """Mocks see inputs only: the options that order creation and replacement are read here."""
+        key = f"{args.type_} {args.name}"
         waits = args.opts.depends_on if args.opts is not None else None
         if waits:
             waits = waits if isinstance(waits, list) else [waits]
-            depends_on[f"{args.type_} {args.name}"] = [r.pulumi_resource_name for r in waits]
+            depends_on[key] = [r.pulumi_resource_name for r in waits]
+        if args.opts is not None and args.opts.delete_before_replace:
+            delete_first.add(key)
         return None
 
     result: list[Any] = []
 
     @pulumi.runtime.test
     def run() -> pulumi.Output:
-        pulumi.runtime.register_stack_transformation(record_dependencies)
+        pulumi.runtime.register_stack_transformation(record_options)
         result.append(program())
         return pulumi.Output.from_input(None)
 
     run()
-    return ProgramRun(resources=list(mocks.resources), outputs={}, depends_on=depends_on), result[0]
+    run = ProgramRun(list(mocks.resources), {}, depends_on, delete_first)
+    return run, result[0]
 
 
 def run_program(

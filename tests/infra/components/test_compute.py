@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.support.mock_runs import one
 from tests.support.stack_runs import (
     INSTANCE,
@@ -42,3 +44,21 @@ def test_root_volume_size_follows_the_config():
     run = run_stack(rootVolumeGiB=1200)
     (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"]["volumeSize"] == 1200
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_a_node_is_replaced_delete_first_when_its_user_data_changes(spot):
+    run = run_stack(spot=spot)
+    (node,) = run.of_type(INSTANCE)
+    assert node.inputs["userDataReplaceOnChange"] is True
+    assert f"{node.type} {node.name}" in run.delete_before_replace
+
+
+def test_a_changed_training_config_changes_the_nodes_user_data(tmp_path):
+    """With replace-on-change, different user data is a new node that boots the new job."""
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nglobal_batch_size = 64\n")
+    first = run_stack(trainConfig=str(job)).of_type(INSTANCE)[0].inputs["userData"]
+    job.write_text("[train]\nglobal_batch_size = 128\n")
+    second = run_stack(trainConfig=str(job)).of_type(INSTANCE)[0].inputs["userData"]
+    assert first != second and "global_batch_size = 128" in second
