@@ -14,6 +14,7 @@ from infra.components.compute import Compute, ComputeArgs
 from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
 from infra.components.network import Network, NetworkArgs
+from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
 from infra.knowledge.costs import cost_summary
@@ -41,9 +42,12 @@ class TrainingStack(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:TrainingStack", name, None, opts)
         tag_key, tag_value = cost_tag()
+        # The stack file's aws: settings (profile, region, assumeRoles...): an explicit
+        # provider reads none of them by itself.
+        aws_settings = provider_settings(namespace_config("aws"))
         provider = aws.Provider(
             f"{name}-aws",
-            region=pulumi.Config("aws").get("region"),
+            **aws_settings,
             default_tags={"tags": {tag_key: tag_value}},
             opts=pulumi.ResourceOptions(parent=self),
         )

@@ -3,8 +3,8 @@
 `run_program(config)` executes the repository's `__main__.py` under `pulumi.runtime.set_mocks`
 (infra.dryrun.mocks.RecordingMocks), records every resource it registers (type, name, inputs,
 provider, the options that order creation and replacement) and resolves the stack outputs.
-`run_under_mocks(program)` does the same for any callable that builds resources. The tests assert on these recordings;
-`python -m infra plan --resources` prints them (infra.dryrun.report).
+`run_under_mocks(program)` does the same for any callable that builds resources. The tests
+assert on these recordings; `python -m infra plan --resources` prints them (infra.dryrun.report).
 """
 
 from __future__ import annotations
