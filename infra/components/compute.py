@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.spot_request import SpotRequestCanceller
 from infra.knowledge.layout import Interface
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
@@ -46,6 +47,9 @@ class ComputeArgs:
     user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]]
     # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
     wait_for: Sequence[pulumi.Resource] = ()
+    # Where and as whom the spot-request canceller calls EC2 (the stack's aws: settings).
+    region: pulumi.Input[str] | None = None
+    aws_profile: str | None = None
 
 
 class Compute(pulumi.ComponentResource):
@@ -165,6 +169,15 @@ class Compute(pulumi.ComponentResource):
             self.private_ips.append(node.private_ip)
             if args.spot:
                 self.spot_request_ids.append(node.spot_instance_request_id)
+                # Deleted before its node (it depends on it), on destroy and on replacement.
+                SpotRequestCanceller(
+                    f"{name}-node-{rank}-spot-request",
+                    spot_request_id=node.spot_instance_request_id,
+                    instance_id=node.id,
+                    region=args.region,
+                    profile=args.aws_profile,
+                    opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+                )
 
         self.register_outputs(
             {

@@ -130,6 +130,8 @@ class TrainingStack(pulumi.ComponentResource):
                 instance_profile_arn=role.instance_profile_arn,
                 user_data=user_data,
                 wait_for=guardrails.ready,
+                region=region.region,
+                aws_profile=aws_settings.get("profile"),
             ),
             opts=child,
         )
