@@ -66,7 +66,12 @@ class TrainingStack(pulumi.ComponentResource):
             opts=child,
         )
         storage = Storage(
-            name, StorageArgs(log_retention_days=config.log_retention_days), opts=child
+            name,
+            StorageArgs(
+                log_retention_days=config.log_retention_days,
+                delete_data_on_destroy=config.delete_data_on_destroy,
+            ),
+            opts=child,
         )
         role = InstanceRole(
             name,
@@ -153,6 +158,15 @@ class TrainingStack(pulumi.ComponentResource):
             "checkpoint_bucket": storage.bucket_name,
             "checkpoint_uri": storage.checkpoint_uri,
             "log_group": storage.log_group_name,
+            # What `pulumi destroy` leaves in the account (docs/costs.md).
+            "kept_on_destroy": (
+                []
+                if config.delete_data_on_destroy
+                else [
+                    pulumi.Output.concat("s3://", storage.bucket_name),
+                    storage.repository_url,
+                ]
+            ),
             # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
             # in the one it uses, the budget per month, and the hours of full load it buys.
             "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],

@@ -145,9 +145,16 @@ class StackConfig(BaseModel):
         description="`true`: use the account's default VPC and its default subnet in the zone "
         "instead of creating a VPC",
     )
+    delete_data_on_destroy: bool = Field(
+        False,
+        alias="deleteDataOnDestroy",
+        description="`true`: `pulumi destroy` also deletes the checkpoint bucket with every "
+        "object version and the image repository with its images; `false`: destroy keeps them, "
+        "as they are, and lists them (docs/costs.md)",
+    )
     guardrails: GuardrailConfig
 
-    @field_validator("spot", "use_default_vpc", mode="before")
+    @field_validator("spot", "use_default_vpc", "delete_data_on_destroy", mode="before")
     @classmethod
     def _strict_bool(cls, value: Any) -> bool:
         if isinstance(value, bool):

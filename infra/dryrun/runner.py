@@ -33,6 +33,12 @@ class ProgramRun:
     depends_on: dict[str, list[str]] = field(default_factory=dict)
     # "type name" of the resources that are deleted before their replacement is created
     delete_before_replace: set[str] = field(default_factory=set)
+    # "type name" of the resources `pulumi destroy` leaves in the account
+    retain_on_delete: set[str] = field(default_factory=set)
+
+    @property
+    def retain_on_delete_names(self) -> set[str]:
+        return {key.split(" ", 1)[1] for key in self.retain_on_delete}
 
     def of_type(self, type_: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == type_]
@@ -54,6 +60,7 @@ def run_under_mocks(
     )
     depends_on: dict[str, list[str]] = {}
     delete_first: set[str] = set()
+    retained: set[str] = set()
 
     def record_options(
         args: pulumi.ResourceTransformationArgs,
@@ -66,6 +73,8 @@ def run_under_mocks(
             depends_on[key] = [r.pulumi_resource_name for r in waits]
         if args.opts is not None and args.opts.delete_before_replace:
             delete_first.add(key)
+        if args.opts is not None and args.opts.retain_on_delete:
+            retained.add(key)
         return None
 
     result: list[Any] = []
@@ -77,7 +86,7 @@ def run_under_mocks(
         return pulumi.Output.from_input(None)
 
     run()
-    run = ProgramRun(list(mocks.resources), {}, depends_on, delete_first)
+    run = ProgramRun(list(mocks.resources), {}, depends_on, delete_first, retained)
     return run, result[0]
 
 
