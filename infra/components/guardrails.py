@@ -212,6 +212,18 @@ class Guardrails(pulumi.ComponentResource):
             _idle_alarm(f"{name}-idle-{index}", instance_id, args, alarm_actions, tags, child)
             for index, instance_id in enumerate(instance_ids)
         ]
+        # Missing GPU metrics on a running node notify, and never stop it.
+        self.silent_agent_alarms = [
+            _silent_agent_alarm(
+                f"{name}-no-gpu-metrics-{index}",
+                instance_id,
+                args,
+                self.alert_topic.arn,
+                tags,
+                child,
+            )
+            for index, instance_id in enumerate(instance_ids)
+        ]
         self.runtime_alarms = [
             _runtime_alarm(
                 f"{name}-max-runtime-{index}", instance_id, args, alarm_actions, tags, child
@@ -227,6 +239,7 @@ class Guardrails(pulumi.ComponentResource):
                 "budgetActionId": self.budget_action.action_id,
                 "idleAlarmNames": [alarm.name for alarm in self.idle_alarms],
                 "runtimeAlarmNames": [alarm.name for alarm in self.runtime_alarms],
+                "silentAgentAlarmNames": [alarm.name for alarm in self.silent_agent_alarms],
             }
         )
 
@@ -270,11 +283,78 @@ def _idle_alarm(
         datapoints_to_alarm=periods,
         comparison_operator="LessThanThreshold",
         threshold=args.idle_gpu_percent,
-        # No data means the agent is not publishing: the node is booting, pulling the image, or
-        # stopped. Stopping it then would cut a boot short for no saving; the budget action and
-        # the runtime alarm (EC2's own metric, no agent needed) still cover a silent agent.
+        # No data means the agent is not publishing: the node is booting, syncing data, pulling
+        # the image (the boot publishes only while the job runs), or stopped. Stopping it then
+        # would cut a boot short for no saving; the no-GPU-metrics alarm notifies instead, and
+        # the budget action and the runtime alarm (EC2's own metric) still cover the node.
         treat_missing_data="notBreaching",
         alarm_actions=actions,
+        tags=tags,
+        opts=opts,
+    )
+
+
+def _silent_agent_alarm(
+    name: str,
+    instance_id: pulumi.Input[str],
+    args: GuardrailsArgs,
+    topic_arn: pulumi.Output[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.cloudwatch.MetricAlarm:
+    """Notifies (never stops) when a running node has published no GPU metric for as long as
+    the idle alarm looks back: the job has not started (data sync, image not pushed yet) or the
+    agent is down, and the idle alarm cannot see the node.
+
+    "Running" is EC2's own CPUUtilization, which has datapoints exactly while the instance
+    runs; FILL turns the missing GPU series into 0 so that the expression is 1 where the node
+    runs silent, and has no datapoint where it is stopped (CloudWatch User Guide, "Using metric
+    math": IF, FILL, https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/using-metric-math.html).
+    """
+    period, periods = args.idle_period_seconds, args.idle_evaluation_periods
+    return aws.cloudwatch.MetricAlarm(
+        name,
+        alarm_description=(
+            f"The instance has run {args.idle_minutes} minutes without GPU metrics: its job has "
+            "not started (data sync, image not pushed yet) or the CloudWatch agent is down"
+        ),
+        metric_queries=[
+            {
+                "id": "running",
+                "metric": {
+                    "namespace": "AWS/EC2",
+                    "metric_name": "CPUUtilization",
+                    "dimensions": {"InstanceId": instance_id},
+                    "stat": "SampleCount",
+                    "period": period,
+                },
+                "return_data": False,
+            },
+            {
+                "id": "gpu",
+                "metric": {
+                    "namespace": GPU_METRIC_NAMESPACE,
+                    "metric_name": GPU_UTILIZATION_METRIC,
+                    "dimensions": {GPU_METRIC_DIMENSION: instance_id},
+                    "stat": "SampleCount",
+                    "period": period,
+                },
+                "return_data": False,
+            },
+            {
+                "id": "silent",
+                "expression": "IF(running > 0 AND FILL(gpu, 0) == 0, 1, 0)",
+                "label": "running without GPU metrics",
+                "return_data": True,
+            },
+        ],
+        evaluation_periods=periods,
+        datapoints_to_alarm=periods,
+        comparison_operator="GreaterThanOrEqualToThreshold",
+        threshold=1,
+        # A stopped node has no datapoint at all: not a problem.
+        treat_missing_data="notBreaching",
+        alarm_actions=[topic_arn],
         tags=tags,
         opts=opts,
     )

@@ -49,6 +49,15 @@ def guarded_stack(plan, config):
     return mocks, guardrails, [resolved(instance_id) for instance_id in instance_ids]
 
 
+def stop_alarms(recorded):
+    """The alarms that stop an instance (idle, runtime): each watches one metric."""
+    return [alarm for alarm in of_type(recorded, ALARM) if "metricQueries" not in alarm.inputs]
+
+
+def silent_agent_alarms(recorded):
+    return [alarm for alarm in of_type(recorded, ALARM) if "metricQueries" in alarm.inputs]
+
+
 def budget_for(plan):
     return float(2 * math.ceil(plan.on_demand_usd_per_hour))
 
@@ -101,7 +110,7 @@ def test_every_profile_gets_budget_action_and_idle_alarms(profile):
         ("SNS", topic_arn),
     }
 
-    alarms = of_type(mocks, ALARM)
+    alarms = stop_alarms(mocks)
     assert len(alarms) == len(instance_ids) == plan.nodes
     assert [alarm.inputs["dimensions"] for alarm in alarms] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
@@ -142,7 +151,7 @@ def test_execution_role_is_trusted_by_budgets_and_stops_only_these_instances():
         f"arn:aws:ssm:{REGION}:*:automation-definition/AWS-StopEC2Instance:*"
     )
     assert "*" not in json.dumps(statements["StopTheseInstances"]["Resource"])
-    assert len(of_type(mocks, ALARM)) == 3
+    assert len(stop_alarms(mocks)) == 3
 
 
 def test_topic_accepts_budget_and_alarm_notifications_of_this_account_only():
@@ -165,7 +174,7 @@ def test_max_runtime_adds_a_stop_alarm_per_instance():
     plan = resolve("p4d.24xlarge", nodes=2)
     config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, max_runtime_hours=72)
     mocks, _, instance_ids = guarded_stack(plan, config)
-    runtime = [a.inputs for a in of_type(mocks, ALARM) if a.inputs["namespace"] == "AWS/EC2"]
+    runtime = [a.inputs for a in stop_alarms(mocks) if a.inputs["namespace"] == "AWS/EC2"]
     assert [alarm["dimensions"] for alarm in runtime] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
     ]
@@ -182,7 +191,7 @@ def test_max_runtime_adds_a_stop_alarm_per_instance():
 def test_no_runtime_alarm_without_a_maximum():
     plan = resolve_profile("a100x8")
     mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS))
-    assert {alarm.inputs["namespace"] for alarm in of_type(mocks, ALARM)} == {GPU_METRIC_NAMESPACE}
+    assert {alarm.inputs["namespace"] for alarm in stop_alarms(mocks)} == {GPU_METRIC_NAMESPACE}
 
 
 def test_daily_budget_and_custom_thresholds_reach_the_budget():
@@ -262,8 +271,33 @@ def test_every_node_waits_for_the_budget_and_the_alert_topic(spot):
 def test_each_node_has_its_alarms_and_the_budget_action_stops_it():
     run = run_stack(maxRuntimeHours=8)
     (node,) = run.of_type("aws:ec2/instance:Instance")
-    alarms = run.of_type(ALARM)
+    alarms = stop_alarms(run)
     assert len(alarms) == 2
     assert all(alarm.inputs["dimensions"] == {"InstanceId": node.id} for alarm in alarms)
     definition = one(run, ACTION).inputs["definition"]["ssmActionDefinition"]
     assert definition["instanceIds"] == [node.id]
+
+
+def test_a_running_node_without_gpu_metrics_notifies_and_is_not_stopped():
+    """An agent that never reports would blind the idle alarm: someone hears of it."""
+    plan = resolve("p4d.24xlarge", nodes=2)
+    config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, idle_minutes=45)
+    mocks, _, instance_ids = guarded_stack(plan, config)
+    topic_arn = one(mocks, TOPIC).state["arn"]
+    alarms = [alarm.inputs for alarm in silent_agent_alarms(mocks)]
+    assert len(alarms) == 2
+    for alarm, instance_id in zip(alarms, instance_ids, strict=True):
+        assert alarm["alarmActions"] == [topic_arn]  # a notification, never the stop action
+        queries = {query["id"]: query for query in alarm["metricQueries"]}
+        running, gpu = queries["running"]["metric"], queries["gpu"]["metric"]
+        assert (running["namespace"], running["metricName"]) == ("AWS/EC2", "CPUUtilization")
+        assert running["dimensions"] == {"InstanceId": instance_id}
+        assert (gpu["namespace"], gpu["metricName"]) == (
+            GPU_METRIC_NAMESPACE,
+            GPU_UTILIZATION_METRIC,
+        )
+        assert gpu["dimensions"] == {"InstanceId": instance_id}
+        assert queries["silent"]["expression"] == "IF(running > 0 AND FILL(gpu, 0) == 0, 1, 0)"
+        assert [q["id"] for q in alarm["metricQueries"] if q.get("returnData")] == ["silent"]
+        assert gpu["period"] * alarm["evaluationPeriods"] == 45 * 60
+        assert alarm["treatMissingData"] == "notBreaching"  # stopped: no datapoint, no alarm
