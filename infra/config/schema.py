@@ -239,6 +239,11 @@ class StackConfig(BaseModel):
         return path
 
     @property
+    def market(self) -> str:
+        """How the nodes are bought: "spot" or "on-demand"."""
+        return "spot" if self.spot else "on-demand"
+
+    @property
     def train_config_text(self) -> str | None:
         return self.train_config.read_text() if self.train_config is not None else None
 

@@ -10,6 +10,7 @@ assert on these recordings; `python -m infra plan --resources` prints them (infr
 from __future__ import annotations
 
 import logging
+import os
 import runpy
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ import pulumi
 
 from infra.config.stack_file import REPO_ROOT, config_text, stack_file_config
 from infra.dryrun.mocks import PLACEHOLDER_REGION, Recorded, RecordingMocks
+from infra.preflight.quotas import OFFLINE_ENV
 
 PROGRAM = REPO_ROOT / "__main__.py"
 PROJECT = "gpu-training-stack"
@@ -53,6 +55,7 @@ def run_under_mocks(
 ) -> tuple[ProgramRun, Any]:
     """Run `program` under `mocks` with `config` (full keys, e.g. "gpu:nodes") until every
     resource it started is registered: (the run, the program's return value)."""
+    os.environ[OFFLINE_ENV] = "1"  # the program makes no AWS call of its own (preflight)
     pulumi.runtime.set_all_config(dict(config))
     pulumi.runtime.reset_options(project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_mocks(
