@@ -47,6 +47,10 @@ class ComputeArgs:
     user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]]
     # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
     wait_for: Sequence[pulumi.Resource] = ()
+    # A capacity reservation to launch into: an On-Demand Capacity Reservation, or with
+    # capacity_block the reservation of an EC2 Capacity Block for ML.
+    capacity_reservation_id: str | None = None
+    capacity_block: bool = False
     # Where and as whom the spot-request canceller calls EC2 (the stack's aws: settings).
     region: pulumi.Input[str] | None = None
     aws_profile: str | None = None
@@ -121,15 +125,30 @@ class Compute(pulumi.ComponentResource):
             opts=child,
         )
 
-        market = (
-            {
+        market = None
+        if args.spot:
+            market = {
                 "market_type": "spot",
                 "spot_options": {
                     "spot_instance_type": "persistent",
                     "instance_interruption_behavior": "stop",
                 },
             }
-            if args.spot
+        elif args.capacity_block:
+            # A Capacity Block is launched into with market type "capacity-block" and its
+            # reservation as the target (EC2 User Guide, "Launch instances into a Capacity
+            # Block", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).
+            market = {"market_type": "capacity-block"}
+        # An On-Demand Capacity Reservation is targeted by id (EC2 User Guide, "Launch
+        # instances into an existing Capacity Reservation",
+        # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html).
+        reservation = (
+            {
+                "capacity_reservation_target": {
+                    "capacity_reservation_id": args.capacity_reservation_id
+                }
+            }
+            if args.capacity_reservation_id is not None
             else None
         )
         self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
@@ -139,6 +158,7 @@ class Compute(pulumi.ComponentResource):
                 f"{name}-node-{rank}",
                 launch_template={"id": template.id, "version": template.latest_version.apply(str)},
                 instance_market_options=market,
+                capacity_reservation_specification=reservation,
                 user_data=args.user_data(rank, master_addr),
                 # Changed user data would only stop and start the instance, and cloud-init
                 # writes its files once per instance: the node would keep its first boot's

@@ -17,7 +17,7 @@ from infra.components.network import Network, NetworkArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
-from infra.knowledge.costs import cost_summary
+from infra.knowledge.costs import cost_summary, price_model
 from infra.knowledge.layout import interface_layout
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
@@ -137,6 +137,8 @@ class TrainingStack(pulumi.ComponentResource):
                 wait_for=guardrails.ready,
                 region=region.region,
                 aws_profile=aws_settings.get("profile"),
+                capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
+                capacity_block=config.capacity_block_id is not None,
             ),
             opts=child,
         )
@@ -146,7 +148,13 @@ class TrainingStack(pulumi.ComponentResource):
         self.outputs = {
             "instance_type": plan.instance.type,
             "nodes": plan.nodes,
-            "market": "spot" if config.spot else "on-demand",
+            "market": config.market,
+            "price_model": price_model(
+                plan,
+                spot=config.spot,
+                capacity_reservation_id=config.capacity_reservation_id,
+                capacity_block_id=config.capacity_block_id,
+            ),
             "availability_zone": network.availability_zone,
             "instance_ids": compute.instance_ids,
             "private_ips": compute.private_ips,

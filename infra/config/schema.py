@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from common.errors import describe
 from images.matrix import arch_key
@@ -38,6 +45,7 @@ LOG_RETENTION_DAYS = (
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
 # Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
@@ -145,6 +153,20 @@ class StackConfig(BaseModel):
         description="`true`: use the account's default VPC and its default subnet in the zone "
         "instead of creating a VPC",
     )
+    capacity_reservation_id: str | None = Field(
+        None,
+        alias="capacityReservationId",
+        description="an On-Demand Capacity Reservation (`cr-...`) the nodes launch into: "
+        "capacity held for you, billed at the on-demand rate from its start until cancelled, "
+        "used or not. Not with `gpu:spot`",
+    )
+    capacity_block_id: str | None = Field(
+        None,
+        alias="capacityBlockId",
+        description="the reservation id (`cr-...`) of an EC2 Capacity Block for ML the nodes "
+        "launch into (market type `capacity-block`): GPU time bought up front for fixed dates. "
+        "Not with `gpu:spot` or `gpu:capacityReservationId`",
+    )
     delete_data_on_destroy: bool = Field(
         False,
         alias="deleteDataOnDestroy",
@@ -216,6 +238,31 @@ class StackConfig(BaseModel):
             raise ValueError("must be an availability zone name such as us-east-1a")
         return value
 
+    @field_validator("capacity_reservation_id", "capacity_block_id")
+    @classmethod
+    def _reservation_id(cls, value: str | None) -> str | None:
+        if value is not None and not _RESERVATION_ID.match(value):
+            raise ValueError("must be a capacity reservation id such as cr-0123456789abcdef0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_buy(self) -> StackConfig:
+        chosen = [
+            key
+            for key, on in (
+                ("gpu:spot", self.spot),
+                ("gpu:capacityReservationId", self.capacity_reservation_id is not None),
+                ("gpu:capacityBlockId", self.capacity_block_id is not None),
+            )
+            if on
+        ]
+        if len(chosen) > 1:
+            raise ValueError(
+                f"{' and '.join(chosen)} are both set, but a node is bought one way only: "
+                "spot, in a capacity reservation, or in a capacity block; keep one"
+            )
+        return self
+
     @field_validator("train_config")
     @classmethod
     def _train_config(cls, path: Path | None) -> Path | None:
@@ -240,8 +287,11 @@ class StackConfig(BaseModel):
 
     @property
     def market(self) -> str:
-        """How the nodes are bought: "spot" or "on-demand"."""
-        return "spot" if self.spot else "on-demand"
+        """How the nodes are bought: "spot", "capacity-block" or "on-demand" (which includes
+        an On-Demand Capacity Reservation: its instances count against the on-demand quota)."""
+        if self.spot:
+            return "spot"
+        return "capacity-block" if self.capacity_block_id is not None else "on-demand"
 
     @property
     def train_config_text(self) -> str | None:

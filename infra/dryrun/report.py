@@ -9,7 +9,7 @@ import yaml
 from infra.config.schema import StackConfig
 from infra.dryrun.mocks import Recorded
 from infra.dryrun.runner import ProgramRun
-from infra.knowledge.costs import cost_summary
+from infra.knowledge.costs import cost_summary, price_model
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.report import format_costs, format_plan
 
@@ -123,6 +123,13 @@ def describe_stack(stack: StackConfig, region: str | None = None) -> str:
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate, region=region),
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
+            "price model    "
+            + price_model(
+                plan,
+                spot=stack.spot,
+                capacity_reservation_id=stack.capacity_reservation_id,
+                capacity_block_id=stack.capacity_block_id,
+            ),
             *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]
     )

@@ -5,13 +5,18 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from common.records import read_toml
+from infra.errors import ConfigError
 
 if TYPE_CHECKING:
     from infra.config.guardrails import GuardrailConfig
     from infra.knowledge.resolver import Plan
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
+CAPACITY_BLOCKS_PATH = Path(__file__).parent / "data" / "capacity_blocks.toml"
 
 
 def hourly_usd(plan: Plan, *, spot: bool) -> float:
@@ -47,3 +52,40 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
     }
+
+
+def price_model(
+    plan: Plan,
+    *,
+    spot: bool,
+    capacity_reservation_id: str | None = None,
+    capacity_block_id: str | None = None,
+) -> str:
+    """How the stack's nodes are paid for, in one sentence."""
+    on_demand = plan.on_demand_usd_per_hour
+    if capacity_block_id is not None:
+        blocks = read_toml(CAPACITY_BLOCKS_PATH, ConfigError)
+        rate = blocks["usd_per_instance_hour"].get(plan.instance.type)
+        quoted = (
+            f"about ${rate * plan.nodes:.2f}/h for {plan.nodes} x {plan.instance.type} "
+            f"(pricing page snapshot {blocks['checked'].isoformat()})"
+            if rate is not None
+            else "at the block's own rate"
+        )
+        return (
+            f"Capacity Block {capacity_block_id}: paid up front when bought, {quoted}, for "
+            "the whole block whether the nodes run or not; running them adds nothing, and EC2 "
+            "ends them with the block"
+        )
+    if capacity_reservation_id is not None:
+        return (
+            f"On-Demand Capacity Reservation {capacity_reservation_id}: ${on_demand:.2f}/h (the "
+            "on-demand rate) from the reservation's start until it is cancelled, used or not; "
+            "nodes running in it add nothing"
+        )
+    if spot:
+        return (
+            f"spot: about ${plan.spot_usd_per_hour:.2f}/h while the nodes run (the spot price "
+            "moves; interruptions stop them)"
+        )
+    return f"on-demand: ${on_demand:.2f}/h while the nodes run"

@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import tomllib
+
+import pulumi
 import pytest
 
+from infra.dryrun.mocks import RecordingMocks
+from infra.knowledge.catalog import CATALOG_DIR
+from tests.support.infra import data_file_prices
 from tests.support.mock_runs import one
 from tests.support.stack_runs import (
     INSTANCE,
@@ -62,3 +68,53 @@ def test_a_changed_training_config_changes_the_nodes_user_data(tmp_path):
     job.write_text("[train]\nglobal_batch_size = 128\n")
     second = run_stack(trainConfig=str(job)).of_type(INSTANCE)[0].inputs["userData"]
     assert first != second and "global_batch_size = 128" in second
+
+
+BLOCK = "cr-0123456789abcdef0"
+
+
+def test_a_capacity_block_node_launches_into_the_block_with_its_market_type():
+    run = run_stack(profile="a100x8", capacityBlockId=BLOCK)
+    (node,) = run.of_type(INSTANCE)
+    assert node.inputs["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert node.inputs["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": BLOCK}
+    }
+    rate = tomllib.loads((CATALOG_DIR / "capacity_blocks.toml").read_text())[
+        "usd_per_instance_hour"
+    ]["p4d.24xlarge"]
+    assert run.outputs["market"] == "capacity-block"
+    assert run.outputs["price_model"].startswith(f"Capacity Block {BLOCK}: paid up front")
+    assert f"about ${rate:.2f}/h for 1 x p4d.24xlarge" in run.outputs["price_model"]
+
+
+def test_a_capacity_reservation_node_targets_it_on_demand():
+    run = run_stack(profile="a100x8", capacityReservationId=BLOCK)
+    (node,) = run.of_type(INSTANCE)
+    assert "instanceMarketOptions" not in node.inputs
+    assert node.inputs["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": BLOCK}
+    }
+    on_demand = data_file_prices("p4d.24xlarge").on_demand_usd_per_hour
+    assert run.outputs["market"] == "on-demand"
+    assert f"${on_demand:.2f}/h (the on-demand rate)" in run.outputs["price_model"]
+
+
+def test_a_plain_node_targets_no_reservation():
+    (node,) = run_stack().of_type(INSTANCE)
+    assert "capacityReservationSpecification" not in node.inputs
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"spot": True, "capacityBlockId": BLOCK},
+        {"spot": True, "capacityReservationId": BLOCK},
+        {"capacityBlockId": BLOCK, "capacityReservationId": BLOCK},
+    ],
+)
+def test_two_ways_to_buy_a_node_are_refused_before_any_resource(config):
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="a node is bought one way only"):
+        run_stack(mocks=mocks, **config)
+    assert mocks.resources == []
