@@ -15,8 +15,8 @@ given an end date, a RunInstances one stays until cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
@@ -51,6 +51,8 @@ class ComputeArgs:
     # capacity_block the reservation of an EC2 Capacity Block for ML.
     capacity_reservation_id: str | None = None
     capacity_block: bool = False
+    # The stack's cost-allocation tag(s), for what the launch template creates.
+    cost_tags: Mapping[str, str] = field(default_factory=dict)
     # Where and as whom the spot-request canceller calls EC2 (the stack's aws: settings).
     region: pulumi.Input[str] | None = None
     aws_profile: str | None = None
@@ -121,6 +123,14 @@ class Compute(pulumi.ComponentResource):
                 for interface in interfaces
             ],
             placement=placement,
+            # Provider default tags reach the instance but not what it creates: volumes,
+            # interfaces and spot requests would escape the cost tag a budget filters on
+            # (hashicorp/terraform-provider-aws issue 19890; EC2 User Guide, "Tag your
+            # resources": tag on creation through the launch template's TagSpecifications).
+            tag_specifications=[
+                {"resource_type": kind, "tags": dict(args.cost_tags)}
+                for kind in ("instance", "volume", "network-interface", "spot-instances-request")
+            ],
             update_default_version=True,
             opts=child,
         )

@@ -139,6 +139,7 @@ class TrainingStack(pulumi.ComponentResource):
                 aws_profile=aws_settings.get("profile"),
                 capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
                 capacity_block=config.capacity_block_id is not None,
+                cost_tags={tag_key: tag_value},
             ),
             opts=child,
         )

@@ -8,6 +8,7 @@ import pulumi
 import pytest
 
 from infra.dryrun.mocks import RecordingMocks
+from infra.dryrun.runner import PROJECT
 from infra.knowledge.catalog import CATALOG_DIR
 from tests.support.infra import data_file_prices
 from tests.support.mock_runs import one
@@ -118,3 +119,12 @@ def test_two_ways_to_buy_a_node_are_refused_before_any_resource(config):
     with pytest.raises(pulumi.RunError, match="a node is bought one way only"):
         run_stack(mocks=mocks, **config)
     assert mocks.resources == []
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_everything_the_launch_template_creates_carries_the_cost_tag(spot):
+    run = run_stack(spot=spot)
+    template = one(run, LAUNCH_TEMPLATE).inputs
+    tagged = {spec["resourceType"]: spec["tags"] for spec in template["tagSpecifications"]}
+    assert set(tagged) == {"instance", "volume", "network-interface", "spot-instances-request"}
+    assert all(tags == {"gpu-stack": f"{PROJECT}-test"} for tags in tagged.values())
