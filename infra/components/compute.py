@@ -39,7 +39,7 @@ class ComputeArgs:
     nodes: int
     spot: bool
     root_volume_gib: int
-    availability_zone: str
+    availability_zone: pulumi.Input[str]
     subnet_id: pulumi.Input[str]
     security_group_id: pulumi.Input[str]
     instance_profile_arn: pulumi.Input[str]

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.zone import KeptZone
 from infra.knowledge.layout import choose_zone
 
 VPC_CIDR = "10.42.0.0/16"
@@ -38,7 +39,7 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     subnet_id: pulumi.Output[str]
     security_group_id: pulumi.Output[str]
-    availability_zone: str
+    availability_zone: pulumi.Output[str]
 
     def __init__(
         self,
@@ -48,21 +49,31 @@ class Network(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Network", name, None, opts)
         invoke = pulumi.InvokeOptions(parent=self)
-        self.availability_zone = choose_zone(
+        chosen = choose_zone(
             args.instance_type, args.availability_zone, _offering_zones(args.instance_type, invoke)
         )
         child = pulumi.ResourceOptions(parent=self)
+        # Chosen once, kept: a changed offering list must not move (replace) the stack.
+        kept = KeptZone(
+            f"{name}-zone",
+            zone=chosen,
+            configured=args.availability_zone is not None,
+            opts=child,
+        )
+        self.availability_zone = kept.zone
+        # Earlier versions named the subnet after this run's choice; the alias keeps it.
+        self._named_zone = chosen
 
         if args.use_default_vpc:
             vpc = aws.ec2.get_vpc(default=True, opts=invoke)
-            subnet = aws.ec2.get_subnet(
+            subnet = aws.ec2.get_subnet_output(
                 vpc_id=vpc.id,
                 availability_zone=self.availability_zone,
                 default_for_az=True,
-                opts=invoke,
+                opts=pulumi.InvokeOutputOptions(parent=self),
             )
             self.vpc_id = pulumi.Output.from_input(vpc.id)
-            self.subnet_id = pulumi.Output.from_input(subnet.id)
+            self.subnet_id = subnet.id
         else:
             self._create_vpc(name, child)
 
@@ -124,13 +135,17 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, opts=child)
+        # The zone is no part of a name: a name is the resource's identity.
+        renamed = pulumi.ResourceOptions(
+            parent=self, aliases=[pulumi.Alias(name=f"{name}-public-{self._named_zone}")]
+        )
         subnet = aws.ec2.Subnet(
-            f"{name}-public-{self.availability_zone}",
+            f"{name}-public",
             vpc_id=vpc.id,
             cidr_block=SUBNET_CIDR,
             availability_zone=self.availability_zone,
-            tags={"Name": f"{name}-public-{self.availability_zone}"},
-            opts=child,
+            tags={"Name": f"{name}-public"},
+            opts=renamed,
         )
         routes = aws.ec2.RouteTable(
             f"{name}-public",
@@ -139,10 +154,10 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         aws.ec2.RouteTableAssociation(
-            f"{name}-public-{self.availability_zone}",
+            f"{name}-public",
             subnet_id=subnet.id,
             route_table_id=routes.id,
-            opts=child,
+            opts=renamed,
         )
         region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self))
         # Checkpoints and ECR image layers (served from S3) stay off the internet gateway.

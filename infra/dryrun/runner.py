@@ -37,6 +37,8 @@ class ProgramRun:
     delete_before_replace: set[str] = field(default_factory=set)
     # "type name" of the resources `pulumi destroy` leaves in the account
     retain_on_delete: set[str] = field(default_factory=set)
+    # "type name" -> the earlier names Pulumi also knows it by (aliases: no replacement)
+    aliases: dict[str, list[str]] = field(default_factory=dict)
 
     @property
     def retain_on_delete_names(self) -> set[str]:
@@ -64,6 +66,7 @@ def run_under_mocks(
     depends_on: dict[str, list[str]] = {}
     delete_first: set[str] = set()
     retained: set[str] = set()
+    aliases: dict[str, list[str]] = {}
 
     def record_options(
         args: pulumi.ResourceTransformationArgs,
@@ -78,6 +81,10 @@ def run_under_mocks(
             delete_first.add(key)
         if args.opts is not None and args.opts.retain_on_delete:
             retained.add(key)
+        if args.opts is not None and args.opts.aliases:
+            aliases[key] = [
+                alias if isinstance(alias, str) else alias.name for alias in args.opts.aliases
+            ]
         return None
 
     result: list[Any] = []
@@ -89,7 +96,7 @@ def run_under_mocks(
         return pulumi.Output.from_input(None)
 
     run()
-    run = ProgramRun(list(mocks.resources), {}, depends_on, delete_first, retained)
+    run = ProgramRun(list(mocks.resources), {}, depends_on, delete_first, retained, aliases)
     return run, result[0]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 import pytest
 
+from infra.components.zone import KeptZoneProvider
 from infra.dryrun.mocks import RecordingMocks
 from tests.support.mock_runs import one
 from tests.support.stack_runs import LAUNCH_TEMPLATE, SECURITY_GROUP, run_stack
@@ -53,3 +54,28 @@ def test_configured_zone_without_the_type_is_refused():
     with pytest.raises(pulumi.RunError, match=r"gpu:availabilityZone: 'us-east-1a' does not offer"):
         run_stack(mocks=mocks, availabilityZone="us-east-1a")
     assert not any(r.type.startswith("aws:ec2/") for r in mocks.resources)
+
+
+def test_a_recomputed_first_choice_keeps_the_zone_of_the_first_up():
+    kept = {"zone": "us-east-1a", "configured": False}
+    provider = KeptZoneProvider()
+    assert provider.create(kept).outs["zone"] == "us-east-1a"
+    # AWS now offers the type first in us-east-1b: not a change, the stack stays.
+    assert not provider.diff(
+        "us-east-1a", kept, {"zone": "us-east-1b", "configured": False}
+    ).changes
+
+
+def test_a_configured_zone_moves_the_stack():
+    old = {"zone": "us-east-1a", "configured": False}
+    diff = KeptZoneProvider().diff("us-east-1a", old, {"zone": "us-east-1c", "configured": True})
+    assert diff.changes and diff.replaces == ["zone"]
+
+
+def test_no_resource_name_holds_the_zone_and_the_subnet_keeps_its_old_name_as_an_alias():
+    run = run_stack(mocks=RecordingMocks(offering_zones=("us-east-1d", "us-east-1b")))
+    assert not any("us-east-1" in resource.name for resource in run.resources)
+    subnet = one(run, "aws:ec2/subnet:Subnet")
+    assert run.aliases[f"{subnet.type} {subnet.name}"] == [f"{subnet.name}-us-east-1b"]
+    (zone,) = [r for r in run.of_type("pulumi-python:dynamic:Resource") if r.name.endswith("-zone")]
+    assert subnet.inputs["availabilityZone"] == zone.state["zone"] == "us-east-1b"
