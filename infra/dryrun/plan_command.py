@@ -6,11 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-import pulumi
-
 from infra.config.stack_file import load_stack_file, stack_file_config, stack_file_path
-from infra.dryrun.report import describe_run, describe_stack
-from infra.dryrun.runner import run_stack_file
 from infra.errors import ConfigError
 from infra.knowledge.profiles import load_profiles
 
@@ -57,6 +53,12 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
                 f"no stack file {path}: give a profile with a Pulumi.<profile>.yaml "
                 f"({', '.join(with_files)}) or --stack-file PATH"
             )
+        # Pulumi is imported only here: plain `plan` runs without it (tests/infra/dryrun).
+        import pulumi
+
+        from infra.dryrun.report import describe_run, describe_stack
+        from infra.dryrun.runner import run_stack_file
+
         try:
             run_result = run_stack_file(path)  # checks every key and value first
         except pulumi.RunError as exc:

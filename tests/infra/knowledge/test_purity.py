@@ -67,3 +67,16 @@ def test_a_module_that_imports_pulumi_fails_there():
     result = _import_without_pulumi("infra.components.storage")
     assert result.returncode != 0
     assert "pulumi is not importable here" in result.stderr
+
+
+def test_the_plan_without_resources_runs_without_pulumi():
+    program = _WITHOUT_PULUMI.replace(
+        "for module in sys.argv[1:]:\n    importlib.import_module(module)\n",
+        "import runpy\nsys.argv = ['infra', 'plan', 'a100x8']\n"
+        "runpy.run_module('infra', run_name='__main__')\n",
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", program], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert "p4d.24xlarge" in result.stdout
