@@ -14,6 +14,7 @@ from infra.components.compute import Compute, ComputeArgs
 from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
 from infra.components.network import Network, NetworkArgs
+from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
@@ -87,6 +88,18 @@ class TrainingStack(pulumi.ComponentResource):
         guardrails = Guardrails(
             name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
         )
+        # Finds the instances by their tag, so it counts them from their launch whenever it
+        # starts; it needs the guardrails' alert topic. The nodes wait for it too.
+        spend_guard = SpendGuard(
+            name,
+            SpendGuardArgs(
+                plan=plan,
+                guardrails=config.guardrails,
+                cost_tag=(tag_key, tag_value),
+                alert_topic_arn=guardrails.alert_topic_arn,
+            ),
+            opts=child,
+        )
         image_tag = config.image_tag or plan.image_tag
         self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
         region = aws.get_region_output(
@@ -134,7 +147,7 @@ class TrainingStack(pulumi.ComponentResource):
                 security_group_id=network.security_group_id,
                 instance_profile_arn=role.instance_profile_arn,
                 user_data=user_data,
-                wait_for=guardrails.ready,
+                wait_for=[*guardrails.ready, spend_guard],
                 region=region.region,
                 aws_profile=aws_settings.get("profile"),
                 capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
@@ -185,6 +198,7 @@ class TrainingStack(pulumi.ComponentResource):
             "runway_hours": costs["runway_hours"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
+            "spend_ledger_table": spend_guard.ledger_table_name,
             "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         if config.spot:

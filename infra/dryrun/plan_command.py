@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from infra.config.stack_file import load_stack_file, stack_file_config, stack_file_path
+from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
 from infra.knowledge.profiles import load_profiles
 
@@ -56,6 +56,7 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
         # Pulumi is imported only here: plain `plan` runs without it (tests/infra/dryrun).
         import pulumi
 
+        from infra.dryrun.mocks import PLACEHOLDER_REGION
         from infra.dryrun.report import describe_run, describe_stack
         from infra.dryrun.runner import run_stack_file
 
@@ -66,7 +67,10 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
         return "\n".join(
             [
                 f"stack file     {path.name}",
-                describe_stack(load_stack_file(path), stack_file_config(path).get("aws:region")),
+                # Priced where the offline run ran (a placeholder region without aws:region).
+                describe_stack(
+                    load_stack_file(path), stack_file_region(path) or PLACEHOLDER_REGION
+                ),
                 "",
                 describe_run(run_result),
             ]

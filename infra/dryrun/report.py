@@ -113,15 +113,16 @@ def describe_run(run: ProgramRun) -> str:
     return "\n".join(lines)
 
 
-def describe_stack(stack: StackConfig, region: str | None = None) -> str:
+def describe_stack(stack: StackConfig, region: str) -> str:
     """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
-    plan = stack.resolve_plan()
+    plan = stack.resolve_plan(region)
     profiles = load_profiles()
     # The profile's description and rationale hold only if the config keeps its plan.
-    profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
+    same = plan == resolve_profile(stack.profile, region=region)
+    profile = profiles.get(stack.profile) if same else None
     return "\n".join(
         [
-            format_plan(plan, profile=profile, rate=profiles.exchange_rate, region=region),
+            format_plan(plan, profile=profile, rate=profiles.exchange_rate),
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
             "price model    "
             + price_model(

@@ -5,18 +5,27 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
-
-from common.records import read_toml
-from infra.errors import ConfigError
 
 if TYPE_CHECKING:
     from infra.config.guardrails import GuardrailConfig
     from infra.knowledge.resolver import Plan
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
-CAPACITY_BLOCKS_PATH = Path(__file__).parent / "data" / "capacity_blocks.toml"
+
+# The spend guard (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES and
+# stops the stack in the run that finds the budget spent; a run lasts at most its function's
+# timeout. EC2 bills no stopping instance (unless it hibernates: "Instance state and billing",
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), so the stack runs
+# past its budget for at most one period plus one run.
+SPEND_GUARD_PERIOD_MINUTES = 5
+SPEND_GUARD_TIMEOUT_SECONDS = 60
+
+
+def worst_case_overspend_usd(hourly: float) -> float:
+    """What the stack can spend past its budget before the spend guard's stop takes hold."""
+    minutes = SPEND_GUARD_PERIOD_MINUTES + SPEND_GUARD_TIMEOUT_SECONDS / 60
+    return hourly * minutes / 60
 
 
 def hourly_usd(plan: Plan, *, spot: bool) -> float:
@@ -51,6 +60,7 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "runway_hours_spot": round(budget / spot_price, 1),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
+        "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
     }
 
 
@@ -64,11 +74,10 @@ def price_model(
     """How the stack's nodes are paid for, in one sentence."""
     on_demand = plan.on_demand_usd_per_hour
     if capacity_block_id is not None:
-        blocks = read_toml(CAPACITY_BLOCKS_PATH, ConfigError)
-        rate = blocks["usd_per_instance_hour"].get(plan.instance.type)
+        rate = plan.price.capacity_block_usd_per_hour
         quoted = (
             f"about ${rate * plan.nodes:.2f}/h for {plan.nodes} x {plan.instance.type} "
-            f"(pricing page snapshot {blocks['checked'].isoformat()})"
+            f"(infra/knowledge/data/prices.toml, {plan.price.region})"
             if rate is not None
             else "at the block's own rate"
         )

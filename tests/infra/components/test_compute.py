@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import tomllib
-
 import pulumi
 import pytest
 
 from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import PROJECT
-from infra.knowledge.catalog import CATALOG_DIR
 from tests.support.infra import data_file_prices
 from tests.support.mock_runs import one
 from tests.support.stack_runs import (
@@ -81,9 +78,7 @@ def test_a_capacity_block_node_launches_into_the_block_with_its_market_type():
     assert node.inputs["capacityReservationSpecification"] == {
         "capacityReservationTarget": {"capacityReservationId": BLOCK}
     }
-    rate = tomllib.loads((CATALOG_DIR / "capacity_blocks.toml").read_text())[
-        "usd_per_instance_hour"
-    ]["p4d.24xlarge"]
+    rate = data_file_prices("p4d.24xlarge").capacity_block_usd_per_hour
     assert run.outputs["market"] == "capacity-block"
     assert run.outputs["price_model"].startswith(f"Capacity Block {BLOCK}: paid up front")
     assert f"about ${rate:.2f}/h for 1 x p4d.24xlarge" in run.outputs["price_model"]

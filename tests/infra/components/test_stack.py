@@ -6,8 +6,11 @@ import json
 import subprocess
 from pathlib import Path
 
+import pulumi
 import pytest
 
+from infra.dryrun.runner import run_program
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
@@ -23,6 +26,7 @@ from tests.support.stack_runs import (
     node_policy,
     nodes_in_rank_order,
     run_stack,
+    training_log_group,
 )
 from tests.support.tools import require_tool
 from training.contract import DEFAULT_MASTER_PORT
@@ -162,7 +166,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
     bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
     repository = one(run, "aws:ecr/repository:Repository").state["arn"]
-    log_group = one(run, "aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    log_group = training_log_group(run).state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
@@ -313,3 +317,19 @@ def test_warnings_output_holds_the_plans_and_the_guardrails():
     assert not any(
         "alertEmails" in w for w in run_stack(alertEmails=["ml@company.io"]).outputs["warnings"]
     )
+
+
+def test_a_stack_is_priced_for_its_own_region():
+    prices = load_catalog().prices
+    run = run_program({**BASE_CONFIG, "profile": "v100x1"}, stack="test", aws_region="eu-west-1")
+    ireland = prices.price("eu-west-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert run.outputs["on_demand_usd_per_hour"] == pytest.approx(ireland, abs=0.005)
+
+
+def test_a_region_without_prices_fails_preview_in_one_sentence():
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(BASE_CONFIG, stack="test", aws_region="eu-west-3")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("aws:region is 'eu-west-3': ")
+    assert "regions with prices: eu-west-1, us-east-1, us-west-2" in message

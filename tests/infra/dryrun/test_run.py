@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -13,6 +12,7 @@ from infra.config.stack_file import stack_file_config
 from infra.dryrun.plan_command import with_resources
 from infra.dryrun.report import describe_run
 from infra.dryrun.runner import run_stack_file
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from tests.support.infra import data_file_prices, run_cli
 
@@ -75,7 +75,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
         f"runway         {budget / on_demand:.1f} h a month at full load on-demand "
         f"(on-demand {budget / on_demand:.1f} h, spot {budget / spot:.1f} h)"
     ) in lines
-    assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
+    hours = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"][
+        "gpu:maxRuntimeHours"
+    ]
+    assert (
+        f"longest run    ${hours * on_demand:,.2f} on-demand: gpu:maxRuntimeHours stops each "
+        f"node after {hours:g} h"
+    ) in lines
 
 
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
@@ -146,35 +152,25 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert line.startswith("warning ") and "you@example.com" in line
 
 
-def test_the_plan_names_the_prices_region_and_a_stack_in_another_region(monkeypatch, capsys):
-    catalog_region = tomllib.loads((REPO / "infra/knowledge/data/instances.toml").read_text())[
-        "region"
-    ]
-    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
-    assert main(["plan", "a100x8", "--resources"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    (prices,) = [line for line in lines if line.startswith("prices ")]
-    assert f", {catalog_region};" in prices
-    assert not any(line.startswith("region ") for line in lines)  # the example is us-east-1
-
-
-def test_a_stack_in_another_region_is_told_its_prices_differ(tmp_path, monkeypatch, capsys):
-    stack = tmp_path / "Pulumi.west.yaml"
+def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.ireland.yaml"
     stack.write_text(
-        "config:\n  aws:region: us-west-2\n  gpu:profile: a100x8\n  gpu:budgetUsd: 1000\n"
+        "config:\n  aws:region: eu-west-1\n  gpu:profile: a100x8\n  gpu:budgetUsd: 2000\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
     monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     out = capsys.readouterr().out
-    assert "region         us-west-2: prices there differ from us-east-1's above" in out
+    prices = load_catalog().prices
+    ireland = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert f"market         on-demand: ${ireland:.2f}/h for the stack" in out.splitlines()
+    assert "prices         eu-west-1 (estimates)" in out
 
 
 def test_a_missing_stack_file_names_the_profiles_that_have_one():
     result = run_cli("plan", "no-such-profile", "--resources")
     assert result.returncode == 2
-    with_files = sorted(
-        p.name.removeprefix("Pulumi.").removesuffix(".yaml") for p in REPO.glob("Pulumi.*.yaml")
-    )
-    for name in with_files:
+    stack_files = REPO.glob("Pulumi.*.yaml")
+    for name in (path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in stack_files):
         assert name in result.stderr

@@ -59,3 +59,10 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
     assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
     on_demand = data_file_prices(plan.instance.type).on_demand_usd_per_hour * plan.nodes
     assert summary["runway_hours"] == round(1000 / on_demand, 1)
+
+
+def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
+    plan = resolve("p4d.24xlarge", nodes=2)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
+    # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
+    assert summary["worst_case_overspend_usd"] == round(2 * 32.7726 * 6 / 60, 2)
