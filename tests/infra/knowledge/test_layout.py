@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import load_catalog
@@ -66,3 +70,45 @@ def test_configured_zone_without_the_type_names_the_zones_that_have_it():
 def test_no_zone_offering_the_type_names_the_region_and_type_keys():
     with pytest.raises(ConfigError, match=r"aws:region.*gpu:instanceType"):
         choose_zone("p5.48xlarge", None, [])
+
+
+# --- properties, over generated offerings and zone names -----------------------------------
+
+_ZONES = st.sampled_from([f"us-east-1{letter}" for letter in "abcdef"])
+
+
+@given(offered=st.lists(_ZONES, min_size=1, max_size=6))
+def test_an_unset_zone_is_the_smallest_name_offered_whatever_the_order(offered):
+    chosen = choose_zone("p4d.24xlarge", None, offered)
+    assert chosen in offered
+    assert all(chosen <= zone for zone in offered)
+    assert choose_zone("p4d.24xlarge", None, list(reversed(offered))) == chosen
+
+
+@given(offered=st.lists(_ZONES, min_size=1, max_size=6), requested=_ZONES)
+def test_a_set_zone_is_kept_exactly_when_offered(offered, requested):
+    if requested in offered:
+        assert choose_zone("p4d.24xlarge", requested, offered) == requested
+    else:
+        with pytest.raises(ConfigError, match=re.escape(repr(requested))):
+            choose_zone("p4d.24xlarge", requested, offered)
+
+
+_EFA_TYPES = sorted(
+    instance.type for instance in load_catalog().instances.values() if instance.efa_interfaces
+)
+
+
+@given(instance_type=st.sampled_from(_EFA_TYPES), nodes=st.integers(min_value=1, max_value=64))
+def test_every_layout_has_one_primary_and_one_interface_per_card(instance_type, nodes):
+    plan = resolve(instance_type, nodes=nodes)
+    layout = interface_layout(plan)
+    cards = [interface.network_card_index for interface in layout]
+    assert len(set(cards)) == len(cards)  # never two interfaces on one card
+    assert (layout[0].network_card_index, layout[0].device_index) == (0, 0)
+    if nodes == 1:
+        assert layout == [layout[0]] and layout[0].interface_type is None
+    else:
+        assert len(layout) == plan.instance.efa_interfaces
+        assert layout[0].interface_type == "efa"  # the primary carries IP traffic too
+        assert all(interface.device_index == 1 for interface in layout[1:])
