@@ -6,6 +6,11 @@ provider's create and delete run as the Pulumi engine would call them.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import boto3
 import pytest
 from botocore.stub import Stubber
@@ -16,6 +21,7 @@ from tests.support.stack_runs import INSTANCE, run_stack
 
 CANCELLER = "pulumi-python:dynamic:Resource"
 REGION = "us-east-1"
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
@@ -109,3 +115,27 @@ def test_every_spot_node_has_a_canceller_for_its_own_request():
 
 def test_an_on_demand_node_has_none():
     assert cancellers(run_stack(spot=False)) == []
+
+
+def test_the_engine_can_load_the_serialized_provider_from_the_project_directory():
+    """Pulumi pickles a dynamic provider (dill) into the resource's inputs; its provider host
+    (`python -m pulumi.dynamic`, started in the project directory) loads it there. The class
+    is pickled by reference, so it must import from the project directory alone."""
+    (canceller,) = cancellers(run_stack(spot=True))
+    serialized = canceller.inputs["__provider"]
+    serialized = serialized["value"] if isinstance(serialized, dict) else serialized
+    load = (
+        "import base64, sys, dill; "
+        "provider = dill.loads(base64.b64decode(sys.argv[1])); "
+        "print(type(provider).__name__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", load, serialized],
+        cwd=REPO_ROOT,
+        env={"PATH": os.environ["PATH"]},  # no PYTHONPATH: only what the directory holds
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "SpotRequestProvider"
