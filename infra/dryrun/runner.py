@@ -44,9 +44,6 @@ class ProgramRun:
     def retain_on_delete_names(self) -> set[str]:
         return {key.split(" ", 1)[1] for key in self.retain_on_delete}
 
-    def of_type(self, type_: str) -> list[Recorded]:
-        return [r for r in self.resources if r.type == type_]
-
 
 def run_under_mocks(
     program: Callable[[], Any],

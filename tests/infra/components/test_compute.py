@@ -8,7 +8,7 @@ import pytest
 from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import PROJECT
 from tests.support.infra import data_file_prices
-from tests.support.mock_runs import one
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     INSTANCE,
     LAUNCH_TEMPLATE,
@@ -34,14 +34,14 @@ def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
     # More than one interface: EC2 assigns no public address, so each node gets an Elastic IP.
     assert all("associatePublicIpAddress" not in i for i in interfaces)
     nodes = nodes_in_rank_order(run)
-    eips = run.of_type("aws:ec2/eip:Eip")
+    eips = of_type(run, "aws:ec2/eip:Eip")
     assert sorted(e.inputs["networkInterface"] for e in eips) == sorted(
         n.state["primaryNetworkInterfaceId"] for n in nodes
     )
     master = nodes[0].state["privateIp"]
     assert [boot_env(n)["TRAIN_MASTER_ADDR"] for n in nodes] == ["127.0.0.1", master, master]
     assert [boot_env(n)["TRAIN_NODE_RANK"] for n in nodes] == ["0", "1", "2"]
-    assert len(run.of_type(INSTANCE)) == 3
+    assert len(of_type(run, INSTANCE)) == 3
 
 
 def test_root_volume_size_follows_the_config():
@@ -53,7 +53,7 @@ def test_root_volume_size_follows_the_config():
 @pytest.mark.parametrize("spot", [False, True])
 def test_a_node_is_replaced_delete_first_when_its_user_data_changes(spot):
     run = run_stack(spot=spot)
-    (node,) = run.of_type(INSTANCE)
+    (node,) = of_type(run, INSTANCE)
     assert node.inputs["userDataReplaceOnChange"] is True
     assert f"{node.type} {node.name}" in run.delete_before_replace
 
@@ -62,9 +62,9 @@ def test_a_changed_training_config_changes_the_nodes_user_data(tmp_path):
     """With replace-on-change, different user data is a new node that boots the new job."""
     job = tmp_path / "job.toml"
     job.write_text("[train]\nglobal_batch_size = 64\n")
-    first = run_stack(trainConfig=str(job)).of_type(INSTANCE)[0].inputs["userData"]
+    first = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
     job.write_text("[train]\nglobal_batch_size = 128\n")
-    second = run_stack(trainConfig=str(job)).of_type(INSTANCE)[0].inputs["userData"]
+    second = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
     assert first != second and "global_batch_size = 128" in second
 
 
@@ -73,7 +73,7 @@ BLOCK = "cr-0123456789abcdef0"
 
 def test_a_capacity_block_node_launches_into_the_block_with_its_market_type():
     run = run_stack(profile="a100x8", capacityBlockId=BLOCK)
-    (node,) = run.of_type(INSTANCE)
+    (node,) = of_type(run, INSTANCE)
     assert node.inputs["instanceMarketOptions"] == {"marketType": "capacity-block"}
     assert node.inputs["capacityReservationSpecification"] == {
         "capacityReservationTarget": {"capacityReservationId": BLOCK}
@@ -86,7 +86,7 @@ def test_a_capacity_block_node_launches_into_the_block_with_its_market_type():
 
 def test_a_capacity_reservation_node_targets_it_on_demand():
     run = run_stack(profile="a100x8", capacityReservationId=BLOCK)
-    (node,) = run.of_type(INSTANCE)
+    (node,) = of_type(run, INSTANCE)
     assert "instanceMarketOptions" not in node.inputs
     assert node.inputs["capacityReservationSpecification"] == {
         "capacityReservationTarget": {"capacityReservationId": BLOCK}
@@ -97,7 +97,7 @@ def test_a_capacity_reservation_node_targets_it_on_demand():
 
 
 def test_a_plain_node_targets_no_reservation():
-    (node,) = run_stack().of_type(INSTANCE)
+    (node,) = of_type(run_stack(), INSTANCE)
     assert "capacityReservationSpecification" not in node.inputs
 
 

@@ -261,16 +261,16 @@ def test_each_alert_address_subscribes_to_the_topic():
 def test_every_node_waits_for_the_budget_and_the_alert_topic(spot):
     """A node that launches when its guardrails failed to create would run unwatched."""
     run = run_stack(spot=spot)
-    (node,) = run.of_type("aws:ec2/instance:Instance")
+    (node,) = of_type(run, "aws:ec2/instance:Instance")
     waits = set(run.depends_on[f"{node.type} {node.name}"])
     budget, topic = one(run, BUDGET).name, one(run, TOPIC).name
-    subscriptions = {s.name for s in run.of_type("aws:sns/topicSubscription:TopicSubscription")}
+    subscriptions = {s.name for s in of_type(run, "aws:sns/topicSubscription:TopicSubscription")}
     assert subscriptions and {budget, topic, *subscriptions} <= waits
 
 
 def test_each_node_has_its_alarms_and_the_budget_action_stops_it():
     run = run_stack(maxRuntimeHours=8)
-    (node,) = run.of_type("aws:ec2/instance:Instance")
+    (node,) = of_type(run, "aws:ec2/instance:Instance")
     alarms = stop_alarms(run)
     assert len(alarms) == 2
     assert all(alarm.inputs["dimensions"] == {"InstanceId": node.id} for alarm in alarms)

@@ -7,7 +7,7 @@ import pytest
 
 from infra.components.zone import KeptZoneProvider
 from infra.dryrun.mocks import RecordingMocks
-from tests.support.mock_runs import one
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import LAUNCH_TEMPLATE, SECURITY_GROUP, run_stack
 
 
@@ -29,7 +29,7 @@ def test_own_vpc_has_a_public_subnet_route_to_the_gateway_and_an_s3_endpoint():
 
 def test_default_vpc_when_asked():
     run = run_stack(useDefaultVpc=True, availabilityZone="us-east-1c")
-    assert run.of_type("aws:ec2/vpc:Vpc") == [] and run.of_type("aws:ec2/subnet:Subnet") == []
+    assert of_type(run, "aws:ec2/vpc:Vpc") == [] and of_type(run, "aws:ec2/subnet:Subnet") == []
     assert one(run, SECURITY_GROUP).inputs["vpcId"] == "vpc-default"
     (interface,) = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
     assert interface["subnetId"] == "subnet-default-us-east-1c"
@@ -77,5 +77,7 @@ def test_no_resource_name_holds_the_zone_and_the_subnet_keeps_its_old_name_as_an
     assert not any("us-east-1" in resource.name for resource in run.resources)
     subnet = one(run, "aws:ec2/subnet:Subnet")
     assert run.aliases[f"{subnet.type} {subnet.name}"] == [f"{subnet.name}-us-east-1b"]
-    (zone,) = [r for r in run.of_type("pulumi-python:dynamic:Resource") if r.name.endswith("-zone")]
+    (zone,) = [
+        r for r in of_type(run, "pulumi-python:dynamic:Resource") if r.name.endswith("-zone")
+    ]
     assert subnet.inputs["availabilityZone"] == zone.state["zone"] == "us-east-1b"

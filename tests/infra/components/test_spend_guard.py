@@ -13,7 +13,7 @@ from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.mock_runs import one
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
 
 FUNCTION = "aws:lambda/function:Function"
@@ -26,7 +26,7 @@ LAMBDA_ENVIRONMENT_BYTES = 4096  # Lambda quotas: 4 KB of environment variables
 
 
 def policy(run, suffix: str) -> dict:
-    (found,) = [r for r in run.of_type(ROLE_POLICY) if r.name.endswith(suffix)]
+    (found,) = [r for r in of_type(run, ROLE_POLICY) if r.name.endswith(suffix)]
     return json.loads(found.inputs["policy"])
 
 
@@ -65,7 +65,7 @@ def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profi
     assert schedule["flexibleTimeWindow"] == {"mode": "OFF"}
     function_arn = one(run, FUNCTION).state["arn"]
     assert schedule["target"]["arn"] == function_arn
-    (role,) = [r for r in run.of_type(ROLE) if r.name.endswith("-spend-guard-schedule")]
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard-schedule")]
     assert schedule["target"]["roleArn"] == role.state["arn"]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert [s["Principal"]["Service"] for s in trust] == ["scheduler.amazonaws.com"]
@@ -90,7 +90,7 @@ def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_ow
     assert mutating == ["ec2:StopInstances"]
     assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
     assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]
-    (role,) = [r for r in run.of_type(ROLE) if r.name.endswith("-spend-guard")]
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard")]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert [s["Principal"]["Service"] for s in trust] == ["lambda.amazonaws.com"]
 

@@ -17,6 +17,7 @@ from botocore.stub import Stubber
 from moto.server import ThreadedMotoServer
 
 from infra.components.spot_request import SpotRequestProvider
+from tests.support.mock_runs import of_type
 from tests.support.stack_runs import INSTANCE, run_stack
 
 CANCELLER = "pulumi-python:dynamic:Resource"
@@ -40,7 +41,7 @@ def ec2(monkeypatch):
 
 
 def cancellers(run):
-    return [r for r in run.of_type(CANCELLER) if r.name.endswith("-spot-request")]
+    return [r for r in of_type(run, CANCELLER) if r.name.endswith("-spot-request")]
 
 
 def spot_node(ec2) -> tuple[str, str]:
@@ -105,7 +106,7 @@ def test_a_new_node_replaces_the_canceller_delete_first():
 
 def test_every_spot_node_has_a_canceller_for_its_own_request():
     run = run_stack(spot=True, **{"aws:profile": "research"})
-    (node,) = run.of_type(INSTANCE)
+    (node,) = of_type(run, INSTANCE)
     (canceller,) = cancellers(run)
     assert canceller.inputs["spot_request_id"] == node.state["spotInstanceRequestId"]
     assert canceller.inputs["instance_id"] == node.id

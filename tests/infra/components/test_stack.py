@@ -15,7 +15,7 @@ from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
 from tests.support.infra import data_file_prices
-from tests.support.mock_runs import one
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     BASE_CONFIG,
     LAUNCH_TEMPLATE,
@@ -96,7 +96,7 @@ def test_efa_and_placement_group_only_for_multi_node(case):
     plan, _, run = case
     template = one(run, LAUNCH_TEMPLATE).inputs
     interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
-    groups = run.of_type(PLACEMENT_GROUP)
+    groups = of_type(run, PLACEMENT_GROUP)
     if plan.nodes == 1:
         assert groups == []
         assert "groupName" not in template["placement"]
@@ -122,7 +122,7 @@ def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
     template = one(run, LAUNCH_TEMPLATE)
     nodes = nodes_in_rank_order(run)
     assert len(nodes) == plan.nodes
-    assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
+    assert of_type(run, "aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
     for node in nodes:
         assert node.inputs["launchTemplate"]["id"] == template.id
         market = node.inputs.get("instanceMarketOptions")
@@ -183,7 +183,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
 
 def test_every_aws_resource_uses_the_tagged_provider(case):
     _, _, run = case
-    (provider,) = run.of_type("pulumi:providers:aws")
+    (provider,) = of_type(run, "pulumi:providers:aws")
     # Provider inputs travel as JSON text.
     tags = json.loads(provider.inputs["defaultTags"])
     assert tags == {"tags": {"gpu-stack": "gpu-training-stack-test"}}

@@ -4,6 +4,7 @@ import pulumi
 
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.dryrun.runner import run_stack_file
+from tests.support.mock_runs import of_type
 
 
 def test_config_is_read_from_the_whole_namespace(monkeypatch):
@@ -44,7 +45,7 @@ def test_a_stack_file_naming_a_profile_deploys_through_it(tmp_path):
         "  gpu:budgetUsd: 1000\n  gpu:alertEmails: [ml@example.com]\n"
     )
     run = run_stack_file(stack)
-    (provider,) = run.of_type("pulumi:providers:aws")
+    (provider,) = of_type(run, "pulumi:providers:aws")
     assert (provider.inputs["profile"], provider.inputs["region"]) == ("research", "us-west-2")
     # Every AWS resource is managed through that provider ("<provider urn>::<provider id>").
     uses = {resource.provider for resource in run.resources if resource.type.startswith("aws:")}
