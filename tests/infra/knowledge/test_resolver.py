@@ -128,7 +128,7 @@ def test_a_v100_plan_says_in_one_line_that_no_supported_ami_remains():
     """The last AL2 proprietary-driver DLAMI (amis.toml: no_longer_supports) lists no P3."""
     amis = tomllib.loads((CATALOG_DIR / "amis.toml").read_text())["ami"]
     (family,) = [name for name, ami in amis.items() if "p3" in ami.get("no_longer_supports", [])]
-    plan = resolve("p3.2xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    plan = resolve("p3.2xlarge", "cu128", catalog=CATALOG, matrix=MATRIX, today=TODAY)
     assert plan.ami.name == family
     first = plan.warnings[0]
     assert first.startswith("no AMI that AWS supports boots p3.2xlarge any more: ")
