@@ -17,10 +17,10 @@ Rules (docs/catalog.md explains them):
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 
-from common.versions import version_key
-from images.matrix import CUDA13_OLDEST_ARCH, Matrix, MatrixError, Variant, arch_key, load_matrix
+from images.matrix import Matrix, MatrixError, Variant, arch_key, load_matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog
 from infra.knowledge.prices import InstancePrice
@@ -147,9 +147,10 @@ def _check_gpu_runs(
     if variant.runs_on(instance.compute_capability):
         return
     arch = f"sm_{instance.compute_capability.replace('.', '')}"
-    cuda13_dropped = arch_key(instance.compute_capability) < arch_key(CUDA13_OLDEST_ARCH)
-    if version_key(variant.cuda) >= (13,) and cuda13_dropped:
-        reason = f"CUDA 13 dropped {instance.gpu_model}'s architecture ({arch})"
+    toolkit = matrix.cuda_major(variant)
+    if toolkit and arch_key(instance.compute_capability) < arch_key(toolkit.oldest_arch):
+        major = variant.cuda.split(".")[0]
+        reason = f"CUDA {major} dropped {instance.gpu_model}'s architecture ({arch})"
     else:
         reason = (
             f"{variant.name}'s torch wheels carry no kernels for {instance.gpu_model} ({arch}; "
@@ -208,7 +209,18 @@ def _warnings(
     instance: Instance, price: InstancePrice, ami: AmiFamily, nodes: int, today: datetime.date
 ) -> tuple[str, ...]:
     warnings = []
-    if ami.past_end_of_life(today):
+    family = re.match(r"[a-z]+\d", instance.type)
+    if ami.past_end_of_life(today) and family is not None and family[0] in ami.no_longer_supports:
+        # One line, first: no AMI AWS supports boots this GPU any more.
+        warnings.append(
+            f"no AMI that AWS supports boots {instance.type} any more: {ami.description} "
+            f"is the only family here with a driver for {instance.gpu_model} (driver "
+            f"{ami.driver_version} runs the image), but its last release no longer lists "
+            f"{family[0].upper()} and it is past end of life since "
+            f"{ami.end_of_life.isoformat()}; the stack boots it unsupported: move to a newer "
+            "GPU (g4dn, g5, g6 and later run the open-driver AMIs)"
+        )
+    elif ami.past_end_of_life(today):
         warnings.append(
             f"AMI family {ami.name} ({ami.os}) is past end of life since "
             f"{ami.end_of_life.isoformat()}: no security updates; it is the only AMI family "

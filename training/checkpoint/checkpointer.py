@@ -36,6 +36,7 @@ from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
     DAMAGED,
+    DEEPSPEED_RECOVERY_SCRIPTS,
     PARTIAL,
     POINTER_NAME,
     UNCOMMITTED,
@@ -116,6 +117,7 @@ class Checkpointer:
             engine.save_checkpoint(
                 str(self.root), tag=step_dir.name, client_state=saved_state, save_latest=False
             )
+        self._on_writers(self._drop_recovery_scripts)
         # Each rank checksums the files it wrote, all ranks at once, while the bytes are
         # still in the page cache; a write that failed on any rank fails the save on all.
         reported = _merge_listings(_collective(lambda: written.entries(step_dir), runs_here=True))
@@ -368,6 +370,10 @@ class Checkpointer:
         write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
 
     # ------------------------------------------------------ who does file work
+
+    def _drop_recovery_scripts(self) -> None:
+        for name in DEEPSPEED_RECOVERY_SCRIPTS:
+            (self.root / name).unlink(missing_ok=True)
 
     def _on_writers(self, work: Callable[[], T]) -> list[T]:
         """Run ``work`` on the ranks that touch files; every rank gets all their results."""

@@ -25,6 +25,9 @@ from pathlib import Path
 COMMIT_MARKER = "commit.json"
 POINTER_NAME = "latest_committed"
 UNIVERSAL_DIR = "universal"
+# DeepSpeed copies these beside every ZeRO save; they import huggingface_hub, which the
+# trainer does not install, so they cannot run: `python -m training export` converts.
+DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 _TAG_RE = re.compile(r"^step_(\d{8,})$")
 
 # xxHash's XXH3 (64 bit): non-cryptographic, it detects accidental damage (a flipped
