@@ -525,10 +525,14 @@ def _recording_writes(engine) -> Iterator[_Writes]:
             writes.paths.append(Path(path))
 
     checkpoint_engine.save = save
+    # DeepSpeed's recovery scripts are removed after every save (DEEPSPEED_RECOVERY_SCRIPTS):
+    # not copying them at all also keeps a full disk from failing outside the engine.
+    engine._copy_recovery_script = lambda save_path: None
     try:
         yield writes
     finally:
         del checkpoint_engine.save  # the class's method again
+        del engine._copy_recovery_script
 
 
 def _is_enospc(exc: BaseException) -> bool:
