@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from infra.knowledge.profiles import ExchangeRate, Profile
@@ -66,3 +66,25 @@ def format_costs(costs: Mapping[str, Any]) -> str:
             f"stops each node after {hours:g} h"
         )
     return "\n".join(lines)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Plain text columns: each as wide as its widest cell, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    numeric = [
+        all(_is_number(row[i]) for row in cells[1:] if row[i]) and len(cells) > 1
+        for i in range(len(headers))
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, right in zip(row, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    return text.lstrip("$").replace(",", "").replace(".", "", 1).lstrip("-").isdigit()

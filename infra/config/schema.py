@@ -13,9 +13,8 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from images.matrix import arch_key
@@ -28,6 +27,9 @@ from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_use
 from training.spec.config import ConfigError as TrainConfigError
 from training.spec.config import load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_precision
+
+if TYPE_CHECKING:  # the offline commands check stack files without loading the Pulumi SDK
+    import pulumi
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy API).
 LOG_RETENTION_DAYS = (
@@ -268,6 +270,8 @@ def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:
     read the whole map the language host passes in (PULUMI_CONFIG), plus any key
     set in-process (pulumi.runtime.set_config, used by the tests and the offline plan).
     """
+    import pulumi
+
     settings = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
     prefix = f"{config.name}:"
     return {

@@ -13,11 +13,10 @@ really does.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import logging
 import runpy
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,7 @@ import pulumi
 import yaml
 
 from infra.config.schema import StackConfig
-from infra.config.stack_file import (
-    REPO_ROOT,
-    config_text,
-    load_stack_file,
-    stack_file_config,
-    stack_file_path,
-)
-from infra.errors import ConfigError
+from infra.config.stack_file import REPO_ROOT, config_text, stack_file_config
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.report import format_costs, format_plan
@@ -333,63 +325,3 @@ def describe_stack(stack: StackConfig) -> str:
             *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]
     )
-
-
-Command = tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]
-
-
-def with_resources(add_arguments: Callable, run: Callable) -> Command:
-    """The `plan` command plus `--resources`: list what `pulumi up` would create.
-
-    `python -m infra plan NAME --resources` runs the program with the config of
-    the stack file Pulumi.NAME.yaml (NAME defaults to the default profile);
-    `--stack-file PATH` names another one. It prints that config's plan and costs
-    (`describe_stack`), then the resources (`describe_run`).
-    """
-
-    def add(parser: argparse.ArgumentParser) -> None:
-        add_arguments(parser)
-        parser.add_argument(
-            "--resources",
-            action="store_true",
-            help="run the Pulumi program offline (mocks, no AWS) with the stack file "
-            "Pulumi.PROFILE.yaml and list the resources it creates",
-        )
-        parser.add_argument(
-            "--stack-file", type=Path, help="with --resources: the stack file to run"
-        )
-
-    def run_command(args: argparse.Namespace) -> str:
-        if args.stack_file is not None and not args.resources:
-            raise ConfigError("--stack-file goes with --resources")
-        if not args.resources:
-            return run(args)
-        if args.instance or args.variant is not None or args.nodes is not None:
-            raise ConfigError(
-                "--resources runs a stack file: set gpu:instanceType, gpu:imageVariant or "
-                "gpu:nodes there instead of --instance, --variant or --nodes"
-            )
-        path = args.stack_file or stack_file_path(args.profile or _default_stack())
-        if not path.is_file():
-            raise ConfigError(
-                f"no stack file {path}: give a profile with a Pulumi.<profile>.yaml "
-                "(a100x8, a100x8-80g, a100x2, v100x1) or --stack-file PATH"
-            )
-        try:
-            run_result = run_stack_file(path)  # checks every key and value first
-        except pulumi.RunError as exc:
-            raise ConfigError(f"{path.name}: {exc}") from None
-        return "\n".join(
-            [
-                f"stack file     {path.name}",
-                describe_stack(load_stack_file(path)),
-                "",
-                describe_run(run_result),
-            ]
-        )
-
-    return add, run_command
-
-
-def _default_stack() -> str:
-    return load_profiles().default

@@ -36,6 +36,7 @@ class InstanceSources:
     hardware: str
     on_demand: str
     spot: str
+    capacity_block: str | None = None
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -60,6 +61,8 @@ class Instance:
     spot_estimated: StrictBool  # no observed spot price: 30% of on-demand
     prices_checked: datetime.date
     sources: InstanceSources
+    # EC2 Capacity Blocks for ML (reserved GPU time, paid up front); None where not known.
+    capacity_block_usd_per_hour: Annotated[StrictFloat, Field(gt=0)] | None = None
     # The kind of EFA interface on network cards 1..n in a multi-node layout; the primary
     # (card 0) is always "efa", since an EFA-only interface carries no IP traffic.
     efa_secondary_interface: Literal["efa", "efa-only"] = "efa"

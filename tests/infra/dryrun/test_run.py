@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cli import COMMANDS, main
+from infra.cli import main
 from infra.config.stack_file import stack_file_config
-from infra.dryrun.run import describe_run, run_stack_file, with_resources
+from infra.dryrun.run import describe_run, run_stack_file
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from tests.support.infra import run_cli
@@ -76,14 +76,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
 
 
-def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
+def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
         "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
         "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
-    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
     p3 = load_catalog().instance("p3.2xlarge")
