@@ -2,6 +2,7 @@
 
     python -m training [--config FILE.toml] [--set key=value ...] [--print-ds-config]
     python -m training export CHECKPOINT out.pt
+    python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
 75 interrupted and checkpointed (run the same command again to resume).
@@ -32,7 +33,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
         description="Train with DeepSpeed. Without --config (or TRAIN_CONFIG) runs the demo job.",
-        epilog="Export weights: python -m training export CHECKPOINT out.pt",
+        epilog="Export weights: python -m training export CHECKPOINT out.pt; GPU memory "
+        "before renting: python -m training estimate --config FILE --gpus N --gpu-type T",
     )
     p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
     p.add_argument(
@@ -57,6 +59,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.checkpoint.export import main as export_main
 
         return export_main(argv[1:])
+    if argv[:1] == ["estimate"]:
+        from training.estimate import main as estimate_main
+
+        return estimate_main(argv[1:])
     args = parser().parse_args(argv)
     if "RANK" in os.environ:
         return _worker(args)
