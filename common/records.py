@@ -8,7 +8,6 @@ the bad value, and what would work.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,8 +15,6 @@ from typing import Any, TypeVar
 from pydantic import ConfigDict, ValidationError
 
 T = TypeVar("T")
-
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
 
 # Records refuse unknown keys. Their numbers and flags are Strict* types besides:
 # "3.06" is not a price and true is not a count.
@@ -74,24 +71,3 @@ def check_keys(raw: dict[str, Any], known: set[str], *, where: str, error: type[
     for key in raw:
         if key not in known:
             raise error(f"{where}: unknown key '{key}' (known keys: {', '.join(sorted(known))})")
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Numbers for comparison, trailing zeros dropped: 570.195.03 -> (570, 195, 3).
-
-    570.26 and 570.26.00 are one version, as the image's start-up check
-    (training/spec/selfcheck.py) and the boot script's driver check judge them.
-    """
-    if not _VERSION.match(version):
-        raise ValueError(f"not a dotted version number: {version!r}")
-    parts = [int(part) for part in version.split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
-def dotted_version(value: str | None) -> str | None:
-    """Pydantic validator: a dotted version number (or None)."""
-    if value is not None:
-        version_key(value)
-    return value
