@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.records import version_key
+from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
 from infra.config.stack_file import load_stack_file, stack_file_config, stack_file_path

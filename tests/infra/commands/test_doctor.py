@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from common.records import version_key
+from common.versions import version_key
 from images.matrix import load_matrix
 from infra.commands import doctor
 from infra.commands.doctor import Gpu, ProbeError, Probes, Runtime
