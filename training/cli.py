@@ -1,6 +1,6 @@
 """`python -m training`: the launcher without RANK in the environment, a worker with it.
 
-    python -m training [--config FILE.toml] [--set key=value ...] [--print-ds-config]
+    python -m training [--config FILE.toml] [--set key=value ...] [--fresh] [--print-ds-config]
     python -m training export CHECKPOINT out.pt
     python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
 
@@ -22,8 +22,10 @@ import torch
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
+from training.fresh import move_aside
 from training.launcher import TopologyError, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
+from training.metrics import usd_per_hour
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
@@ -45,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override one config key, e.g. --set train.steps=100 (repeatable)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from step 0: move the run folder (and checkpoints) aside to "
+        "NAME.<timestamp> instead of resuming; nothing is deleted",
     )
     p.add_argument(
         "--print-ds-config",
@@ -88,6 +96,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
             on_gpu=torch.cuda.is_available(),
             capability=gpu_capability(),
         )
+        usd_per_hour(os.environ)  # a bad price stops the job here, before any rank starts
     except (ConfigError, TopologyError, SelfCheckError) as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
@@ -95,6 +104,14 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    if args.fresh:
+        try:
+            moved = move_aside(config, os.environ)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return ExitCode.BAD_CONFIG
+        for old, new in moved:
+            log.info("--fresh: moved %s aside to %s", old, new)
     log.info(
         "starting %d worker(s) on node %d of %d (world size %d), output in %s",
         topo.nproc_per_node,

@@ -9,7 +9,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import deepspeed
@@ -26,7 +26,7 @@ from training.components import build_dataset, build_model
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
 from training.interrupt import StopFlag, spot_endpoint_from_env
-from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
+from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost, usd_per_hour
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
@@ -166,7 +166,7 @@ class Trainer:
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch
-        metrics = StepMetrics(config, placement, job) if self.is_rank0 else None
+        metrics = StepMetrics(config, placement, job, self.env) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
         try:
             while job.step < config.train.steps:
@@ -215,8 +215,9 @@ class Trainer:
 class StepMetrics:
     """Rank 0's view of the run: per-window throughput and MFU, and the end-of-run summary."""
 
-    def __init__(self, config: Config, placement: Placement, job: Job):
+    def __init__(self, config: Config, placement: Placement, job: Job, env: Mapping[str, str]):
         self.config, self.job, self.world_size = config, job, placement.world_size
+        self.price = usd_per_hour(env)
         self.tokens_per_step = job.batch.global_batch_size * config.data.seq_len
         self.gpu = GpuMonitor(placement.local_rank)
         self.peak = peak_tflops(self.gpu.name, bf16=config.precision.bf16)
@@ -273,7 +274,8 @@ class StepMetrics:
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
             f"{self.last_loss:.4f}, {rate:,.0f} tokens/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
-            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; "
+            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
+            f"{run_cost(took, self.world_size, self.price)}; "
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
