@@ -5,7 +5,9 @@ Exit codes follow docs/contracts.md: 0 done, 75 interrupted and checkpointed.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import os
 import random
 import time
@@ -31,6 +33,9 @@ from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
 log = logging.getLogger(__name__)
+
+# How often rank 0 replaces the status object in S3 at most: one small PUT a minute.
+STATUS_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -199,11 +204,14 @@ class Trainer:
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
                 if stopping:
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
+                    if metrics is not None:
+                        metrics.publish("interrupted")
                     return ExitCode.INTERRUPTED
         finally:
             if metrics is not None:
                 metrics.close()
         if metrics is not None:
+            metrics.publish("done")
             print(metrics.summary(), flush=True)
         return ExitCode.DONE
 
@@ -232,6 +240,9 @@ class StepMetrics:
         self.window_step, self.window_start = job.step, self.started
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.mirror = job.checkpointer.mirror
+        self.status_published = -math.inf
+        self.last_record: dict | None = None
 
     def record(self, loss_sum: float) -> None:
         """One record for the steps since the last; loss_sum is over their micro-batches."""
@@ -258,6 +269,31 @@ class StepMetrics:
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.window_step, self.window_start = job.step, now
+        self.last_record = record
+        if now - self.status_published >= STATUS_EVERY_S:
+            self.publish("training")
+
+    def publish(self, state: str) -> None:
+        """Put the job's progress beside its checkpoints in S3, for `python -m infra status`."""
+        if self.mirror is None or self.last_record is None:
+            return
+        record, total = self.last_record, self.config.train.steps
+        status = {
+            "state": state,  # training, done or interrupted
+            "step": self.job.step,
+            "total_steps": total,
+            "loss": record["loss"],
+            "tokens_per_s": record["tokens_per_s"],
+            "step_time_s": record["step_time_s"],
+            "seconds_left": (total - self.job.step) * record["step_time_s"],
+            "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        self.status_published = time.perf_counter()
+        try:
+            self.mirror.put_status(status)
+        except Exception:
+            # Progress reporting must never stop training.
+            log.exception("could not publish the job's status to %s", self.mirror.uri)
 
     def tick(self) -> None:
         self.sink.advance()
