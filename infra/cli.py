@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 
 from images.matrix import MatrixError
-from infra.commands import doctor, offers, plan
+from infra.commands import doctor, down, logs, offers, plan, start, status, stop, up
 from infra.commands.outcome import Outcome
 from infra.errors import ConfigError
 
@@ -38,6 +38,13 @@ COMMANDS: dict[str, Command] = {
     "offers": (offers.add_arguments, offers.run),
     "doctor": (doctor.add_arguments, doctor.run),
     "plan": (plan.add_arguments, plan.run),
+    "preview": (up.add_preview_arguments, up.run_preview),
+    "up": (up.add_arguments, up.run),
+    "status": (status.add_arguments, status.run),
+    "logs": (logs.add_arguments, logs.run),
+    "stop": (stop.add_arguments, stop.run),
+    "start": (start.add_arguments, start.run),
+    "down": (down.add_arguments, down.run),
 }
 
 
@@ -47,7 +54,11 @@ def _summary(run: Callable) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _OneLineParser(prog="python -m infra", description=__doc__.splitlines()[0])
+    parser = _OneLineParser(
+        prog="python -m infra",
+        description=__doc__.splitlines()[0],
+        epilog=__doc__.splitlines()[2],
+    )
     commands = parser.add_subparsers(
         dest="command", required=True, parser_class=_OneLineParser, metavar="COMMAND"
     )

@@ -1,4 +1,4 @@
-"""A resolved Plan, and what its stack costs, as the text `python -m infra plan` prints."""
+"""What the command line prints: a resolved Plan, what its stack costs, aligned tables."""
 
 from __future__ import annotations
 
@@ -88,3 +88,30 @@ def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> st
 
 def _is_number(text: str) -> bool:
     return text.lstrip("$").replace(",", "").replace(".", "", 1).lstrip("-").isdigit()
+
+
+def format_cost_table(costs: Mapping[str, Any]) -> str:
+    """Both markets side by side for the stack (cost_summary), the one it runs in marked."""
+    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
+    rows = [
+        (
+            "on-demand" + (" *" if costs["market"] == "on-demand" else ""),
+            f"${costs['on_demand_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_on_demand']:,.1f} h",
+        ),
+        (
+            "spot" + (" *" if costs["market"] == "spot" else ""),
+            f"${costs['spot_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_spot']:,.1f} h",
+        ),
+    ]
+    lines = [
+        format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
+        f"* this stack's market; runway: hours of full load one budget ({period}) buys",
+    ]
+    if costs.get("max_run_usd") is not None:
+        lines.append(
+            f"longest run: ${costs['max_run_usd']:,.2f} (gpu:maxRuntimeHours "
+            f"{costs['max_runtime_hours']:g} h)"
+        )
+    return "\n".join(lines)

@@ -10,8 +10,7 @@ from infra.cli import COMMANDS
 from tests.support.infra import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
-LIFE_CYCLE = ("offers", "plan", "doctor")
-_ALL = (
+LIFE_CYCLE = (
     "offers", "plan", "up", "preview", "status", "logs", "stop", "start", "down", "doctor",
 )  # fmt: skip
 

@@ -1,0 +1,105 @@
+"""`status [STACK]`: each node's state, the job's progress, the last checkpoint and the spend.
+
+Nodes from EC2 (read through their spot requests: interrupted, waiting for capacity),
+the job from the status.json the trainer keeps beside its checkpoints, spend and
+budget from the spend guard's ledger (infra/functions/ledger.py) when the stack has one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from infra.commands import nodes, workspace
+from infra.commands.checkpoints import job_status, last_checkpoint
+from infra.report import format_table
+
+LEDGER_OUTPUT = "ledger_table"  # the spend guard's DynamoDB table, a stack output
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+
+
+def _ledger_reader() -> Callable | None:
+    try:
+        from infra.functions.ledger import read_ledger
+    except ImportError:  # a checkout without the spend guard
+        return None
+    return read_ledger
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    read_ledger: Callable | None = None,
+    now: datetime.datetime | None = None,
+) -> str:
+    """Per node: state; the job's step, loss, tokens/s, time left; checkpoint; spend."""
+    now = now or datetime.datetime.now(datetime.UTC)
+    stack = workspace.deployed(workspace.stack_name(args))
+    out = stack.outputs
+    ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
+    lines = [
+        f"stack       {stack.name} ({stack.region}): {out.get('nodes')} x "
+        f"{out.get('instance_type')}, {out.get('market')}, "
+        f"${out.get('hourly_cost_usd', 0):,.2f}/h while running",
+        "",
+        format_table(
+            ("NODE", "INSTANCE", "STATE", "SPOT REQUEST"),
+            [
+                (n.rank, n.instance_id, n.state, n.spot_request or "-")
+                for n in nodes.nodes(ec2, stack.instance_ids)
+            ],
+        ),
+        "",
+        f"job         {describe_job(job_status(s3, stack.checkpoint_uri), now)}",
+    ]
+    checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
+    lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
+    lines.append(f"spend       {_spend(stack, read_ledger or _ledger_reader(), now)}")
+    return "\n".join(lines)
+
+
+def describe_job(status: dict | None, now: datetime.datetime) -> str:
+    if status is None:
+        return "no progress published yet (the image may still be pulling: see logs)"
+    step, total = status["step"], status["total_steps"]
+    parts = [
+        f"{status['state']} at step {step:,} of {total:,} ({100 * step / total:.0f}%)",
+        f"loss {status['loss']:.4f}",
+        f"{status['tokens_per_s']:,.0f} tokens/s",
+    ]
+    if status["state"] == "training":
+        parts.append(f"{_duration(status['seconds_left'])} to finish")
+    updated = datetime.datetime.fromisoformat(status["updated_at"])
+    parts.append(f"as of {_duration((now - updated).total_seconds())} ago")
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(max(seconds, 0) / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _spend(stack: workspace.Deployed, read_ledger: Callable | None, now: datetime.datetime):
+    budget = f"budget ${stack.outputs.get('monthly_budget_usd', 0):,.2f} a month"
+    table = stack.outputs.get(LEDGER_OUTPUT)
+    if read_ledger is None or not table:
+        return f"{budget}; spend so far comes from the spend guard's ledger, not in this stack"
+    period = now.strftime("%Y-%m")
+    ledger: Any = read_ledger(workspace.aws("dynamodb", stack.region), table, period)
+    if ledger is None:
+        return f"{budget}; nothing spent in {period} yet"
+    left = ledger.budget_usd - ledger.spent_usd
+    text = (
+        f"${ledger.spent_usd:,.2f} of ${ledger.budget_usd:,.2f} in {ledger.period}, "
+        f"${left:,.2f} left"
+    )
+    if ledger.stopped:
+        text += "; the spend guard stopped the nodes at the limit"
+    return text
