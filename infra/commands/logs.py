@@ -2,8 +2,8 @@
 
 The container's awslogs driver writes one stream per node, `node-<rank>`, into the
 stack's log group (infra/node/templates/run-training.sh). FilterLogEvents returns
-events of several streams in time order, a page at a time (`nextToken`), from
-`startTime` in milliseconds (CloudWatch Logs API reference, FilterLogEvents).
+the events of several streams a page at a time (`nextToken`), from `startTime` in
+milliseconds (CloudWatch Logs API reference, FilterLogEvents).
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def run(
     seen: set[str] = set()
     try:
         while True:
-            for event in _events(logs, group, streams, start):
+            # Sorted here: the order of events across streams within a reply is not promised.
+            for event in sorted(_events(logs, group, streams, start), key=_when):
                 if event["eventId"] in seen:
                     continue  # the window overlaps the last poll's by one millisecond
                 seen.add(event["eventId"])
@@ -81,6 +82,10 @@ def _events(logs, group: str, streams: list[str] | None, start: int):
         if not page.get("nextToken"):
             return
         query["nextToken"] = page["nextToken"]
+
+
+def _when(event: dict) -> tuple[int, str]:
+    return event["timestamp"], event["logStreamName"]
 
 
 def _line(event: dict) -> str:

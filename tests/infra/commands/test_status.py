@@ -1,0 +1,91 @@
+"""`status` against moto's server: EC2 states, the trainer's status.json and checkpoint
+pointer in S3, and the spend guard's ledger."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from dataclasses import dataclass
+
+from infra.commands import status
+from infra.commands.checkpoints import POINTER_NAME, STATUS_NAME
+from tests.infra.commands.conftest import BUCKET, checkpoint_bucket, launch_nodes, stack_outputs
+from training.checkpoint.checkpointer import POINTER_NAME as TRAINER_POINTER
+from training.checkpoint.s3 import STATUS_NAME as TRAINER_STATUS
+
+NOW = datetime.datetime(2026, 12, 1, 8, 0, tzinfo=datetime.UTC)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """The spend guard's record (infra/functions/ledger.py: Ledger), as read_ledger returns it."""
+
+    period: str
+    spent_usd: float
+    budget_usd: float
+    stopped: bool
+    notified_thresholds: tuple[int, ...]
+    updated_at: str
+
+
+def test_the_object_names_are_the_trainers():
+    assert (POINTER_NAME, STATUS_NAME) == (TRAINER_POINTER, TRAINER_STATUS)
+
+
+def _deploy(aws, stub_stack, **extra):
+    ec2, s3 = aws.client("ec2"), aws.client("s3")
+    ids = launch_nodes(ec2, 2, spot=False)
+    ec2.stop_instances(InstanceIds=[ids[1]])
+    checkpoint_bucket(s3, ["step_00000400"])
+    progress = {
+        "state": "training",
+        "step": 450,
+        "total_steps": 1000,
+        "loss": 2.71828,
+        "tokens_per_s": 45210.0,
+        "step_time_s": 1.2,
+        "seconds_left": 550 * 1.2,
+        "updated_at": (NOW - datetime.timedelta(minutes=2)).isoformat(),
+    }
+    s3.put_object(Bucket=BUCKET, Key=f"checkpoints/{STATUS_NAME}", Body=json.dumps(progress))
+    stub_stack.outputs_ = stack_outputs(ids, spot=False, **extra)
+    return ids
+
+
+def test_nodes_job_checkpoint_and_budget(aws, stub_stack):
+    ids = _deploy(aws, stub_stack)
+    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=None, now=NOW)
+    lines = text.splitlines()
+    node_rows = [line.split() for line in lines if line.split()[:1] in (["0"], ["1"])]
+    assert node_rows == [["0", ids[0], "running", "-"], ["1", ids[1], "stopped", "-"]]
+    job = next(line for line in lines if line.startswith("job"))
+    assert "training at step 450 of 1,000 (45%)" in job
+    assert "loss 2.7183" in job and "45,210 tokens/s" in job
+    assert "11 min to finish" in job and "as of 2 min ago" in job  # 550 steps x 1.2 s
+    assert "step_00000400" in next(line for line in lines if line.startswith("checkpoint"))
+    spend = next(line for line in lines if line.startswith("spend"))
+    assert "budget $100.00 a month" in spend and "not in this stack" in spend
+
+
+def test_spend_and_budget_left_from_the_ledger(aws, stub_stack):
+    _deploy(aws, stub_stack, ledger_table="gpu-stack-v100x1-ledger")
+    asked = []
+
+    def read_ledger(dynamodb, table, period):
+        asked.append((dynamodb.meta.service_model.service_name, table, period))
+        return Ledger("2026-12", 61.5, 100.0, False, (50,), NOW.isoformat())
+
+    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=read_ledger, now=NOW)
+    assert asked == [("dynamodb", "gpu-stack-v100x1-ledger", "2026-12")]
+    spend = next(line for line in text.splitlines() if line.startswith("spend"))
+    assert spend.endswith("$61.50 of $100.00 in 2026-12, $38.50 left")
+
+
+def test_before_the_trainer_published_anything(aws, stub_stack):
+    ids = launch_nodes(aws.client("ec2"), 1, spot=True)
+    aws.client("s3").create_bucket(Bucket=BUCKET)
+    stub_stack.outputs_ = stack_outputs(ids, spot=True)
+    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=None, now=NOW)
+    assert "no progress published yet" in text and "checkpoint  none yet" in text
+    assert "sir-" in next(line for line in text.splitlines() if line.split()[:1] == ["0"])
