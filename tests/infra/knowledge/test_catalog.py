@@ -239,3 +239,17 @@ def test_bad_catalog_is_rejected_naming_entry_and_field(tmp_path, file, old, new
 def test_missing_catalog_file(tmp_path):
     shutil.copy(CATALOG_DIR / "instances.toml", tmp_path / "instances.toml")
     assert "amis.toml: file not found" in load_error(tmp_path)
+
+
+def test_capacity_block_price_is_optional_and_checked(tmp_path):
+    catalog = load_catalog()
+    assert catalog.instance("p4d.24xlarge").capacity_block_usd_per_hour == 14.75
+    assert catalog.instance("p3.2xlarge").capacity_block_usd_per_hour is None
+    directory = modified_catalog(
+        tmp_path,
+        "instances.toml",
+        "capacity_block_usd_per_hour = 14.75",
+        "capacity_block_usd_per_hour = -1.0",
+    )
+    with pytest.raises(ConfigError, match="capacity_block_usd_per_hour"):
+        load_catalog(directory)
