@@ -16,6 +16,7 @@ from infra.components.iam import InstanceRole
 from infra.components.network import Network
 from infra.components.storage import Storage
 from infra.config.schema import StackConfig
+from infra.knowledge.costs import hourly_usd
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 
@@ -92,6 +93,7 @@ class TrainingStack(pulumi.ComponentResource):
                         efa=efa,
                         data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                         train_config=config.train_config_text,
+                        usd_per_hour=hourly_usd(plan, spot=config.spot),
                     )
                 )
             )
