@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import sys
+import time
 from collections.abc import Callable
 from typing import Any
 
 from infra.commands import nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
+from infra.errors import ConfigError
 from infra.report import format_table
 
 LEDGER_OUTPUT = "ledger_table"  # the spend guard's DynamoDB table, a stack output
@@ -21,6 +24,12 @@ LEDGER_OUTPUT = "ledger_table"  # the spend guard's DynamoDB table, a stack outp
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     workspace.add_stack_argument(parser)
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="print it again every SECONDS until Ctrl-C (waiting for capacity, an image push)",
+    )
 
 
 def _ledger_reader() -> Callable | None:
@@ -35,11 +44,30 @@ def run(
     args: argparse.Namespace,
     *,
     read_ledger: Callable | None = None,
-    now: datetime.datetime | None = None,
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    out=None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Per node: state; the job's step, loss, tokens/s, time left; checkpoint; spend."""
-    now = now or datetime.datetime.now(datetime.UTC)
+    watch = args.watch
+    if watch is not None and watch <= 0:
+        raise ConfigError(f"--watch {watch:g}: give seconds above 0")
     stack = workspace.deployed(workspace.stack_name(args))
+    read_ledger = read_ledger or _ledger_reader()
+    if watch is None:
+        return report(stack, read_ledger, now())
+    out = out or sys.stdout
+    try:
+        while True:
+            out.write(f"{report(stack, read_ledger, now())}\n\n")
+            out.flush()
+            sleep(watch)
+    except KeyboardInterrupt:
+        return ""
+
+
+def report(stack: workspace.Deployed, read_ledger: Callable | None, now: datetime.datetime):
+    """The status text of a stack that is up, as of `now`."""
     out = stack.outputs
     ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
     lines = [
@@ -59,7 +87,7 @@ def run(
     ]
     checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
-    lines.append(f"spend       {_spend(stack, read_ledger or _ledger_reader(), now)}")
+    lines.append(f"spend       {_spend(stack, read_ledger, now)}")
     return "\n".join(lines)
 
 

@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import io
 import json
 from dataclasses import dataclass
 
+import pytest
+
 from infra.commands import status
 from infra.commands.checkpoints import POINTER_NAME, STATUS_NAME
+from infra.errors import ConfigError
 from tests.infra.commands.conftest import BUCKET, checkpoint_bucket, launch_nodes, stack_outputs
 from training.checkpoint.checkpointer import POINTER_NAME as TRAINER_POINTER
 from training.checkpoint.s3 import STATUS_NAME as TRAINER_STATUS
 
 NOW = datetime.datetime(2026, 12, 1, 8, 0, tzinfo=datetime.UTC)
+ARGS = argparse.Namespace(stack="v100x1", watch=None)
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ def _deploy(aws, stub_stack, **extra):
 
 def test_nodes_job_checkpoint_and_budget(aws, stub_stack):
     ids = _deploy(aws, stub_stack)
-    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=None, now=NOW)
+    text = status.run(ARGS, read_ledger=None, now=lambda: NOW)
     lines = text.splitlines()
     node_rows = [line.split() for line in lines if line.split()[:1] in (["0"], ["1"])]
     assert node_rows == [["0", ids[0], "running", "-"], ["1", ids[1], "stopped", "-"]]
@@ -76,7 +81,7 @@ def test_spend_and_budget_left_from_the_ledger(aws, stub_stack):
         asked.append((dynamodb.meta.service_model.service_name, table, period))
         return Ledger("2026-12", 61.5, 100.0, False, (50,), NOW.isoformat())
 
-    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=read_ledger, now=NOW)
+    text = status.run(ARGS, read_ledger=read_ledger, now=lambda: NOW)
     assert asked == [("dynamodb", "gpu-stack-v100x1-ledger", "2026-12")]
     spend = next(line for line in text.splitlines() if line.startswith("spend"))
     assert spend.endswith("$61.50 of $100.00 in 2026-12, $38.50 left")
@@ -86,6 +91,31 @@ def test_before_the_trainer_published_anything(aws, stub_stack):
     ids = launch_nodes(aws.client("ec2"), 1, spot=True)
     aws.client("s3").create_bucket(Bucket=BUCKET)
     stub_stack.outputs_ = stack_outputs(ids, spot=True)
-    text = status.run(argparse.Namespace(stack="v100x1"), read_ledger=None, now=NOW)
+    text = status.run(ARGS, read_ledger=None, now=lambda: NOW)
     assert "no progress published yet" in text and "checkpoint  none yet" in text
     assert "sir-" in next(line for line in text.splitlines() if line.split()[:1] == ["0"])
+
+
+def test_watch_prints_again_until_ctrl_c(aws, stub_stack):
+    ids = _deploy(aws, stub_stack)
+    ec2 = aws.client("ec2")
+    naps = []
+
+    def sleep(seconds):
+        naps.append(seconds)
+        if len(naps) == 1:
+            ec2.start_instances(InstanceIds=[ids[1]])  # the stopped node comes back
+        else:
+            raise KeyboardInterrupt
+
+    out = io.StringIO()
+    args = argparse.Namespace(stack="v100x1", watch=30.0)
+    assert status.run(args, read_ledger=None, now=lambda: NOW, out=out, sleep=sleep) == ""
+    reports = [r for r in out.getvalue().split("stack       v100x1")[1:]]
+    assert naps == [30.0, 30.0] and len(reports) == 2
+    assert f"{ids[1]}  stopped" in reports[0] and f"{ids[1]}  running" in reports[1]
+
+
+def test_watch_needs_a_positive_interval(stub_stack):
+    with pytest.raises(ConfigError, match="--watch 0"):
+        status.run(argparse.Namespace(stack="v100x1", watch=0.0))
