@@ -111,7 +111,7 @@ def test_watch_prints_again_until_ctrl_c(aws, stub_stack):
     out = io.StringIO()
     args = argparse.Namespace(stack="v100x1", watch=30.0)
     assert status.run(args, read_ledger=None, now=lambda: NOW, out=out, sleep=sleep) == ""
-    reports = [r for r in out.getvalue().split("stack       v100x1")[1:]]
+    reports = out.getvalue().split("stack       v100x1")[1:]
     assert naps == [30.0, 30.0] and len(reports) == 2
     assert f"{ids[1]}  stopped" in reports[0] and f"{ids[1]}  running" in reports[1]
 
