@@ -18,6 +18,7 @@ from images.matrix import MatrixError
 from infra.commands import doctor, down, logs, offers, plan, start, status, stop, up
 from infra.commands.outcome import Outcome
 from infra.errors import ConfigError
+from infra.knowledge import price_refresh
 
 EXIT_BAD_INPUT = 2
 
@@ -38,6 +39,7 @@ COMMANDS: dict[str, Command] = {
     "offers": (offers.add_arguments, offers.run),
     "doctor": (doctor.add_arguments, doctor.run),
     "plan": (plan.add_arguments, plan.run),
+    "prices": (price_refresh.add_arguments, price_refresh.run),
     "preview": (up.add_preview_arguments, up.run_preview),
     "up": (up.add_arguments, up.run),
     "status": (status.add_arguments, status.run),

@@ -22,11 +22,11 @@ from pathlib import Path
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
-from infra.config.stack_file import load_stack_file, stack_file_config, stack_file_path
+from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import Quota, quota_for
-from infra.knowledge.resolver import Plan
+from infra.knowledge.resolver import DEFAULT_PLAN_REGION, Plan
 from infra.report import format_table
 
 GIB = 2**30
@@ -200,12 +200,15 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     probes = probes or Probes()
     name = args.profile or load_profiles().default
     path = stack_file_path(name)
+    region = args.region or (stack_file_region(path) if path.is_file() else None)
+    # The plan gives the quota's instance type and vCPUs; its prices play no part here (the
+    # region check says whether the region has any).
+    priced = region if region in load_catalog().prices.regions else DEFAULT_PLAN_REGION
     if path.is_file():
         stack = load_stack_file(path)
-        plan, spot = stack.resolve_plan(), stack.spot
-        region = args.region or stack_file_config(path).get("aws:region")
+        plan, spot = stack.resolve_plan(priced), stack.spot
     else:
-        plan, spot, region = resolve_profile(name), False, args.region
+        plan, spot = resolve_profile(name, region=priced), False
     checks = run_checks(
         probes,
         matrix=load_matrix(),
@@ -348,15 +351,16 @@ def region_check(region: str | None) -> Check:
             "set aws:region in the stack file (`pulumi config set aws:region us-east-1`) "
             "or AWS_REGION",
         )
-    priced = load_catalog().region
-    if region != priced:
+    priced = sorted(load_catalog().prices.regions)
+    if region not in priced:
         return Check(
             "region",
-            "warn",
-            f"{region}: the catalog's prices are {priced}'s",
-            "expect other prices; check the AWS pricing page for this region",
+            "FAIL",
+            f"{region}: the catalog has no prices there, so the stack refuses it at preview",
+            f"deploy to {', '.join(priced)}, or add its prices: "
+            f"`python -m infra prices --refresh --region {region}`",
         )
-    return Check("region", "ok", region)
+    return Check("region", "ok", f"{region} (priced in the catalog)")
 
 
 def quota_check(probes: Probes, region: str, plan: Plan, spot: bool) -> Check:

@@ -2,7 +2,7 @@
 
 Nodes from EC2 (read through their spot requests: interrupted, waiting for capacity),
 the job from the status.json the trainer keeps beside its checkpoints, spend and
-budget from the spend guard's ledger (infra/functions/ledger.py) when the stack has one.
+budget from the spend guard's ledger (infra/functions/ledger.py: read_ledger).
 """
 
 from __future__ import annotations
@@ -12,14 +12,13 @@ import datetime
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from infra.commands import nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.report import format_table
 
-LEDGER_OUTPUT = "ledger_table"  # the spend guard's DynamoDB table, a stack output
+LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -32,18 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _ledger_reader() -> Callable | None:
-    try:
-        from infra.functions.ledger import read_ledger
-    except ImportError:  # a checkout without the spend guard
-        return None
-    return read_ledger
-
-
 def run(
     args: argparse.Namespace,
     *,
-    read_ledger: Callable | None = None,
     now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
     out=None,
     sleep: Callable[[float], None] = time.sleep,
@@ -53,20 +43,19 @@ def run(
     if watch is not None and watch <= 0:
         raise ConfigError(f"--watch {watch:g}: give seconds above 0")
     stack = workspace.deployed(workspace.stack_name(args))
-    read_ledger = read_ledger or _ledger_reader()
     if watch is None:
-        return report(stack, read_ledger, now())
+        return report(stack, now())
     out = out or sys.stdout
     try:
         while True:
-            out.write(f"{report(stack, read_ledger, now())}\n\n")
+            out.write(f"{report(stack, now())}\n\n")
             out.flush()
             sleep(watch)
     except KeyboardInterrupt:
         return ""
 
 
-def report(stack: workspace.Deployed, read_ledger: Callable | None, now: datetime.datetime):
+def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     """The status text of a stack that is up, as of `now`."""
     out = stack.outputs
     ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
@@ -87,7 +76,7 @@ def report(stack: workspace.Deployed, read_ledger: Callable | None, now: datetim
     ]
     checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
-    lines.append(f"spend       {_spend(stack, read_ledger, now)}")
+    lines.append(f"spend       {_spend(stack, now)}")
     return "\n".join(lines)
 
 
@@ -114,20 +103,24 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def _spend(stack: workspace.Deployed, read_ledger: Callable | None, now: datetime.datetime):
+def _spend(stack: workspace.Deployed, now: datetime.datetime) -> str:
     budget = f"budget ${stack.outputs.get('monthly_budget_usd', 0):,.2f} a month"
     table = stack.outputs.get(LEDGER_OUTPUT)
-    if read_ledger is None or not table:
-        return f"{budget}; spend so far comes from the spend guard's ledger, not in this stack"
-    period = now.strftime("%Y-%m")
-    ledger: Any = read_ledger(workspace.aws("dynamodb", stack.region), table, period)
+    if not table:
+        return f"{budget}; no spend ledger (the stack predates the spend guard: `up` adds it)"
+    # The spend guard's own code (it imports boto3: not at start-up, see infra/commands).
+    from infra.functions.ledger import read_ledger
+    from infra.functions.spend_guard import budget_period
+
+    period, _ = budget_period(now, stack.budget_period)
+    ledger = read_ledger(workspace.aws("dynamodb", stack.region), table, period)
     if ledger is None:
-        return f"{budget}; nothing spent in {period} yet"
+        return f"{budget}; the spend guard has not counted {period} yet"
     left = ledger.budget_usd - ledger.spent_usd
     text = (
         f"${ledger.spent_usd:,.2f} of ${ledger.budget_usd:,.2f} in {ledger.period}, "
         f"${left:,.2f} left"
     )
     if ledger.stopped:
-        text += "; the spend guard stopped the nodes at the limit"
+        text += f"; the spend guard stopped the stack ({ledger.stop_reason or 'budget spent'})"
     return text

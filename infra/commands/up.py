@@ -12,8 +12,8 @@ import sys
 from collections.abc import Callable
 
 from infra.commands import workspace
-from infra.config.schema import StackConfig
-from infra.config.stack_file import load_stack_file, stack_file_path
+from infra.config.schema import StackConfig, stack_region
+from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.resolver import Plan
@@ -37,7 +37,7 @@ def _checked(name: str) -> tuple[StackConfig, Plan]:
             "(Pulumi.a100x8.yaml, ...) to it and set gpu:alertEmails"
         )
     config = load_stack_file(path)
-    plan = config.resolve_plan()
+    plan = config.resolve_plan(stack_region(stack_file_region(path)))
     try:
         config.check_plan(plan)
     except ConfigError as exc:

@@ -59,6 +59,7 @@ class Deployed:
     name: str
     region: str
     outputs: dict[str, Any]
+    budget_period: str = "MONTHLY"  # gpu:budgetPeriod, the spend ledger's period
 
     @property
     def instance_ids(self) -> list[str]:
@@ -82,7 +83,16 @@ def deployed(name: str, stack: Any | None = None) -> Deployed:
             f"stack {name!r} has no instances (it is down or was never up): "
             f"`python -m infra up {name}` creates them"
         )
-    return Deployed(name, stack_region(stack, name), outputs)
+    return Deployed(name, stack_region(stack, name), outputs, _budget_period(stack))
+
+
+def _budget_period(stack: Any) -> str:
+    from pulumi import automation as auto
+
+    try:
+        return stack.get_config("gpu:budgetPeriod").value.strip().upper()
+    except auto.CommandError:  # not set: the default period
+        return "MONTHLY"
 
 
 def stack_region(stack: Any, name: str) -> str:

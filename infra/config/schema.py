@@ -9,6 +9,7 @@ ConfigError with one sentence naming the key, the value and what would work.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
@@ -164,10 +166,15 @@ class StackConfig(BaseModel):
     def train_config_text(self) -> str | None:
         return self.train_config.read_text() if self.train_config is not None else None
 
-    def resolve_plan(self) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved."""
+    def resolve_plan(self, region: str) -> Plan:
+        """The profile, with any instanceType / imageVariant / nodes override, resolved and
+        priced for the stack's `region` (stack_region)."""
         try:
-            profile_plan = resolve_profile(self.profile)
+            load_catalog().prices.region(region)
+        except ConfigError as exc:
+            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+        try:
+            profile_plan = resolve_profile(self.profile, region=region)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
         overrides = {
@@ -190,7 +197,7 @@ class StackConfig(BaseModel):
             variant = AUTO  # the profile's variant was chosen for another instance type
         nodes = self.nodes if self.nodes is not None else profile_plan.nodes
         try:
-            return resolve(instance_type, variant, nodes)
+            return resolve(instance_type, variant, nodes, region=region)
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
@@ -227,6 +234,19 @@ class StackConfig(BaseModel):
                 f"{plan.nodes} x {plan.instance.type} (world size {plan.gpus}, compute capability "
                 f"{plan.instance.compute_capability}): {exc}"
             ) from None
+
+
+def stack_region(aws_region: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The region the stack deploys to, found as the AWS provider finds it: `aws:region`, else
+    AWS_REGION, else AWS_DEFAULT_REGION (Pulumi AWS provider, "Installation & Configuration",
+    pulumi.com/registry/packages/aws/installation-configuration/)."""
+    for region in (aws_region, environ.get("AWS_REGION"), environ.get("AWS_DEFAULT_REGION")):
+        if region:
+            return region
+    raise ConfigError(
+        "aws:region is not set, so the stack's prices and region are unknown; set it with "
+        "pulumi config set aws:region us-east-1 (or another region with prices)"
+    )
 
 
 def own_keys() -> tuple[str, ...]:

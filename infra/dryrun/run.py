@@ -25,7 +25,11 @@ import pulumi
 import yaml
 
 from infra.config.schema import StackConfig
-from infra.config.stack_file import REPO_ROOT, config_text, stack_file_config
+from infra.config.stack_file import (
+    REPO_ROOT,
+    config_text,
+    stack_file_config,
+)
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.report import format_costs, format_plan
@@ -312,12 +316,13 @@ def describe_run(run: ProgramRun) -> str:
     return "\n".join(lines)
 
 
-def describe_stack(stack: StackConfig) -> str:
+def describe_stack(stack: StackConfig, region: str) -> str:
     """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
-    plan = stack.resolve_plan()
+    plan = stack.resolve_plan(region)
     profiles = load_profiles()
     # The profile's description and rationale hold only if the config keeps its plan.
-    profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
+    same = plan == resolve_profile(stack.profile, region=region)
+    profile = profiles.get(stack.profile) if same else None
     return "\n".join(
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),

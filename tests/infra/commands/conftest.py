@@ -47,7 +47,7 @@ class StubStack:
 
     outputs_: dict[str, Any] = field(default_factory=dict)
     resources: list[dict] = field(default_factory=list)
-    region: str | None = REGION
+    config: dict[str, str] = field(default_factory=lambda: {"aws:region": REGION})
     on_destroy: Any = None
     calls: list[tuple] = field(default_factory=list)
 
@@ -57,13 +57,13 @@ class StubStack:
 
     def get_config(self, key, *, path=False):
         self.calls.append(("get_config", key))
-        if key != "aws:region" or self.region is None:
+        if key not in self.config:
             raise auto.CommandError(
                 auto.CommandResult(
                     stdout="", stderr=f"configuration key '{key}' not found", code=255
                 )
             )
-        return auto.ConfigValue(self.region)
+        return auto.ConfigValue(self.config[key])
 
     def export_stack(self):
         self.calls.append(("export_stack",))

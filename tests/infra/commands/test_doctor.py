@@ -113,9 +113,12 @@ def test_no_region_fails():
     assert "quota" not in found
 
 
-def test_a_region_the_catalog_does_not_price_warns():
-    found = checks(good_probes(), region="eu-west-1")["region"]
-    assert found.status == "warn" and load_catalog().region in found.finding
+def test_a_region_the_catalog_does_not_price_fails_with_the_priced_ones():
+    found = checks(good_probes(), region="ap-south-2")["region"]
+    assert found.status == "FAIL" and "no prices there" in found.finding
+    assert all(region in found.fix for region in load_catalog().prices.regions)
+    assert "prices --refresh --region ap-south-2" in found.fix
+    assert checks(good_probes(), region="eu-west-1")["region"].status == "ok"
 
 
 def test_quota_below_what_the_profile_needs_fails_with_the_quota_to_raise():

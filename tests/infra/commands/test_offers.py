@@ -8,13 +8,15 @@ from infra.commands.offers import select_offers
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from tests.support.infra import run_cli
 
-RAW = tomllib.loads((CATALOG_DIR / "instances.toml").read_text())
-TYPES = RAW["instance"]
+HARDWARE = tomllib.loads((CATALOG_DIR / "instances.toml").read_text())["instance"]
+PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
 
 
-def _expected(keep, price_key="on_demand_usd_per_hour"):
-    chosen = [t for t, row in TYPES.items() if keep(row)]
-    return sorted(chosen, key=lambda t: (TYPES[t][price_key], t))
+def _expected(keep, price_key="on_demand_usd_per_hour", region="us-east-1"):
+    """Types priced in `region` that `keep` accepts (a row: hardware and price keys together)."""
+    rows = {t: {**HARDWARE[t], **price} for t, price in PRICES[region].items()}
+    chosen = [t for t, row in rows.items() if keep(row)]
+    return sorted(chosen, key=lambda t: (rows[t][price_key], t))
 
 
 def _type_column(stdout: str) -> list[str]:
@@ -30,7 +32,7 @@ def test_a100_with_eight_gpus_lists_p4d_then_p4de_cheapest_first():
     expected = _expected(lambda r: r["gpu_model"] == "A100" and r["gpu_count"] >= 8)
     assert set(expected) == {"p4d.24xlarge", "p4de.24xlarge"}
     assert _type_column(result.stdout) == expected
-    p4d = TYPES["p4d.24xlarge"]
+    p4d = PRICES["us-east-1"]["p4d.24xlarge"]
     row = next(line for line in result.stdout.splitlines() if line.startswith("p4d.24xlarge"))
     assert f"${p4d['on_demand_usd_per_hour']:,.2f}" in row
     assert f"${p4d['spot_usd_per_hour']:,.2f}" in row
@@ -48,7 +50,8 @@ def test_spot_sorts_by_spot_and_caps_by_the_spot_price():
     expected = _expected(lambda r: r["spot_usd_per_hour"] <= 15, "spot_usd_per_hour")
     assert [o.instance.type for o in chosen] == expected
     # The cap is on the spot price: p4d's on-demand is far above it, its spot is not.
-    assert TYPES["p4d.24xlarge"]["on_demand_usd_per_hour"] > 15 and "p4d.24xlarge" in expected
+    p4d = PRICES["us-east-1"]["p4d.24xlarge"]
+    assert p4d["on_demand_usd_per_hour"] > 15 and "p4d.24xlarge" in expected
 
 
 def test_max_price_on_demand_and_gpu_model_in_any_case():
@@ -65,15 +68,26 @@ def test_variants_are_those_the_resolver_runs_and_exclude_cpu():
     assert all("cpu" not in o.variants for o in by_type.values())
 
 
-def test_another_region_than_the_catalogs_is_a_one_line_error():
-    result = run_cli("offers", "--region", "eu-west-1")
+def test_another_region_has_its_own_prices_and_types():
+    chosen = select_offers(load_catalog(), region="eu-west-1")
+    assert [o.instance.type for o in chosen] == _expected(lambda r: True, region="eu-west-1")
+    assert "p4de.24xlarge" not in PRICES["eu-west-1"]  # AWS does not offer it there
+    p4d = next(o for o in chosen if o.instance.type == "p4d.24xlarge")
+    assert (
+        p4d.price.on_demand_usd_per_hour
+        == PRICES["eu-west-1"]["p4d.24xlarge"]["on_demand_usd_per_hour"]
+    )
+    result = run_cli("offers", "--region", "eu-west-1", "--gpu", "A100")
+    assert result.returncode == 0 and "eu-west-1" in result.stdout
+    assert "p4de" not in result.stdout
+
+
+def test_a_region_without_prices_is_a_one_line_error():
+    result = run_cli("offers", "--region", "ap-south-2")
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1
-    assert f"prices {RAW['region']} only, not eu-west-1" in result.stderr
-
-
-def test_catalog_region_is_accepted():
-    assert select_offers(load_catalog(), region=RAW["region"])
+    assert "--region ap-south-2" in result.stderr
+    assert ", ".join(sorted(PRICES)) in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,8 @@ from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 
 STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.v100x1.yaml").read_text())["config"]
-P3 = tomllib.loads((CATALOG_DIR / "instances.toml").read_text())["instance"]["p3.2xlarge"]
+PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
+P3 = PRICES[STACK_FILE["aws:region"]]["p3.2xlarge"]
 
 
 def _args(**values):
@@ -37,6 +38,9 @@ def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_st
     assert f"{budget / P3['spot_usd_per_hour']:,.1f} h" in spot_row
     on_demand_row = next(line for line in text.splitlines() if line.startswith("on-demand"))
     assert f"{budget / P3['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
+    # The spend guard's bound: one 5-minute period plus a 60-second run at the stack's $/h.
+    bound = P3["spot_usd_per_hour"] * (5 + 1) / 60
+    assert f"worst case: ${bound:,.2f} past the budget" in text
     assert asked == [
         f"Create or update stack v100x1 at ${P3['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
         " [y/N] "
