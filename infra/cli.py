@@ -3,7 +3,8 @@
 offers -> plan -> up -> status / logs -> stop / start -> down; doctor before renting.
 
 Each command registers itself in `COMMANDS` (name -> (add_arguments, run)); a new
-command adds one entry, and its `run` docstring's first line is its `--help` line.
+command adds one entry; the first line of its `run` docstring (else of its module's)
+is its `--help` line.
 `run` returns the text to print, or an Outcome (text, exit status).
 Bad input ends in a one-line error and exit 2.
 """
@@ -51,7 +52,9 @@ COMMANDS: dict[str, Command] = {
 
 
 def _summary(run: Callable) -> str | None:
-    lines = (run.__doc__ or "").strip().splitlines()
+    """The `--help` line: the first line of `run`'s docstring, else of its module's."""
+    text = run.__doc__ or getattr(sys.modules.get(run.__module__), "__doc__", None) or ""
+    lines = text.strip().splitlines()
     return lines[0] if lines else None
 
 
