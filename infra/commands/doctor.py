@@ -1,7 +1,7 @@
 """`doctor`: check this machine and the AWS account before renting GPUs, one line per check.
 
 Local GPUs and driver against every image variant, a container runtime with GPU
-support, shared memory, free disk for checkpoints, AWS credentials and region, and
+support, the Pulumi CLI, shared memory, free disk for checkpoints, AWS credentials and region, and
 the EC2 vCPU quota the chosen profile launches under. Each failing line says the fix.
 
 Every probe of the outside world is a function in `Probes`, so each check can be
@@ -22,6 +22,7 @@ from pathlib import Path
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
+from infra.commands.workspace import HOW_TO_INSTALL_PULUMI
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
@@ -117,6 +118,16 @@ def _container_runtime() -> Runtime | None:
     return None
 
 
+def _pulumi_version() -> str | None:
+    """The installed Pulumi CLI's version (`pulumi version`), None when it is not on PATH."""
+    if shutil.which("pulumi") is None:
+        return None
+    result = subprocess.run(
+        ["pulumi", "version"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return result.stdout.strip() or "unknown version"
+
+
 def _shm_bytes() -> int | None:
     try:
         stat = os.statvfs("/dev/shm")
@@ -172,6 +183,7 @@ class Probes:
 
     gpus: Callable[[], list[Gpu]] = _nvml_gpus
     container_runtime: Callable[[], Runtime | None] = _container_runtime
+    pulumi_version: Callable[[], str | None] = _pulumi_version
     shm_bytes: Callable[[], int | None] = _shm_bytes
     free_bytes: Callable[[Path], int] = _free_bytes
     aws_identity: Callable[[str | None], tuple[str, str | None]] = _aws_identity
@@ -240,6 +252,7 @@ def run_checks(
     checks = [
         gpu_check(probes.gpus(), matrix),
         runtime_check(probes.container_runtime()),
+        pulumi_check(probes.pulumi_version()),
         shm_check(probes.shm_bytes()),
         disk_check(probes.free_bytes(checkpoint_dir), checkpoint_dir, min_free_gib),
     ]
@@ -315,6 +328,17 @@ def runtime_check(runtime: Runtime | None) -> Check:
         "`nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`"
     )
     return Check("container", "FAIL", f"{runtime.tool} without GPU support ({runtime.detail})", fix)
+
+
+def pulumi_check(version: str | None) -> Check:
+    if version is None:
+        return Check(
+            "pulumi",
+            "FAIL",
+            "the Pulumi CLI is not on PATH (up, preview and down run it)",
+            HOW_TO_INSTALL_PULUMI,
+        )
+    return Check("pulumi", "ok", f"Pulumi CLI {version}")
 
 
 def shm_check(shm: int | None) -> Check:

@@ -17,10 +17,7 @@ from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.profiles import load_profiles
 
-INSTALL_PULUMI = (
-    "the Pulumi CLI is not on PATH: install it with `curl -fsSL https://get.pulumi.com | sh` "
-    "(https://www.pulumi.com/docs/install/), then run this again"
-)
+HOW_TO_INSTALL_PULUMI = "install it with `curl -fsSL https://get.pulumi.com | sh` (https://www.pulumi.com/docs/install/)"
 
 
 def add_stack_argument(parser) -> None:
@@ -38,7 +35,9 @@ def stack_name(args) -> str:
 def open_stack(name: str, *, create: bool = False) -> Any:
     """The project's stack `name` (a pulumi.automation.Stack), run by the installed CLI."""
     if shutil.which("pulumi") is None:
-        raise ConfigError(INSTALL_PULUMI)
+        raise ConfigError(
+            f"the Pulumi CLI is not on PATH: {HOW_TO_INSTALL_PULUMI}, then run this again"
+        )
     from pulumi import automation as auto
 
     try:

@@ -22,6 +22,7 @@ def good_probes(**changes) -> Probes:
     probes = Probes(
         gpus=lambda: [Gpu("NVIDIA A100-SXM4-40GB", newest.min_driver, "8.0")],
         container_runtime=lambda: Runtime("docker", True, "runtimes nvidia, runc"),
+        pulumi_version=lambda: "v3.210.0",
         shm_bytes=lambda: 32 * GIB,
         free_bytes=lambda path: 500 * GIB,
         aws_identity=lambda region: ("123456789012", "us-east-1"),
@@ -47,8 +48,8 @@ def checks(probes: Probes, *, profile="a100x8", spot=False, region=None):
 
 def test_everything_good_passes():
     found = checks(good_probes())
-    assert [c.status for c in found.values()] == ["ok"] * 7
-    assert set(found) == {"gpu", "container", "shm", "disk", "aws", "region", "quota"}
+    assert [c.status for c in found.values()] == ["ok"] * 8
+    assert set(found) == {"gpu", "container", "pulumi", "shm", "disk", "aws", "region", "quota"}
 
 
 def test_driver_too_old_for_every_variant_fails_with_the_drivers_needed():
@@ -86,6 +87,11 @@ def test_no_gpu_is_a_warning_not_a_failure():
 def test_container_runtime_without_gpu_support_fails(runtime, fix):
     found = checks(good_probes(container_runtime=lambda: runtime))["container"]
     assert found.status == "FAIL" and fix in found.fix
+
+
+def test_no_pulumi_cli_fails_with_the_install_command():
+    found = checks(good_probes(pulumi_version=lambda: None))["pulumi"]
+    assert found.status == "FAIL" and "get.pulumi.com" in found.fix
 
 
 def test_dockers_default_shared_memory_fails():
@@ -157,7 +163,7 @@ def test_run_prints_one_line_per_check_and_exits_1_on_a_failure():
     outcome = doctor.run(args, good_probes(shm_bytes=lambda: 64 * 2**20))
     lines = outcome.text.splitlines()
     assert outcome.exit_code == 1
-    assert len(lines) == 1 + 7 + 1  # header, one line per check, summary
+    assert len(lines) == 1 + 8 + 1  # header, one line per check, summary
     assert lines[-1] == "1 check(s) failed (profile v100x1)"
     assert next(line for line in lines if " shm " in line).startswith("FAIL")
     assert doctor.run(args, good_probes()).exit_code == 0

@@ -79,3 +79,9 @@ def test_follow_prints_new_lines_once_until_interrupted(log_stack):
 def test_a_node_the_stack_does_not_have_is_refused(log_stack):
     with pytest.raises(ConfigError, match="has nodes 0 to 1"):
         logs.run(_args(node=2), out=io.StringIO())
+
+
+def test_a_log_group_not_there_yet_says_why(aws, stub_stack):
+    stub_stack.outputs_ = stack_outputs(["i-0"], spot=False)
+    with pytest.raises(ConfigError, match="not there yet"):
+        logs.run(_args(), out=io.StringIO())
