@@ -17,7 +17,10 @@ from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.profiles import load_profiles
 
-HOW_TO_INSTALL_PULUMI = "install it with `curl -fsSL https://get.pulumi.com | sh` (https://www.pulumi.com/docs/install/)"
+HOW_TO_INSTALL_PULUMI = (
+    "install it with `curl -fsSL https://get.pulumi.com | sh` "
+    "(https://www.pulumi.com/docs/install/)"
+)
 
 
 def add_stack_argument(parser) -> None:
