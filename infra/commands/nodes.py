@@ -76,7 +76,11 @@ def node_state(instance_state: str, request: dict | None) -> str:
 def nodes(ec2: Any, instance_ids: Sequence[str]) -> list[Node]:
     """Every node of the stack in rank order (the order of the instance_ids output)."""
     states = {}
-    pages = ec2.get_paginator("describe_instances").paginate(InstanceIds=list(instance_ids))
+    # A filter, not InstanceIds: an ID EC2 no longer knows is then just missing (a node
+    # "gone"), where InstanceIds would fail the whole call (EC2 API reference).
+    pages = ec2.get_paginator("describe_instances").paginate(
+        Filters=[{"Name": "instance-id", "Values": list(instance_ids)}]
+    )
     for page in pages:
         for reservation in page["Reservations"]:
             for instance in reservation["Instances"]:

@@ -56,3 +56,10 @@ def test_stop_job_sends_the_unit_stop_and_waits_for_every_node(aws):
     assert command["Parameters"]["commands"] == ["systemctl stop gpu-training"]
     assert sorted(command["InstanceIds"]) == sorted(ids)
     assert said and "checkpoints first" in said[0]
+
+
+def test_an_instance_ec2_no_longer_knows_is_gone(aws):
+    ec2 = aws.client("ec2")
+    (known,) = launch_nodes(ec2, 1, spot=False)
+    found = nodes.nodes(ec2, [known, "i-0123456789abcdef0"])
+    assert [n.state for n in found] == ["running", "gone"]
