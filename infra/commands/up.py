@@ -13,20 +13,39 @@ from collections.abc import Callable
 
 from infra.commands import workspace
 from infra.config.schema import StackConfig, stack_region
-from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
+from infra.config.stack_file import (
+    REPO_ROOT,
+    load_stack_file,
+    stack_file_path,
+    stack_file_region,
+)
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.resolver import Plan
 from infra.report import format_cost_table
 
+# The project's guardrail policies (policy/): Pulumi runs them at preview and up and fails on
+# a mandatory violation (Pulumi docs, "Policy as code": --policy-pack).
+POLICY_PACK = REPO_ROOT / "policy"
+
 
 def add_preview_arguments(parser: argparse.ArgumentParser) -> None:
     workspace.add_stack_argument(parser)
+    parser.add_argument(
+        "--no-policy-pack",
+        dest="policy_pack",
+        action="store_false",
+        help="do not run the guardrail policy pack (policy/)",
+    )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    workspace.add_stack_argument(parser)
+    add_preview_arguments(parser)
     parser.add_argument("--yes", "-y", action="store_true", help="create without asking")
+
+
+def _policy_packs(args: argparse.Namespace) -> list[str]:
+    return [str(POLICY_PACK)] if args.policy_pack else []
 
 
 def _checked(name: str) -> tuple[StackConfig, Plan]:
@@ -66,7 +85,9 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     config, plan = _checked(name)
     out.write(describe(name, config, plan) + "\n\n")
     stack = workspace.open_stack(name, create=True)
-    result = stack.preview(on_output=workspace.printer(out), color="never")
+    result = stack.preview(
+        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
+    )
     changes = ", ".join(f"{count} to {op}" for op, count in result.change_summary.items())
     return f"preview of {name}: {changes or 'no changes'}"
 
@@ -83,7 +104,9 @@ def run(args: argparse.Namespace, *, out=None, ask: Callable[[str], str] | None 
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
         return "nothing was created"
     stack = workspace.open_stack(name, create=True)
-    result = stack.up(on_output=workspace.printer(out), color="never")
+    result = stack.up(
+        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
+    )
     outputs = {key: output.value for key, output in result.outputs.items()}
     return "\n".join(
         [

@@ -22,7 +22,7 @@ P3 = PRICES[STACK_FILE["aws:region"]]["p3.2xlarge"]
 
 
 def _args(**values):
-    return argparse.Namespace(**{"stack": "v100x1", "yes": False, **values})
+    return argparse.Namespace(**{"stack": "v100x1", "yes": False, "policy_pack": True, **values})
 
 
 def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_stack):
@@ -54,6 +54,9 @@ def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
     assert stub_stack.opened == [("v100x1", True)]
     (call,) = [c for c in stub_stack.calls if c[0] == "up"]
     assert call[1]["color"] == "never"
+    # The guardrail policies run with Pulumi's own up, from the project's pack.
+    assert call[1]["policy_packs"] == [str(REPO_ROOT / "policy")]
+    assert (REPO_ROOT / "policy" / "PulumiPolicy.yaml").is_file()
     call[1]["on_output"]("Updating (v100x1)")  # Pulumi's lines reach the person as they come
     assert out.getvalue().endswith("Updating (v100x1)\n")
     assert "stack v100x1 is up: i-0abc" in result and "r/repo:tag" in result
@@ -94,3 +97,5 @@ def test_preview_runs_pulumi_preview_and_creates_nothing(stub_stack):
     result = up.run_preview(_args(), out=io.StringIO())
     assert [c[0] for c in stub_stack.calls] == ["preview"]
     assert result == "preview of v100x1: 31 to create"
+    up.run_preview(_args(policy_pack=False), out=io.StringIO())
+    assert [c[1]["policy_packs"] for c in stub_stack.calls] == [[str(REPO_ROOT / "policy")], []]
