@@ -55,3 +55,19 @@ def job_status(s3: Any, uri: str | None) -> dict | None:
         return json.loads(found["Body"].read())
     except ValueError:
         return None
+
+
+def stop_report(s3: Any, uri: str | None, since: datetime.datetime) -> str:
+    """What the trainer said about the stop asked for at `since`: its step and checkpoint."""
+    status = job_status(s3, uri)
+    if status is None:
+        return "the job published no progress (it may not have started): nothing to checkpoint"
+    updated = datetime.datetime.fromisoformat(status["updated_at"])
+    if status["state"] in ("interrupted", "done") and updated >= since:
+        checkpoint = last_checkpoint(s3, uri)
+        where = checkpoint.describe() if checkpoint else "no checkpoint in S3"
+        return f"the job stopped at step {status['step']:,} ({status['state']}); {where}"
+    return (
+        f"the job did not report a stop (last status: {status['state']} at step "
+        f"{status['step']:,}, {status['updated_at']}): it resumes from its last checkpoint"
+    )

@@ -15,13 +15,14 @@ a call); a repository holding images cannot be deleted without them
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
 from infra.commands import nodes, workspace
-from infra.commands.checkpoints import last_checkpoint
+from infra.commands.checkpoints import last_checkpoint, stop_report
 
 # Kept by a plain `down`: the checkpoint bucket with its settings, the image repository.
 KEPT_TYPE_PREFIXES = ("aws:s3/", "aws:ecr/")
@@ -75,8 +76,11 @@ def run(
         ec2 = workspace.aws("ec2", region)
         running = [n.instance_id for n in nodes.nodes(ec2, instance_ids) if n.state == "running"]
         if running:
+            asked = datetime.datetime.now(datetime.UTC)
             results = nodes.stop_job(workspace.aws("ssm", region), running, say=say, sleep=sleep)
             say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
+            if outputs.get("checkpoint_uri"):
+                say(stop_report(workspace.aws("s3", region), outputs["checkpoint_uri"], asked))
         cancelled = nodes.cancel_spot_requests(ec2, instance_ids)
         if cancelled:
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")

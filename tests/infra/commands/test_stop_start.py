@@ -28,6 +28,7 @@ def test_stop_then_start(aws, stub_stack):
     result = stop.run(args, out=out, sleep=lambda s: None)
     assert set(_states(ec2, ids).values()) == {"stopped"}
     assert "stopping the job on 2 node(s)" in out.getvalue()
+    assert "the job published no progress" in out.getvalue()  # no status.json in this bucket
     (command,) = aws.client("ssm").list_commands()["Commands"]
     assert command["Parameters"]["commands"] == ["systemctl stop gpu-training"]
     assert "stopped 2 node(s) of v100x1" in result and "step_00000300" in result
