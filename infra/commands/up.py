@@ -88,7 +88,12 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     result = stack.preview(
         on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
     )
-    changes = ", ".join(f"{count} to {op}" for op, count in result.change_summary.items())
+    # change_summary maps Pulumi's OpType (a str enum: "create", "update", ...) to counts.
+    changes = ", ".join(
+        f"{count} to {getattr(op, 'value', op)}"
+        for op, count in result.change_summary.items()
+        if getattr(op, "value", op) != "same"
+    )
     return f"preview of {name}: {changes or 'no changes'}"
 
 

@@ -73,15 +73,19 @@ class StubStack:
         self.calls.append(("destroy", options))
         if self.on_destroy is not None:
             self.on_destroy(options)
-        return SimpleNamespace(summary=SimpleNamespace(result="succeeded"))
+        return auto.DestroyResult(stdout="", stderr="", summary=None)
 
     def up(self, **options):
         self.calls.append(("up", options))
-        return SimpleNamespace(outputs=self.outputs())
+        return auto.UpResult(stdout="", stderr="", summary=None, outputs=self.outputs())
 
     def preview(self, **options):
         self.calls.append(("preview", options))
-        return SimpleNamespace(change_summary={"create": len(self.resources)})
+        return auto.PreviewResult(
+            stdout="",
+            stderr="",
+            change_summary={auto.OpType.CREATE: len(self.resources), auto.OpType.SAME: 2},
+        )
 
 
 @pytest.fixture
