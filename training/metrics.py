@@ -69,7 +69,7 @@ def usd_per_hour(env: Mapping[str, str]) -> float | None:
 def run_cost(seconds: float, gpus: int, price: float | None) -> str:
     """GPU-hours of a run, and what they cost at `price` USD per hour when it is known."""
     gpu_hours = gpus * seconds / 3600
-    text = f"{gpu_hours:.3g} GPU-hours"
+    text = f"{gpu_hours:,.2f} GPU-hours"
     if price is not None:
         text += f", ${price * seconds / 3600:,.2f} at ${price:,.2f}/h"
     return text

@@ -106,8 +106,9 @@ def test_gpu_monitor_reads_nothing_without_a_gpu():
 def test_run_cost_counts_gpu_hours_and_prices_them_when_the_stack_gives_a_price():
     from training.metrics import run_cost
 
-    assert run_cost(1800, 8, None) == "4 GPU-hours"
-    assert run_cost(1800, 8, 32.7726) == "4 GPU-hours, $16.39 at $32.77/h"
+    assert run_cost(1800, 8, None) == "4.00 GPU-hours"
+    assert run_cost(1800, 8, 32.7726) == "4.00 GPU-hours, $16.39 at $32.77/h"
+    assert run_cost(36, 1, None) == "0.01 GPU-hours"  # plain decimals, never 1e-02
 
 
 @pytest.mark.parametrize("text", ["cheap", "-1", "nan", "inf"])
