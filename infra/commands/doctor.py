@@ -26,7 +26,7 @@ from infra.commands.workspace import HOW_TO_INSTALL_PULUMI
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.knowledge.quotas import Quota, quota_for
+from infra.knowledge.quotas import QuotaNeed, quota_need
 from infra.knowledge.resolver import DEFAULT_PLAN_REGION, Plan
 from infra.report import format_table
 
@@ -157,24 +157,18 @@ def _aws_identity(region: str | None) -> tuple[str, str | None]:
     return identity["Account"], session.region_name
 
 
-def _quota_vcpus(region: str, quota: Quota) -> float | None:
-    """The quota's value in vCPUs (Service Quotas), by code or else by name; None if absent."""
+def _quota_vcpus(region: str, need: QuotaNeed) -> float | None:
+    """The quota's value in vCPUs from Service Quotas (the preflight's reader); None if absent."""
     import boto3
     import botocore.exceptions
 
-    client = boto3.client("service-quotas", region_name=region)
+    from infra.preflight.quotas import quota_value
+
     try:
-        if quota.code is not None:
-            return client.get_service_quota(ServiceCode="ec2", QuotaCode=quota.code)["Quota"][
-                "Value"
-            ]
-        for page in client.get_paginator("list_service_quotas").paginate(ServiceCode="ec2"):
-            for found in page["Quotas"]:
-                if found["QuotaName"] == quota.name:
-                    return found["Value"]
+        answer = quota_value(need, boto3.client("service-quotas", region_name=region))
     except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
         raise ProbeError(f"cannot read it ({exc})") from None
-    return None
+    return None if answer is None else answer[1]
 
 
 @dataclass(frozen=True)
@@ -187,7 +181,7 @@ class Probes:
     shm_bytes: Callable[[], int | None] = _shm_bytes
     free_bytes: Callable[[Path], int] = _free_bytes
     aws_identity: Callable[[str | None], tuple[str, str | None]] = _aws_identity
-    quota_vcpus: Callable[[str, Quota], float | None] = _quota_vcpus
+    quota_vcpus: Callable[[str, QuotaNeed], float | None] = _quota_vcpus
     env: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
 
@@ -388,21 +382,26 @@ def region_check(region: str | None) -> Check:
 
 
 def quota_check(probes: Probes, region: str, plan: Plan, spot: bool) -> Check:
-    quota = quota_for(plan.instance.type, spot=spot)
-    needed = plan.nodes * plan.instance.vcpus
-    what = f"{plan.nodes} x {plan.instance.type} needs {needed} vCPUs of '{quota.name}'"
+    market = "spot" if spot else "on-demand"
+    need = quota_need(plan, market)
+    if need is None:
+        return Check("quota", "warn", f"no EC2 quota recorded for {plan.instance.type} ({market})")
+    what = f"{need.nodes} x {need.instance_type} needs {need.vcpus} vCPUs of '{need.name}'"
     request = (
-        f"request {needed} vCPUs in the Service Quotas console ({region}, Amazon EC2, "
-        f"'{quota.name}'{f', {quota.code}' if quota.code else ''})"
+        f"request {need.vcpus} vCPUs in the Service Quotas console ({region}, Amazon EC2, "
+        f"'{need.name}'{f', {need.code}' if need.code else ''}); increases take hours to days"
     )
     try:
-        value = probes.quota_vcpus(region, quota)
+        value = probes.quota_vcpus(region, need)
     except ProbeError as exc:
         return Check(
-            "quota", "warn", f"{what}: {exc}", "allow servicequotas:GetServiceQuota, or " + request
+            "quota",
+            "warn",
+            f"{what}: {exc}",
+            "allow servicequotas:GetServiceQuota and ListServiceQuotas, or " + request,
         )
     if value is None:
         return Check("quota", "warn", f"{what}: no such quota in {region}", request)
-    if value < needed:
+    if value < need.vcpus:
         return Check("quota", "FAIL", f"{what}; {region} allows {value:g}", request)
     return Check("quota", "ok", f"{what}; {region} allows {value:g}")

@@ -1,15 +1,14 @@
 """`down [STACK]`: checkpoint and stop the job, cancel the spot requests, destroy the stack.
 
-The checkpoint bucket and the image repository stay unless `--delete-data`: the
-command says what remains. Without it, Pulumi destroys every other resource (a
-targeted destroy) and keeps those two in the stack; `--delete-data` empties them and
-destroys everything.
+Pulumi's destroy leaves the checkpoint bucket and the image repository in the account
+unless gpu:deleteDataOnDestroy is true (infra/components/storage.py: retain_on_delete);
+the command says what remains and deletes it only with `--delete-data`.
 
 AWS facts this relies on: a bucket holding objects, or old versions of them,
 cannot be deleted until every version and delete marker is gone (S3 User Guide,
 "Deleting objects from a versioning-enabled bucket"; DeleteObjects takes 1,000 keys
-a call); a repository holding images cannot be deleted without them
-(ECR API reference, DeleteRepository; BatchDeleteImage takes 100 image IDs a call).
+a call); a repository holding images is deleted with them only with `force`
+(ECR API reference, DeleteRepository).
 """
 
 from __future__ import annotations
@@ -23,9 +22,6 @@ from typing import Any
 
 from infra.commands import nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
-
-# Kept by a plain `down`: the checkpoint bucket with its settings, the image repository.
-KEPT_TYPE_PREFIXES = ("aws:s3/", "aws:ecr/")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -85,46 +81,46 @@ def run(
         if cancelled:
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
     s3 = workspace.aws("s3", region) if bucket else None
+    ecr = workspace.aws("ecr", region) if repository else None
     checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
+    stack.destroy(on_output=say, color="never")
     if args.delete_data:
-        if bucket:
-            say(f"deleted {empty_bucket(s3, bucket)} object version(s) from {bucket}")
-        if repository:
-            ecr = workspace.aws("ecr", region)
-            say(f"deleted {delete_images(ecr, repository)} image(s) from {repository}")
-        stack.destroy(on_output=say, color="never")
+        if bucket and bucket_exists(s3, bucket):
+            say(f"deleted {delete_bucket(s3, bucket)} object version(s) and the bucket {bucket}")
+        if repository and repository_exists(ecr, repository):
+            images = delete_repository(ecr, repository)
+            say(f"deleted the repository {repository} and its {images} image(s)")
         return f"stack {name} is destroyed, its data with it; nothing remains"
-
-    targets = [r["urn"] for r in _resources(stack) if not r["type"].startswith(KEPT_TYPE_PREFIXES)]
-    stack.destroy(target=targets, on_output=say, color="never")
     remains = []
-    if bucket:
+    if bucket and bucket_exists(s3, bucket):
         count, size = bucket_usage(s3, bucket)
         last = f", last checkpoint {checkpoint.describe()}" if checkpoint else ""
         remains.append(f"  s3://{bucket}: {count} object(s), {size / 2**30:.2f} GiB{last}")
-    if repository:
-        images = len(_image_ids(workspace.aws("ecr", region), repository))
-        remains.append(f"  repository {repository}: {images} image(s)")
+    if repository and repository_exists(ecr, repository):
+        remains.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
+    if not remains:
+        return f"stack {name} is destroyed; nothing remains"
     return "\n".join(
         [
-            f"stack {name}: every node, network and guardrail is destroyed; what remains:",
+            f"stack {name} is destroyed; what remains (it keeps costing storage):",
             *remains,
             f"delete it with `python -m infra down {name} --delete-data`",
         ]
     )
 
 
-def _resources(stack: Any) -> list[dict]:
-    """The stack's AWS resources (not the providers, components or the stack itself)."""
-    return [
-        resource
-        for resource in stack.export_stack().deployment.get("resources", [])
-        if resource.get("custom") and not resource["type"].startswith("pulumi:providers:")
-    ]
+def bucket_exists(s3: Any, bucket: str) -> bool:
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] in ("404", "NoSuchBucket"):
+            return False
+        raise
+    return True
 
 
-def empty_bucket(s3: Any, bucket: str) -> int:
-    """Delete every object version and delete marker in `bucket`; how many."""
+def delete_bucket(s3: Any, bucket: str) -> int:
+    """Delete every object version and delete marker in `bucket`, then the bucket; how many."""
     deleted = 0
     for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
         keys = [
@@ -134,7 +130,16 @@ def empty_bucket(s3: Any, bucket: str) -> int:
         for batch in workspace.chunks(keys, 1000):
             s3.delete_objects(Bucket=bucket, Delete={"Objects": list(batch), "Quiet": True})
             deleted += len(batch)
+    s3.delete_bucket(Bucket=bucket)
     return deleted
+
+
+def repository_exists(ecr: Any, repository: str) -> bool:
+    try:
+        ecr.describe_repositories(repositoryNames=[repository])
+    except ecr.exceptions.RepositoryNotFoundException:
+        return False
+    return True
 
 
 def _image_ids(ecr: Any, repository: str) -> list[dict]:
@@ -142,11 +147,11 @@ def _image_ids(ecr: Any, repository: str) -> list[dict]:
     return [image for page in pages for image in page["imageIds"]]
 
 
-def delete_images(ecr: Any, repository: str) -> int:
-    images = _image_ids(ecr, repository)
-    for batch in workspace.chunks(images, 100):
-        ecr.batch_delete_image(repositoryName=repository, imageIds=list(batch))
-    return len(images)
+def delete_repository(ecr: Any, repository: str) -> int:
+    """Delete the repository with its images (force); how many images it held."""
+    images = len(_image_ids(ecr, repository))
+    ecr.delete_repository(repositoryName=repository, force=True)
+    return images
 
 
 def bucket_usage(s3: Any, bucket: str) -> tuple[int, int]:

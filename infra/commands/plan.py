@@ -126,13 +126,17 @@ def _resources(args: argparse.Namespace) -> str:
         )
     path = args.stack_file or stack_file_path(args.profile or load_profiles().default)
     if not path.is_file():
+        with_files = [name for name in load_profiles().profiles if stack_file_path(name).is_file()]
         raise ConfigError(
             f"no stack file {path}: give a profile with a Pulumi.<profile>.yaml "
-            "(a100x8, a100x8-80g, a100x2, v100x1) or --stack-file PATH"
+            f"({', '.join(with_files)}) or --stack-file PATH"
         )
-    import pulumi  # the offline run needs the Pulumi SDK; plain `plan` does not
+    # Pulumi is imported only here: plain `plan` runs without it (tests/infra/test_cli.py).
+    import pulumi
 
-    from infra.dryrun.run import PLACEHOLDER_REGION, describe_run, describe_stack, run_stack_file
+    from infra.dryrun.mocks import PLACEHOLDER_REGION
+    from infra.dryrun.report import describe_run, describe_stack
+    from infra.dryrun.runner import run_stack_file
 
     try:
         run_result = run_stack_file(path)  # checks every key and value first

@@ -139,6 +139,7 @@ def test_quota_below_what_the_profile_needs_fails_with_the_quota_to_raise():
     assert found.status == "FAIL" and f"needs {p4d.vcpus} vCPUs" in found.finding
     assert asked[0][0] == "us-east-1"
     assert asked[0][1].name == "All P4, P3 and P2 Spot Instance Requests"
+    assert asked[0][1].vcpus == p4d.vcpus and asked[0][1].market == "spot"
     assert "Service Quotas console" in found.fix and str(p4d.vcpus) in found.fix
 
 

@@ -1,5 +1,6 @@
 """`down` against moto's server: the job is stopped through SSM, the spot requests are
-cancelled before Pulumi destroys anything, and the data stays unless --delete-data."""
+cancelled before Pulumi destroys anything, and the data Pulumi leaves is deleted only
+with --delete-data."""
 
 from __future__ import annotations
 
@@ -19,25 +20,6 @@ from tests.infra.commands.conftest import (
 )
 
 
-def _resource(type_: str, name: str, *, custom: bool = True) -> dict:
-    """One entry of a stack export's `resources`, as Pulumi writes it."""
-    return {"urn": f"urn:pulumi:v100x1::gpu-training-stack::{type_}::{name}", "type": type_,
-            "custom": custom}  # fmt: skip
-
-
-RESOURCES = [
-    _resource("pulumi:pulumi:Stack", "gpu-training-stack-v100x1", custom=False),
-    _resource("gpu:infra:TrainingStack", "s", custom=False),
-    _resource("pulumi:providers:aws", "s-aws"),
-    _resource("aws:ec2/instance:Instance", "s-node-0"),
-    _resource("aws:ec2/vpc:Vpc", "s-vpc"),
-    _resource("aws:s3/bucket:Bucket", "s-ckpt"),
-    _resource("aws:s3/bucketVersioning:BucketVersioning", "s-ckpt"),
-    _resource("aws:ecr/repository:Repository", "s-repo"),
-    _resource("aws:cloudwatch/logGroup:LogGroup", "s-logs"),
-]
-
-
 @pytest.fixture
 def spot_stack(aws, stub_stack):
     ec2, s3, ecr = aws.client("ec2"), aws.client("s3"), aws.client("ecr")
@@ -54,7 +36,6 @@ def spot_stack(aws, stub_stack):
         repositoryName=REPOSITORY, imageManifest=json.dumps(manifest), imageTag="0.1.0-cu128"
     )
     stub_stack.outputs_ = stack_outputs(instance_ids, spot=True)
-    stub_stack.resources = RESOURCES
     seen = {}
 
     def at_destroy(options):
@@ -73,36 +54,47 @@ def _args(**values):
     return argparse.Namespace(**{"stack": "v100x1", "yes": True, "delete_data": False, **values})
 
 
-def test_down_cancels_the_spot_requests_before_destroy_and_keeps_the_data(spot_stack, aws):
+def test_down_cancels_the_spot_requests_before_destroy_and_says_what_remains(spot_stack, aws):
     stack, instance_ids, seen = spot_stack
     assert len(aws.client("ec2").describe_spot_instance_requests()["SpotInstanceRequests"]) == 2
     out = io.StringIO()
     result = down.run(_args(), out=out, sleep=lambda s: None)
     assert seen["spot requests"] == []  # cancelled before the destroy began
-    assert len(seen["versions"]) == 5  # 2 tags x 2 files + the pointer: all kept
     (destroy,) = [c for c in stack.calls if c[0] == "destroy"]
-    assert sorted(destroy[1]["target"]) == sorted(
-        r["urn"]
-        for r in RESOURCES
-        if r["type"]
-        in ("aws:ec2/instance:Instance", "aws:ec2/vpc:Vpc", "aws:cloudwatch/logGroup:LogGroup")
-    )
+    assert "target" not in destroy[1]  # the whole stack: storage retains itself on delete
     text = out.getvalue()
     assert "stopping the job on 2 node(s)" in text
     assert all(f"{i}: Success" in text for i in instance_ids)
     assert "cancelled spot request(s)" in text
+    # Pulumi's destroy left the bucket and repository (retain_on_delete): down names them.
     assert f"s3://{BUCKET}: 5 object(s)" in result and "last checkpoint step_00000200" in result
     assert f"repository {REPOSITORY}: 1 image(s)" in result
     assert "--delete-data" in result
+    assert len(aws.client("s3").list_object_versions(Bucket=BUCKET)["Versions"]) == 5
 
 
-def test_delete_data_empties_the_bucket_and_repository_then_destroys_everything(spot_stack):
+def test_delete_data_deletes_what_the_destroy_left(spot_stack, aws):
     stack, _, seen = spot_stack
     result = down.run(_args(delete_data=True), out=io.StringIO(), sleep=lambda s: None)
-    assert seen["versions"] == [] and seen["images"] == [] and seen["spot requests"] == []
-    (destroy,) = [c for c in stack.calls if c[0] == "destroy"]
-    assert "target" not in destroy[1]
+    assert seen["spot requests"] == []
+    assert [c[0] for c in stack.calls].count("destroy") == 1
+    assert BUCKET not in [b["Name"] for b in aws.client("s3").list_buckets()["Buckets"]]
+    repositories = aws.client("ecr").describe_repositories()["repositories"]
+    assert REPOSITORY not in [r["repositoryName"] for r in repositories]
     assert "nothing remains" in result
+
+
+def test_nothing_left_when_the_stack_deleted_its_own_data(spot_stack, aws):
+    stack, _, _ = spot_stack
+
+    def delete_data_on_destroy(options):  # gpu:deleteDataOnDestroy: Pulumi deletes both
+        down.delete_bucket(aws.client("s3"), BUCKET)
+        down.delete_repository(aws.client("ecr"), REPOSITORY)
+
+    stack.on_destroy = delete_data_on_destroy
+    assert down.run(_args(), out=io.StringIO(), sleep=lambda s: None) == (
+        "stack v100x1 is destroyed; nothing remains"
+    )
 
 
 def test_no_is_no(spot_stack, aws):
