@@ -22,6 +22,7 @@ from training.components import preflight
 from training.ds_config import build_ds_config
 from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
+from training.oom import OutOfMemory
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
@@ -110,6 +111,9 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         code = EXIT_BAD_CONFIG
+    except OutOfMemory as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = error.exit_code
     except Exception:
         log.exception("rank %d failed", placement.rank)
         code = EXIT_FAILED
