@@ -38,7 +38,8 @@ def remedies(config: Config, batch: BatchSizes) -> list[str]:
     if transformer and not model.activation_checkpointing:
         found.append("set model.activation_checkpointing = true")
     if zero.stage < 3:
-        found.append(f"raise zero.stage (now {zero.stage}) to {zero.stage + 1} or 3")
+        higher = "3" if zero.stage == 2 else f"{zero.stage + 1} or 3"
+        found.append(f"raise zero.stage (now {zero.stage}) to {higher}")
     if zero.stage > 0 and not zero.offload_optimizer:
         found.append("set zero.offload_optimizer = true")
     if zero.stage == 3 and not zero.offload_param:
