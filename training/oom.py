@@ -9,7 +9,7 @@ job resumes from its last checkpoint when restarted.
 
 from __future__ import annotations
 
-from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED
+from training.contract import ExitCode
 from training.spec.config import BatchSizes, Config
 from training.spec.presets import VISION_PRESETS
 
@@ -18,9 +18,9 @@ CONFIG_STEPS = 3
 
 
 class OutOfMemory(Exception):
-    """str(error) is the one-line message; exit_code is 2 (config) or 1 (transient)."""
+    """str(error) is the one-line message; exit_code BAD_CONFIG (config) or FAILED."""
 
-    def __init__(self, message: str, exit_code: int):
+    def __init__(self, message: str, exit_code: ExitCode):
         super().__init__(message)
         self.exit_code = exit_code
 
@@ -56,9 +56,11 @@ def explain(config: Config, batch: BatchSizes, *, step: int, first_step: int) ->
         f"ZeRO stage {config.zero.stage})"
     )
     if step - first_step < CONFIG_STEPS:
-        return OutOfMemory(f"{where}: this configuration does not fit; {advice}", EXIT_BAD_CONFIG)
+        return OutOfMemory(
+            f"{where}: this configuration does not fit; {advice}", ExitCode.BAD_CONFIG
+        )
     return OutOfMemory(
         f"{where}, after {step - first_step} steps that fitted: likely transient, run again to "
         f"resume from the last checkpoint; if it recurs, {advice}",
-        EXIT_FAILED,
+        ExitCode.FAILED,
     )

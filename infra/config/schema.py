@@ -9,6 +9,7 @@ ConfigError with one sentence naming the key, the value and what would work.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -18,9 +19,11 @@ from typing import Any
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
@@ -36,6 +39,8 @@ LOG_RETENTION_DAYS = (
 )  # fmt: skip
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
+# Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
@@ -61,9 +66,7 @@ class StackConfig(BaseModel):
     image_variant: str | None = Field(None, alias="imageVariant")
     nodes: int | None = Field(None, ge=1)
     spot: bool = False
-    image_tag: str | None = Field(
-        None, alias="imageTag", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-    )
+    image_tag: str | None = Field(None, alias="imageTag")
     train_config: Path | None = Field(None, alias="trainConfig")
     data_s3_uri: S3Uri | None = Field(None, alias="dataS3Uri")
     ssh_cidr: ipaddress.IPv4Network | None = Field(None, alias="sshCidr")
@@ -90,6 +93,13 @@ class StackConfig(BaseModel):
         if isinstance(value, str) and re.fullmatch(r"\d+", value.strip()):
             return int(value)
         raise ValueError("must be a whole number")
+
+    @field_validator("image_tag")
+    @classmethod
+    def _image_tag(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_TAG.match(value):
+            raise ValueError("not a valid image tag (letters, digits, '_', '.', '-'; at most 128)")
+        return value
 
     @field_validator("data_s3_uri", mode="before")
     @classmethod
@@ -118,7 +128,7 @@ class StackConfig(BaseModel):
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
             allowed = ", ".join(map(str, LOG_RETENTION_DAYS))
-            raise ValueError(f"is not a CloudWatch Logs retention period; use one of {allowed}")
+            raise ValueError(f"not a CloudWatch Logs retention period; use one of {allowed}")
         return value
 
     @field_validator("availability_zone")
@@ -135,17 +145,17 @@ class StackConfig(BaseModel):
             return None
         if not path.is_file():
             raise ValueError(
-                "is not a file (give the path of a training TOML, relative to Pulumi.yaml)"
+                "not a file (give the path of a training TOML, relative to Pulumi.yaml)"
             )
         try:
             text = path.read_text()
             tomllib.loads(text)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"is not valid TOML ({exc})") from None
+            raise ValueError(f"not valid TOML ({exc})") from None
         size = largest_user_data_bytes(text)
         if size > MAX_USER_DATA_BYTES:
             raise ValueError(
-                f"is {len(text.encode())} bytes, which makes the user data {size} bytes, over "
+                f"{len(text.encode())} bytes, which makes the user data {size} bytes, over "
                 f"EC2's {MAX_USER_DATA_BYTES}: keep large settings in the image or in S3"
             )
         return path
@@ -154,10 +164,15 @@ class StackConfig(BaseModel):
     def train_config_text(self) -> str | None:
         return self.train_config.read_text() if self.train_config is not None else None
 
-    def resolve_plan(self) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved."""
+    def resolve_plan(self, region: str) -> Plan:
+        """The profile, with any instanceType / imageVariant / nodes override, resolved and
+        priced for the stack's `region` (stack_region)."""
         try:
-            profile_plan = resolve_profile(self.profile)
+            load_catalog().prices.region(region)
+        except ConfigError as exc:
+            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+        try:
+            profile_plan = resolve_profile(self.profile, region=region)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
         overrides = {
@@ -180,7 +195,7 @@ class StackConfig(BaseModel):
             variant = AUTO  # the profile's variant was chosen for another instance type
         nodes = self.nodes if self.nodes is not None else profile_plan.nodes
         try:
-            return resolve(instance_type, variant, nodes)
+            return resolve(instance_type, variant, nodes, region=region)
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
@@ -219,6 +234,19 @@ class StackConfig(BaseModel):
             ) from None
 
 
+def stack_region(aws_region: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The region the stack deploys to, found as the AWS provider finds it: `aws:region`, else
+    AWS_REGION, else AWS_DEFAULT_REGION (Pulumi AWS provider, "Installation & Configuration",
+    pulumi.com/registry/packages/aws/installation-configuration/)."""
+    for region in (aws_region, environ.get("AWS_REGION"), environ.get("AWS_DEFAULT_REGION")):
+        if region:
+            return region
+    raise ConfigError(
+        "aws:region is not set, so the stack's prices and region are unknown; set it with "
+        "pulumi config set aws:region us-east-1 (or another region with prices)"
+    )
+
+
 def own_keys() -> tuple[str, ...]:
     """The config keys StackConfig reads itself (the guardrail keys are GuardrailConfig's)."""
     return tuple(
@@ -245,20 +273,7 @@ def load_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     try:
         return StackConfig.model_validate({**mine, "guardrails": guardrails})
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc, mine)) from None
-
-
-def _first_error(exc: ValidationError, raw: Mapping[str, Any]) -> str:
-    error = exc.errors(include_url=False)[0]
-    key = str(error["loc"][0]) if error["loc"] else "?"
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "greater_than_equal":
-        message = f"must be at least {error['ctx']['ge']}"
-    elif error["type"] == "less_than_equal":
-        message = f"must be at most {error['ctx']['le']}"
-    elif error["type"] == "string_pattern_mismatch" and key == "imageTag":
-        message = "is not a valid image tag (letters, digits, '_', '.', '-'; at most 128)"
-    return f"gpu:{key} is {raw.get(key)!r}: it {message}"
+        raise ConfigError(describe(exc, name=lambda key: f"gpu:{key}", raw=mine)) from None
 
 
 def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:

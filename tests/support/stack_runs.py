@@ -14,6 +14,7 @@ LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
@@ -22,6 +23,12 @@ BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
 def run_stack(mocks: RecordingMocks | None = None, **config: Any) -> ProgramRun:
     """One mocked run of the program with BASE_CONFIG plus `config` (gpu: keys, no prefix)."""
     return run_program({**BASE_CONFIG, **config}, stack="test", mocks=mocks)
+
+
+def training_log_group(run: ProgramRun) -> Recorded:
+    """The nodes' log group (the spend guard's function has its own)."""
+    (group,) = [r for r in run.of_type(LOG_GROUP) if not r.name.endswith("-spend-guard")]
+    return group
 
 
 def nodes_in_rank_order(run: ProgramRun) -> list[Recorded]:
