@@ -34,11 +34,12 @@ def remedies(config: Config, batch: BatchSizes) -> list[str]:
             f"lower train.micro_batch_size (now {batch.micro_batch_size}) and keep "
             f"train.global_batch_size = {batch.global_batch_size} so the accumulation grows"
         )
-    transformer = model.builder is None and model.preset not in VISION_PRESETS
-    if transformer and not model.activation_checkpointing:
+    vision = model.builder is None and model.preset in VISION_PRESETS
+    if not vision and not model.activation_checkpointing:
         found.append("set model.activation_checkpointing = true")
-    if zero.stage < 3:
-        higher = "3" if zero.stage == 2 else f"{zero.stage + 1} or 3"
+    top = 2 if vision else 3  # the image models do not run at ZeRO-3 (spec/config.py)
+    if zero.stage < top:
+        higher = str(top) if zero.stage == top - 1 else f"{zero.stage + 1} or {top}"
         found.append(f"raise zero.stage (now {zero.stage}) to {higher}")
     if zero.stage > 0 and not zero.offload_optimizer:
         found.append("set zero.offload_optimizer = true")

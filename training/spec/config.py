@@ -297,6 +297,12 @@ def _check_workload(config: Config) -> None:
             f"{model.preset!r} (recomputing BatchNorm would count its statistics twice): "
             "lower train.micro_batch_size instead"
         )
+    if vision and config.zero.stage == 3:
+        raise ConfigError(
+            f"zero.stage = 3 with model.preset = {model.preset!r}: the image models are not "
+            "built for partitioned parameters (and a ResNet's 11-26M parameters fit every GPU); "
+            "use zero.stage 0, 1 or 2, with zero.offload_optimizer = true for less memory"
+        )
     if data.path and data.path.startswith("s3://") and data.kind != "image_shards":
         raise ConfigError(
             f"data.path = {data.path!r}: only data.kind = 'image_shards' reads from S3; "

@@ -72,6 +72,16 @@ BAD_CONFIGS = [
         ["model.activation_checkpointing", "BatchNorm", "micro_batch_size"],
     ),
     (
+        [
+            "model.preset=resnet-50",
+            "data.kind=image_folder",
+            "data.path=x",
+            "data.num_classes=3",
+            "zero.stage=3",
+        ],
+        ["zero.stage = 3", "resnet-50", "zero.stage 0, 1 or 2"],
+    ),
+    (
         ["data.kind=tokens", "data.path=s3://b/tokens"],
         ["data.path = 's3://b/tokens'", "image_shards"],
     ),
