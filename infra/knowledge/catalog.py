@@ -74,6 +74,7 @@ class AmiSources:
     compute_capabilities: str
     end_of_life: str
     root_device_name: str
+    no_longer_supports: str | None = None
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -94,6 +95,9 @@ class AmiFamily:
     end_of_life: datetime.date
     checked: datetime.date
     sources: AmiSources
+    # Instance families (e.g. "p3") that the family's latest release no longer lists as
+    # supported: the last release that did still boots them, unsupported.
+    no_longer_supports: tuple[str, ...] = ()
 
     _check_driver = field_validator("driver_version")(dotted_version)
 

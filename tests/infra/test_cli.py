@@ -8,7 +8,7 @@ import yaml
 from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.knowledge.catalog import load_catalog
-from tests.support.infra import modified_catalog, run_cli
+from tests.support.infra import data_file_prices, modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
     budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
-    p4d = load_catalog().prices.price(config["aws:region"], "p4d.24xlarge")
+    p4d = data_file_prices("p4d.24xlarge", config["aws:region"])
     assert on_demand
     lines = result.stdout.splitlines()
     assert "stack file     Pulumi.a100x8.yaml" in lines
@@ -67,7 +67,7 @@ def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, cap
     assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
 
 
-def test_v100_profile_shows_eol_and_seed_range():
+def test_v100_profile_shows_eol_and_guide_range():
     result = run_cli("plan", "v100x1")
     assert result.returncode == 0, result.stderr
     assert "p3.2xlarge" in result.stdout and "base-proprietary-nvidia-driver" in result.stdout

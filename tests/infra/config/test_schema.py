@@ -9,8 +9,8 @@ import pulumi
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.config.schema import config_from_pulumi, load_stack_config, own_keys
-from infra.dryrun.run import RecordingMocks
+from infra.config.schema import load_stack_config, own_keys
+from infra.dryrun.mocks import RecordingMocks
 from infra.errors import ConfigError
 from tests.support.stack_runs import BASE_CONFIG, run_stack
 
@@ -186,13 +186,3 @@ def test_every_key_is_documented():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "stack.md").read_text()
     for key in (*own_keys(), *GuardrailConfig.config_keys()):
         assert f"`gpu:{key}`" in doc, key
-
-
-def test_config_is_read_from_the_whole_namespace(monkeypatch):
-    # The Pulumi language host hands the stack's config over in PULUMI_CONFIG.
-    monkeypatch.setenv("PULUMI_CONFIG", '{"gpu:nodes": "2", "aws:region": "us-west-2"}')
-    pulumi.runtime.set_all_config({"gpu:spot": "true"})
-    try:
-        assert config_from_pulumi(pulumi.Config("gpu")) == {"nodes": "2", "spot": "true"}
-    finally:
-        pulumi.runtime.set_all_config({})
