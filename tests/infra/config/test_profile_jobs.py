@@ -9,9 +9,11 @@ import pulumi
 import pytest
 
 from infra.config.stack_file import REPO_ROOT, stack_file_config
-from infra.dryrun.run import RecordingMocks, run_program, run_stack_file
+from infra.dryrun.mocks import RecordingMocks
+from infra.dryrun.runner import run_program, run_stack_file
 from infra.knowledge.profiles import load_profiles
-from tests.support.stack_runs import boot_files
+from tests.support.mock_runs import of_type
+from tests.support.stack_runs import INSTANCE, boot_files
 
 PROFILES = tuple(load_profiles().profiles)
 
@@ -28,7 +30,9 @@ def test_each_stack_file_names_its_profiles_job_and_ships_it(profile):
     assert stack_file_config(path)["gpu:trainConfig"] == f"jobs/{profile}.toml"
     run = run_stack_file(path)  # the program under mocks: preview, checks included
     job = (REPO_ROOT / "jobs" / f"{profile}.toml").read_text()
-    for instance in run.of_type("aws:ec2/instance:Instance"):
+    instances = of_type(run, INSTANCE)
+    assert instances
+    for instance in instances:
         assert job in boot_files(instance).values()
 
 
