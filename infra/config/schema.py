@@ -83,7 +83,7 @@ class StackConfig(BaseModel):
     image_variant: str | None = Field(
         None,
         alias="imageVariant",
-        description="image variant from images/matrix.toml (`cu126`, `cu128`, `cu130`, ... or "
+        description="image variant from images/matrix.toml (`cu128`, `cu130`, ... or "
         "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
         json_schema_extra={"default_text": "the profile's (`auto`)"},
     )
