@@ -87,7 +87,7 @@ def describe_job(status: dict | None, now: datetime.datetime) -> str:
     parts = [
         f"{status['state']} at step {step:,} of {total:,} ({100 * step / total:.0f}%)",
         f"loss {status['loss']:.4f}",
-        f"{status['tokens_per_s']:,.0f} tokens/s",
+        f"{status['tokens_per_s']:,.0f} {status.get('unit', 'tokens')}/s",
     ]
     if status["state"] == "training":
         parts.append(f"{_duration(status['seconds_left'])} to finish")
