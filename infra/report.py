@@ -1,8 +1,8 @@
-"""A resolved Plan, and what its stack costs, as the text `python -m infra plan` prints."""
+"""What the command line prints: a resolved Plan, what its stack costs, aligned tables."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
@@ -70,5 +70,58 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         lines.append(
             f"longest run    ${costs['max_run_usd']:,.2f} {market}: gpu:maxRuntimeHours "
             f"stops each node after {hours:g} h"
+        )
+    return "\n".join(lines)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Plain text columns: each as wide as its widest cell, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    numeric = [
+        all(_is_number(row[i]) for row in cells[1:] if row[i]) and len(cells) > 1
+        for i in range(len(headers))
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, right in zip(row, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    return text.lstrip("$").replace(",", "").replace(".", "", 1).lstrip("-").isdigit()
+
+
+def format_cost_table(costs: Mapping[str, Any]) -> str:
+    """Both markets side by side for the stack (cost_summary), the one it runs in marked."""
+    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
+    rows = [
+        (
+            "on-demand" + (" *" if costs["market"] == "on-demand" else ""),
+            f"${costs['on_demand_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_on_demand']:,.1f} h",
+        ),
+        (
+            "spot" + (" *" if costs["market"] == "spot" else ""),
+            f"${costs['spot_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_spot']:,.1f} h",
+        ),
+    ]
+    lines = [
+        format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
+        f"* this stack's market; runway: hours of full load one budget ({period}) buys",
+    ]
+    lines.append(
+        f"worst case: ${costs['worst_case_overspend_usd']:,.2f} past the budget before the "
+        "spend guard's stop takes hold"
+    )
+    if costs.get("max_run_usd") is not None:
+        lines.append(
+            f"longest run: ${costs['max_run_usd']:,.2f} (gpu:maxRuntimeHours "
+            f"{costs['max_runtime_hours']:g} h)"
         )
     return "\n".join(lines)

@@ -5,11 +5,13 @@ Exit codes follow docs/contracts.md: 0 done, 75 interrupted and checkpointed.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import deepspeed
@@ -27,12 +29,15 @@ from training.contract import ExitCode
 from training.ds_config import build_ds_config
 from training.evaluation import Evaluator
 from training.interrupt import StopFlag, spot_endpoint_from_env
-from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
+from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost, usd_per_hour
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
 log = logging.getLogger(__name__)
+
+# How often rank 0 replaces the status object in S3 at most: one small PUT a minute.
+STATUS_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,7 @@ class Trainer:
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch
-        metrics = StepMetrics(config, placement, job) if self.is_rank0 else None
+        metrics = StepMetrics(config, placement, job, self.env) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
         try:
             while job.step < config.train.steps:
@@ -244,11 +249,14 @@ class Trainer:
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
                 if stopping:
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
+                    if metrics is not None:
+                        metrics.publish("interrupted")
                     return ExitCode.INTERRUPTED
         finally:
             if metrics is not None:
                 metrics.close()
         if metrics is not None:
+            metrics.publish("done")
             print(metrics.summary(), flush=True)
         return ExitCode.DONE
 
@@ -260,8 +268,9 @@ class Trainer:
 class StepMetrics:
     """Rank 0's view of the run: per-window throughput and MFU, and the end-of-run summary."""
 
-    def __init__(self, config: Config, placement: Placement, job: Job):
+    def __init__(self, config: Config, placement: Placement, job: Job, env: Mapping[str, str]):
         self.config, self.job, self.world_size = config, job, placement.world_size
+        self.price = usd_per_hour(env)
         # An image is one unit of work (its FLOPs are the model's per "token").
         self.per_sample = 1 if config.is_image else config.data.seq_len
         self.unit = "images" if config.is_image else "tokens"
@@ -279,6 +288,9 @@ class StepMetrics:
         self.window_step, self.window_start = job.step, self.started
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.mirror = job.checkpointer.mirror
+        self.status_published = -math.inf
+        self.last_record: dict | None = None
         self.scores: dict[str, float] = {}
 
     def record(self, loss_sum: float, scores: dict[str, float]) -> None:
@@ -309,6 +321,33 @@ class StepMetrics:
         self.last_loss = loss
         self.scores = scores or self.scores
         self.window_step, self.window_start = job.step, now
+        self.last_record = record
+        if now - self.status_published >= STATUS_EVERY_S:
+            self.publish("training")
+
+    def publish(self, state: str) -> None:
+        """Put the job's progress beside its checkpoints in S3, for `python -m infra status`."""
+        if self.mirror is None or self.last_record is None:
+            return
+        record, total = self.last_record, self.config.train.steps
+        status = {
+            "state": state,  # training, done or interrupted
+            "step": self.job.step,
+            "total_steps": total,
+            "loss": record["loss"],
+            # Tokens, or images for an image job ("unit"): the metric's own name differs.
+            "tokens_per_s": record[f"{self.unit}_per_s"],
+            "unit": self.unit,
+            "step_time_s": record["step_time_s"],
+            "seconds_left": (total - self.job.step) * record["step_time_s"],
+            "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        self.status_published = time.perf_counter()
+        try:
+            self.mirror.put_status(status)
+        except Exception:
+            # Progress reporting must never stop training.
+            log.exception("could not publish the job's status to %s", self.mirror.uri)
 
     def tick(self) -> None:
         self.sink.advance()
@@ -328,7 +367,8 @@ class StepMetrics:
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
             f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
-            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; {accuracy}"
+            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
+            f"{run_cost(took, self.world_size, self.price)}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )

@@ -18,7 +18,7 @@ from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
-from infra.knowledge.costs import cost_summary, price_model
+from infra.knowledge.costs import cost_summary, hourly_usd, price_model
 from infra.knowledge.layout import interface_layout
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
@@ -127,6 +127,7 @@ class TrainingStack(pulumi.ComponentResource):
                         efa=efa,
                         data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                         train_config=config.train_config_text,
+                        usd_per_hour=hourly_usd(plan, spot=config.spot),
                     )
                 )
             )

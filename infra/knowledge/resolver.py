@@ -108,10 +108,11 @@ def _named_variant(matrix: Matrix, name: str) -> Variant:
         raise ConfigError(f"{exc}, or {AUTO!r}") from None
 
 
-def _runnable_variants(
+def runnable_variants(
     instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
 ) -> list[tuple[Variant, AmiFamily]]:
-    """Every GPU variant the instance can run, with its AMI, oldest CUDA first."""
+    """Every GPU variant the instance can run (an AMI's driver runs it), with that AMI,
+    oldest CUDA first."""
     found = []
     for candidate in matrix.variants:
         if candidate.cuda is None or not candidate.runs_on(instance.compute_capability):
@@ -125,7 +126,7 @@ def _runnable_variants(
 def _newest_runnable(
     instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
 ) -> tuple[Variant, AmiFamily]:
-    runnable = _runnable_variants(instance, catalog, matrix, today)
+    runnable = runnable_variants(instance, catalog, matrix, today)
     if not runnable:
         raise ConfigError(
             f"no image variant runs on {instance.type} ({instance.gpu_model}, compute capability "
@@ -166,7 +167,7 @@ def _alternatives(
     instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
 ) -> str:
     """The variants that do run on `instance`, for "use ..." in an error message."""
-    names = [v.name for v, _ in _runnable_variants(instance, catalog, matrix, today)]
+    names = [v.name for v, _ in runnable_variants(instance, catalog, matrix, today)]
     if not names:
         return "an instance with a GPU this matrix supports"
     return " or ".join(repr(n) for n in names) + f" (or {AUTO!r})"

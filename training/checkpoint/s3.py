@@ -5,6 +5,7 @@ Layout under the prefix, one folder per checkpoint tag plus a pointer:
     <prefix>/step_00000100/<every file of the step folder>
     <prefix>/step_00000100/commit.json   uploaded after the tag's other files
     <prefix>/latest_committed            uploaded last: names the newest tag
+    <prefix>/status.json                 the job's progress (rank 0, at most once a minute)
 
 A tag counts in S3 once its ``commit.json`` exists and it is not newer than
 the pointer, so an upload cut short (spot termination, network) is never
@@ -34,6 +35,8 @@ from training.checkpoint.checkpointer import (
 log = logging.getLogger(__name__)
 
 _DELETE_BATCH = 1000  # S3 DeleteObjects limit
+# Beside the checkpoints, where `python -m infra status` reads the job's step, loss and speed.
+STATUS_NAME = "status.json"
 
 
 class S3Mirror:
@@ -85,6 +88,15 @@ class S3Mirror:
         self._s3.upload_file(str(marker), self.bucket, self._key(tag, COMMIT_MARKER))
         self._s3.put_object(Bucket=self.bucket, Key=self._key(POINTER_NAME), Body=tag.encode())
         log.info("mirrored %s to %s/%s", local_dir, self.uri, tag)
+
+    def put_status(self, status: dict) -> None:
+        """Replace the job's status object (one small PUT)."""
+        self._s3.put_object(
+            Bucket=self.bucket,
+            Key=self._key(STATUS_NAME),
+            Body=json.dumps(status).encode(),
+            ContentType="application/json",
+        )
 
     # --------------------------------------------------------------- listing
 
