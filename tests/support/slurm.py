@@ -150,11 +150,22 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
     cluster = SlurmCluster(root=root, conf=conf)
     pid_files = [root / "munged.pid", root / "slurmctld.pid"]
     pid_files += [root / f"slurmd.{node}.pid" for node in NODES]
+    # pytest ends on SIGTERM without running finalizers: make it an interrupt, which
+    # it does clean up after, so that no daemon outlives the session.
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         _start(cluster, tools)
         yield cluster
     finally:
-        _stop(pid_files)
+        try:
+            _cancel_jobs(cluster)
+        finally:
+            _stop(pid_files)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupt(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _start(cluster: SlurmCluster, tools: dict[str, str]) -> None:
@@ -193,6 +204,17 @@ def _start(cluster: SlurmCluster, tools: dict[str, str]) -> None:
                 f"{_START_TIMEOUT_S} s ({states}):\n{logs}"
             )
         time.sleep(0.5)
+
+
+def _cancel_jobs(cluster: SlurmCluster) -> None:
+    """Cancel what still runs and wait for it to end, so no job step outlives its slurmd."""
+    with contextlib.suppress(AssertionError, subprocess.SubprocessError):
+        cluster.command("scancel", "--full", f"--partition={PARTITION}", check=False)
+        deadline = time.monotonic() + 60  # KillWait (30 s) and then some
+        while cluster.command("squeue", "--noheader", check=False).strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
 
 
 def _daemon(command: list[str], root: Path) -> None:
