@@ -17,6 +17,7 @@ from pathlib import Path
 from infra.errors import ConfigError
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
+from training.contract import ExitCode
 
 QUEUE = "gpu"
 # Run by ParallelCluster on each node once configured (CustomActions, OnNodeConfigured).
@@ -25,9 +26,9 @@ SCRATCH_DIR = "/scratch"  # compute nodes' instance store (or root volume), node
 # Official AMIs carry Pyxis and Enroot (since 3.11.0); the setup script turns them on.
 OS = "ubuntu2204"
 # Slurm requeues a batch job that exits with one of these (slurm.conf(5), RequeueExit,
-# https://slurm.schedmd.com/slurm.conf.html): 75 is the trainer's "interrupted and
+# https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).
-REQUEUE_EXIT = 75
+REQUEUE_EXIT = int(ExitCode.INTERRUPTED)
 # ParallelCluster's default (Scheduling-v3.html, SlurmSettings): idle dynamic nodes are
 # terminated after this many minutes, so the queue costs nothing between jobs.
 SCALEDOWN_IDLE_MINUTES = 10

@@ -14,7 +14,8 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from infra.node.boot import MASTER_PORT, _ScriptTemplate
+from infra.node.boot import _ScriptTemplate
+from training.contract import DEFAULT_MASTER_PORT
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -73,7 +74,7 @@ def render_sbatch(job: BatchJob) -> str:
     values = {
         "nodes": str(job.nodes),
         "output": job.log_file,
-        "master_port": str(MASTER_PORT),
+        "master_port": str(DEFAULT_MASTER_PORT),
         "checkpoint_root": job.checkpoint_root.rstrip("/"),
         "s3_root": job.s3_root.rstrip("/"),
     }

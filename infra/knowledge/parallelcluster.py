@@ -15,14 +15,8 @@ from typing import Annotated
 from pydantic import Field, StrictFloat, field_validator
 from pydantic.dataclasses import dataclass
 
-from common.records import (
-    RECORD_CONFIG,
-    build_record,
-    check_keys,
-    dotted_version,
-    read_toml,
-    version_key,
-)
+from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.versions import dotted_version, version_key
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 
