@@ -58,10 +58,11 @@ def compute_resource_name(instance_type: str) -> str:
     return instance_type.replace(".", "-")
 
 
-def capacity_type(settings: ClusterSettings) -> str:
-    if settings.capacity_block_id is not None:
+def capacity_type(spot: bool, capacity_block_id: str | None) -> str:
+    """The queue's CapacityType: a Capacity Block when one is named, else spot or on-demand."""
+    if capacity_block_id is not None:
         return "CAPACITY_BLOCK"
-    return "SPOT" if settings.spot else "ONDEMAND"
+    return "SPOT" if spot else "ONDEMAND"
 
 
 def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
@@ -133,7 +134,7 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
         networking["PlacementGroup"] = {"Enabled": True}
     return {
         "Name": QUEUE,
-        "CapacityType": capacity_type(settings),
+        "CapacityType": capacity_type(settings.spot, settings.capacity_block_id),
         "Networking": networking,
         "ComputeResources": [resource],
         # nvidia-smi/DCGM checks before a job runs on a node (HealthChecks.Gpu).

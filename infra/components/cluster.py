@@ -23,7 +23,13 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
-from infra.cluster.config import QUEUE, SETUP_SCRIPT, ClusterSettings, cluster_config
+from infra.cluster.config import (
+    QUEUE,
+    SETUP_SCRIPT,
+    ClusterSettings,
+    capacity_type,
+    cluster_config,
+)
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
 from infra.config.schema import S3Uri
@@ -129,6 +135,7 @@ class SlurmCluster(pulumi.ComponentResource):
     head_node_ip: pulumi.Output[str]
     submit_command: pulumi.Output[str]
     queue: str
+    market: str  # the queue's CapacityType
 
     def __init__(
         self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -205,6 +212,7 @@ class SlurmCluster(pulumi.ComponentResource):
             lambda values: submit_command(*values)
         )
         self.queue = QUEUE
+        self.market = capacity_type(args.spot, args.capacity_block_id)
         self.register_outputs(
             {
                 "head_node_id": self.head_node_id,

@@ -13,7 +13,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -23,6 +23,7 @@ from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
 from infra.knowledge.costs import hourly_usd
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
 from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
@@ -40,6 +41,8 @@ _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P
 # Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
+# EC2 capacity reservation ids (a Capacity Block is one): cr- and 17 hex digits.
+_CAPACITY_RESERVATION = re.compile(r"^cr-[0-9a-f]{17}$")
 
 
 class S3Uri(BaseModel):
@@ -72,6 +75,9 @@ class StackConfig(BaseModel):
     log_retention_days: int = Field(30, alias="logRetentionDays")
     availability_zone: str | None = Field(None, alias="availabilityZone")
     use_default_vpc: bool = Field(False, alias="useDefaultVpc")
+    cluster: Literal["slurm"] | None = None
+    parallel_cluster_version: str | None = Field(None, alias="parallelClusterVersion")
+    capacity_block_id: str | None = Field(None, alias="capacityBlockId")
     guardrails: GuardrailConfig
 
     @field_validator("spot", "use_default_vpc", mode="before")
@@ -129,6 +135,13 @@ class StackConfig(BaseModel):
             raise ValueError(f"not a CloudWatch Logs retention period; use one of {allowed}")
         return value
 
+    @field_validator("capacity_block_id")
+    @classmethod
+    def _capacity_block(cls, value: str | None) -> str | None:
+        if value is not None and not _CAPACITY_RESERVATION.match(value):
+            raise ValueError("not a capacity reservation id (cr- and 17 hex digits)")
+        return value
+
     @field_validator("availability_zone")
     @classmethod
     def _zone(cls, value: str | None) -> str | None:
@@ -163,11 +176,15 @@ class StackConfig(BaseModel):
         return self.train_config.read_text() if self.train_config is not None else None
 
     def resolve_plan(self) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved."""
+        """The profile, with any instanceType / imageVariant / nodes override, resolved;
+        on a Slurm cluster (gpu:cluster), for its ParallelCluster release's nodes."""
+        self._check_cluster_keys()
         try:
             profile_plan = resolve_profile(self.profile)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
+        if self.cluster is not None:
+            return self._resolve_for_cluster(profile_plan)
         overrides = {
             key: value
             for key, value in (
@@ -192,6 +209,41 @@ class StackConfig(BaseModel):
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
+
+    def _check_cluster_keys(self) -> None:
+        """One way to more than one node: the Slurm cluster. Its keys need it."""
+        if self.cluster is not None:
+            return
+        if self.nodes is not None and self.nodes > 1:
+            raise ConfigError(
+                f"gpu:nodes is {self.nodes}: more than one node runs as a Slurm cluster; "
+                'set gpu:cluster: slurm (docs/stack.md, "Slurm cluster"), or gpu:nodes: 1'
+            )
+        for key, value in (
+            ("parallelClusterVersion", self.parallel_cluster_version),
+            ("capacityBlockId", self.capacity_block_id),
+        ):
+            if value is not None:
+                raise ConfigError(
+                    f"gpu:{key} is {value!r}: it applies to a Slurm cluster only; "
+                    "set gpu:cluster: slurm or remove it"
+                )
+
+    def _resolve_for_cluster(self, profile_plan: Plan) -> Plan:
+        try:
+            release = load_parallelcluster().release(self.parallel_cluster_version)
+        except ConfigError as exc:
+            raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
+        instance_type = self.instance_type or profile_plan.instance.type
+        # The profile's variant was chosen for the EC2 path's AMIs: pick again for the cluster's.
+        variant = self.image_variant or AUTO
+        nodes = self.nodes if self.nodes is not None else profile_plan.nodes
+        try:
+            return resolve(instance_type, variant, nodes, cluster=release)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"gpu:cluster is 'slurm' (ParallelCluster {release.version}): {exc}"
+            ) from None
 
     def check_plan(self, plan: Plan) -> None:
         """The refusals that need the plan: the guardrails' (instance type allowed, budget,
