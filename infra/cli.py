@@ -16,9 +16,10 @@ from infra.config.stack_file import load_stack_file, stack_file_path
 from infra.errors import ConfigError
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import cost_summary
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
-from infra.report import format_costs, format_plan
+from infra.report import format_cluster, format_costs, format_plan
 
 EXIT_BAD_INPUT = 2
 
@@ -36,7 +37,17 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--instance", help="instance type instead of a profile")
     parser.add_argument("--variant", default=None, help=f"image variant (default {AUTO})")
-    parser.add_argument("--nodes", type=int, default=None, help="number of nodes (default 1)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="number of nodes (default 1); more than 1 plans a Slurm cluster (gpu:cluster)",
+    )
+    parser.add_argument(
+        "--parallelcluster",
+        metavar="VERSION",
+        help="plan a Slurm cluster of this ParallelCluster release (default: the newest known)",
+    )
     parser.add_argument(
         "--matrix", type=Path, help="image matrix file (default images/matrix.toml)"
     )
@@ -52,6 +63,8 @@ def _run_plan(args: argparse.Namespace) -> str:
     matrix = load_matrix(args.matrix)
     catalog = load_catalog(args.catalog)
     profiles = load_profiles(args.profiles)
+    if (args.nodes is not None and args.nodes > 1) or args.parallelcluster:
+        return _run_cluster_plan(args, profiles, catalog, matrix)
     if args.instance:
         plan = resolve(
             args.instance,
@@ -62,12 +75,34 @@ def _run_plan(args: argparse.Namespace) -> str:
         )
         return format_plan(plan, profile=None, rate=profiles.exchange_rate)
     if args.variant is not None or args.nodes is not None:
-        raise ConfigError("--variant and --nodes go with --instance; a profile sets its own")
+        raise ConfigError(
+            "--variant and --nodes 1 go with --instance; a profile sets its own "
+            "(--nodes above 1 plans a Slurm cluster for the profile)"
+        )
     name = args.profile or profiles.default
     plan = resolve_profile(name, profiles=profiles, catalog=catalog, matrix=matrix)
     report = format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
     costs = _stack_file_costs(name, plan)
     return report if costs is None else f"{report}\n{costs}"
+
+
+def _run_cluster_plan(args: argparse.Namespace, profiles, catalog, matrix) -> str:
+    """More than one node: the profile's (or --instance's) type as a Slurm cluster's queue."""
+    parallelcluster = load_parallelcluster()
+    release = parallelcluster.release(args.parallelcluster)
+    profile = None if args.instance else profiles.get(args.profile or profiles.default)
+    if profile is not None and args.variant is not None:
+        raise ConfigError("--variant goes with --instance; a profile sets its own")
+    plan = resolve(
+        args.instance or profile.instance_type,
+        args.variant or AUTO,  # picked for the release's driver, not the EC2 path's AMIs
+        args.nodes if args.nodes is not None else 1,
+        catalog=catalog,
+        matrix=matrix,
+        cluster=release,
+    )
+    report = format_plan(plan, profile=profile, rate=profiles.exchange_rate)
+    return f"{report}\n{format_cluster(plan, parallelcluster.head_node)}"
 
 
 def _stack_file_costs(profile: str, plan: Plan) -> str | None:
