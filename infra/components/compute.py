@@ -1,10 +1,10 @@
-"""The GPU nodes: one launch template, N instances, EFA and placement for multi-node.
+"""The GPU node: one launch template and the instance built from it.
 
-The launch template carries what every node shares: the AMI (resolved by EC2
-from the DLAMI family's public SSM parameter at launch), the instance type, an
-encrypted gp3 root volume, IMDSv2, the instance profile and the network
-interfaces. Each node is an aws.ec2.Instance built from it, so its instance ID is
-known to budgets and alarms, with its own user data (node rank, node 0's address).
+The launch template carries the AMI (resolved by EC2 from the DLAMI family's
+public SSM parameter at launch), the instance type, an encrypted gp3 root
+volume, IMDSv2, the instance profile and the network interface. The node is an
+aws.ec2.Instance built from it, so its instance ID is known to budgets and
+alarms. More than one node is a Slurm cluster (infra/components/cluster.py).
 
 Spot nodes use a persistent request that stops (not terminates) on interruption:
 EC2 starts the same instance, with the same root volume, when capacity returns,
@@ -14,9 +14,6 @@ given an end date, a RunInstances one stays until cancelled.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -28,33 +25,8 @@ ROOT_VOLUME_THROUGHPUT_MIBPS = 500
 ROOT_VOLUME_IOPS = 3000
 
 
-@dataclass(frozen=True)
-class Interface:
-    network_card_index: int
-    device_index: int
-    interface_type: str | None  # None: a plain ENA interface
-
-
-def interface_layout(plan: Plan) -> list[Interface]:
-    """The network interfaces of one node, per AWS's guide for multi-card EFA types.
-
-    Single node, or a type without EFA: one ENA interface. Multi-node on an EFA
-    type: one EFA interface per network card up to the catalog's EFA count; the
-    primary (card 0, device 0) is "efa" (an EFA-only interface cannot be primary),
-    the others sit at device index 1, of the catalog's `efa_secondary_interface` kind.
-    """
-    efa_count = plan.instance.efa_interfaces
-    if plan.nodes == 1 or efa_count == 0:
-        return [Interface(network_card_index=0, device_index=0, interface_type=None)]
-    secondary = plan.instance.efa_secondary_interface
-    return [Interface(network_card_index=0, device_index=0, interface_type="efa")] + [
-        Interface(network_card_index=card, device_index=1, interface_type=secondary)
-        for card in range(1, efa_count)
-    ]
-
-
 class Compute(pulumi.ComponentResource):
-    """Launch template, placement group, nodes (and their public addresses)."""
+    """Launch template and node."""
 
     instance_ids: list[pulumi.Output[str]]
     private_ips: list[pulumi.Output[str]]
@@ -71,21 +43,12 @@ class Compute(pulumi.ComponentResource):
         subnet_id: pulumi.Input[str],
         security_group_id: pulumi.Input[str],
         instance_profile_arn: pulumi.Input[str],
-        user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]],
+        user_data: pulumi.Input[str],
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`user_data(node_rank, master_addr)` renders one node's boot document."""
+        """`user_data` is the node's boot document (infra/node/boot.py)."""
         super().__init__("gpu:infra:Compute", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        interfaces = interface_layout(plan)
-        # EC2 auto-assigns a public address only to an instance with one interface;
-        # multi-interface (EFA) nodes get an Elastic IP for their outbound traffic.
-        needs_elastic_ip = len(interfaces) > 1
-
-        placement: dict = {"availability_zone": availability_zone}
-        if plan.nodes > 1:
-            group = aws.ec2.PlacementGroup(f"{name}-cluster", strategy="cluster", opts=child)
-            placement["group_name"] = group.name
 
         template = aws.ec2.LaunchTemplate(
             f"{name}-node",
@@ -115,19 +78,15 @@ class Compute(pulumi.ComponentResource):
             ],
             network_interfaces=[
                 {
-                    "network_card_index": interface.network_card_index,
-                    "device_index": interface.device_index,
-                    "interface_type": interface.interface_type,
+                    "network_card_index": 0,
+                    "device_index": 0,
                     "subnet_id": subnet_id,
                     "security_groups": [security_group_id],
                     "delete_on_termination": "true",
-                    "associate_public_ip_address": (
-                        None if needs_elastic_ip or interface.device_index else "true"
-                    ),
+                    "associate_public_ip_address": "true",
                 }
-                for interface in interfaces
             ],
-            placement=placement,
+            placement={"availability_zone": availability_zone},
             update_default_version=True,
             opts=child,
         )
@@ -143,31 +102,17 @@ class Compute(pulumi.ComponentResource):
             if spot
             else None
         )
-        self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
-        master_addr: pulumi.Input[str] = "127.0.0.1"
-        for rank in range(plan.nodes):
-            node = aws.ec2.Instance(
-                f"{name}-node-{rank}",
-                launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-                instance_market_options=market,
-                user_data=user_data(rank, master_addr),
-                tags={"Name": f"{name}-node-{rank}", "gpu-node-rank": str(rank)},
-                opts=child,
-            )
-            if rank == 0 and plan.nodes > 1:
-                # Every other node's user data waits for node 0's address.
-                master_addr = node.private_ip
-            if needs_elastic_ip:
-                aws.ec2.Eip(
-                    f"{name}-node-{rank}",
-                    domain="vpc",
-                    network_interface=node.primary_network_interface_id,
-                    opts=child,
-                )
-            self.instance_ids.append(node.id)
-            self.private_ips.append(node.private_ip)
-            if spot:
-                self.spot_request_ids.append(node.spot_instance_request_id)
+        node = aws.ec2.Instance(
+            f"{name}-node-0",
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            instance_market_options=market,
+            user_data=user_data,
+            tags={"Name": f"{name}-node-0"},
+            opts=child,
+        )
+        self.instance_ids = [node.id]
+        self.private_ips = [node.private_ip]
+        self.spot_request_ids = [node.spot_instance_request_id] if spot else []
 
         self.register_outputs(
             {

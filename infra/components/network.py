@@ -4,8 +4,8 @@ A VPC with one public subnet in the availability zone the nodes use, an internet
 gateway for outbound traffic (ECR, S3, SSM, CloudWatch) and an S3 gateway
 endpoint so checkpoint and image-layer traffic skips the internet; or the
 account's default VPC when `gpu:useDefaultVpc` asks. One security group: nothing
-inbound from the internet (SSH only from `gpu:sshCidr`, when set), all traffic
-between the stack's own nodes (EFA and NCCL need it).
+inbound (SSH only from `gpu:sshCidr`, when set). A Slurm cluster's nodes get the
+security groups ParallelCluster makes for them, in the same subnet.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pulumi_aws as aws
 from infra.errors import ConfigError
 
 VPC_CIDR = "10.42.0.0/16"
-# /20: 4091 usable addresses; a p5 node with EFA interfaces on every card may use 32.
+# /20: 4091 usable addresses; a Slurm cluster's p5 node with EFA on every card may use 32.
 SUBNET_CIDR = "10.42.0.0/20"
 
 
@@ -37,7 +37,6 @@ class Network(pulumi.ComponentResource):
         instance_type: str,
         availability_zone: str | None,
         use_default_vpc: bool,
-        multi_node: bool,
         ssh_cidr: ipaddress.IPv4Network | None,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
@@ -60,17 +59,6 @@ class Network(pulumi.ComponentResource):
             self._create_vpc(name, child)
 
         ingress = []
-        if multi_node:
-            # EFA and NCCL: every port, every protocol, but only between the nodes.
-            ingress.append(
-                {
-                    "protocol": "-1",
-                    "from_port": 0,
-                    "to_port": 0,
-                    "self": True,
-                    "description": "all traffic between the stack's nodes (EFA, NCCL)",
-                }
-            )
         if ssh_cidr is not None:
             ingress.append(
                 {
@@ -155,8 +143,7 @@ def _pick_zone(instance_type: str, requested: str | None, invoke: pulumi.InvokeO
     """The configured zone if it offers the instance type, else the first zone that does.
 
     GPU types are offered in only some zones of a region; a launch in another zone
-    fails late with "Unsupported". Multi-node stacks need one zone anyway (cluster
-    placement group).
+    fails late with "Unsupported".
     """
     offered = sorted(
         aws.ec2.get_instance_type_offerings(

@@ -11,7 +11,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.components.cluster import ClusterArgs, SlurmCluster
-from infra.components.compute import Compute, interface_layout
+from infra.components.compute import Compute
 from infra.components.guardrails import Guardrails
 from infra.components.iam import InstanceRole
 from infra.components.network import Network
@@ -48,14 +48,11 @@ class TrainingStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
-        multi_node = plan.nodes > 1 and config.cluster is None
-
         network = Network(
             name,
             instance_type=plan.instance.type,
             availability_zone=config.availability_zone,
             use_default_vpc=config.use_default_vpc,
-            multi_node=multi_node,
             ssh_cidr=config.ssh_cidr,
             opts=child,
         )
@@ -76,30 +73,23 @@ class TrainingStack(pulumi.ComponentResource):
         region = aws.get_region_output(
             opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
         )
-        efa = any(i.interface_type for i in interface_layout(plan))
-
-        def user_data(rank: int, master_addr: pulumi.Input[str]) -> pulumi.Output[str]:
-            known_at_deploy = pulumi.Output.all(
-                image_uri=self.image_uri,
-                region=region.region,
-                log_group=storage.log_group_name,
-                checkpoint_s3_uri=storage.checkpoint_uri,
-                master_addr=master_addr,
-            )
-            return known_at_deploy.apply(
-                lambda values: render_user_data(
-                    NodeBoot(
-                        **values,
-                        min_driver=plan.variant.min_driver,
-                        nnodes=plan.nodes,
-                        node_rank=rank,
-                        instance_store_drives=plan.instance.instance_store_nvme,
-                        efa=efa,
-                        data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
-                        train_config=config.train_config_text,
-                    )
+        known_at_deploy = pulumi.Output.all(
+            image_uri=self.image_uri,
+            region=region.region,
+            log_group=storage.log_group_name,
+            checkpoint_s3_uri=storage.checkpoint_uri,
+        )
+        user_data = known_at_deploy.apply(
+            lambda values: render_user_data(
+                NodeBoot(
+                    **values,
+                    min_driver=plan.variant.min_driver,
+                    instance_store_drives=plan.instance.instance_store_nvme,
+                    data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
+                    train_config=config.train_config_text,
                 )
             )
+        )
 
         compute = Compute(
             name,

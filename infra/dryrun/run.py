@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import pulumi
-import yaml
 
 from infra.config.schema import StackConfig
 from infra.config.stack_file import (
@@ -297,21 +296,11 @@ def _describe(resource: Recorded) -> str:
             for rule in resource.inputs.get("ingress", [])
         ]
         details.append(f"inbound={'; '.join(rules) or 'none'}")
-    if resource.type == "aws:ec2/instance:Instance":
-        if not resource.inputs.get("instanceMarketOptions"):
-            details.append("market=on-demand")
-        env = _user_data_env(resource.inputs.get("userData", ""))
-        details += [f"{key}={env[key]}" for key in ("TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR")]
+    if resource.type == "aws:ec2/instance:Instance" and not resource.inputs.get(
+        "instanceMarketOptions"
+    ):
+        details.append("market=on-demand")
     return "  ".join(details)
-
-
-def _user_data_env(user_data: str) -> dict[str, str]:
-    """The container environment a node's user data ships (its training.env file)."""
-    document = yaml.safe_load(user_data.removeprefix("#cloud-config\n"))
-    for item in document["write_files"]:
-        if item["path"].endswith("/training.env"):
-            return dict(line.split("=", 1) for line in item["content"].splitlines())
-    return {}
 
 
 def describe_run(run: ProgramRun) -> str:

@@ -59,9 +59,6 @@ class Instance:
     spot_estimated: StrictBool  # no observed spot price: 30% of on-demand
     prices_checked: datetime.date
     sources: InstanceSources
-    # The kind of EFA interface on network cards 1..n in a multi-node layout; the primary
-    # (card 0) is always "efa", since an EFA-only interface carries no IP traffic.
-    efa_secondary_interface: Literal["efa", "efa-only"] = "efa"
 
     @field_validator("compute_capability")
     @classmethod
@@ -187,12 +184,6 @@ def _load_instances(path: Path) -> dict[str, Instance]:
             raise ConfigError(
                 f"{where}, field 'efa_interfaces': {entry.efa_interfaces} is more than "
                 f"network_cards {entry.network_cards} (one EFA interface per network card)"
-            )
-        if entry.efa_secondary_interface == "efa-only" and entry.efa_interfaces < 2:
-            raise ConfigError(
-                f"{where}, field 'efa_secondary_interface': 'efa-only' needs at least 2 EFA "
-                f"interfaces (the primary is always 'efa'), efa_interfaces is "
-                f"{entry.efa_interfaces}; use 'efa' or leave it out"
             )
         instances[name] = entry
     if not instances:

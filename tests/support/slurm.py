@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 from tests.support.tools import _unavailable, find_tool, require_tool
@@ -227,14 +228,19 @@ def _daemon(command: list[str], root: Path) -> None:
 
 
 def _stop(pid_files: list[Path]) -> None:
-    """SIGTERM every daemon by its pid file (slurmd first, munged last), then wait."""
-    pids = []
+    """SIGTERM every daemon by its pid file (slurmd first, munged last), then wait.
+
+    A job step's slurmstepd is a slurmd's child that can outlive it (a node set DOWN
+    leaves its step behind): the daemons' descendants are stopped too, by pid.
+    """
+    daemons = []
     for path in reversed(pid_files):
         with contextlib.suppress(FileNotFoundError, ValueError):
-            pid = int(path.read_text().split()[0])
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGTERM)
-                pids.append(pid)
+            daemons.append(int(path.read_text().split()[0]))
+    pids = [*daemons, *_descendants(daemons)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 20
     for pid in pids:
         while _alive(pid) and time.monotonic() < deadline:
@@ -242,6 +248,14 @@ def _stop(pid_files: list[Path]) -> None:
         if _alive(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(pids: list[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            found += [child.pid for child in psutil.Process(pid).children(recursive=True)]
+    return found
 
 
 def _alive(pid: int) -> bool:

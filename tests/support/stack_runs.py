@@ -13,7 +13,6 @@ INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
-PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
@@ -24,8 +23,9 @@ def run_stack(mocks: RecordingMocks | None = None, **config: Any) -> ProgramRun:
     return run_program({**BASE_CONFIG, **config}, stack="test", mocks=mocks)
 
 
-def nodes_in_rank_order(run: ProgramRun) -> list[Recorded]:
-    return sorted(run.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"]["gpu-node-rank"]))
+def the_node(run: ProgramRun) -> Recorded:
+    """The stack's one EC2 instance (more nodes are a Slurm cluster's)."""
+    return run.one(INSTANCE)
 
 
 def boot_files(instance: Recorded) -> dict[str, str]:

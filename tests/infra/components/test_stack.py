@@ -1,4 +1,6 @@
-"""The whole program, per profile, for one and two nodes, on-demand and spot (one run per case)."""
+"""The whole program, per profile, on-demand and spot (one run per case).
+
+More than one node is a Slurm cluster: tests/infra/components/test_cluster.py."""
 
 from __future__ import annotations
 
@@ -15,21 +17,17 @@ from policy import rules
 from tests.support.stack_runs import (
     BASE_CONFIG,
     LAUNCH_TEMPLATE,
-    PLACEMENT_GROUP,
     SECURITY_GROUP,
     boot_env,
     boot_files,
     node_policy,
-    nodes_in_rank_order,
     run_stack,
+    the_node,
 )
 from tests.support.tools import require_tool
-from training.contract import DEFAULT_MASTER_PORT
 
 PROFILES = tuple(load_profiles().profiles)
-CASES = [
-    (profile, nodes, spot) for profile in PROFILES for nodes in (1, 2) for spot in (False, True)
-]
+CASES = [(profile, spot) for profile in PROFILES for spot in (False, True)]
 
 
 def test_every_profile_is_covered():
@@ -37,13 +35,13 @@ def test_every_profile_is_covered():
 
 
 @pytest.fixture(
-    scope="module", params=CASES, ids=[f"{p}-{n}node-{'spot' if s else 'od'}" for p, n, s in CASES]
+    scope="module", params=CASES, ids=[f"{p}-{'spot' if s else 'od'}" for p, s in CASES]
 )
 def case(request):
-    profile, nodes, spot = request.param
+    profile, spot = request.param
     profile_plan = resolve_profile(profile)
-    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, nodes)
-    run = run_stack(profile=profile, nodes=nodes, spot=spot)
+    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, 1)
+    run = run_stack(profile=profile, spot=spot)
     return expected, spot, run
 
 
@@ -75,86 +73,57 @@ def test_root_volume_is_encrypted_gp3_and_sized(case):
 
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
-    plan, _, run = case
-    ingress = run.one(SECURITY_GROUP).inputs.get("ingress", [])
-    assert all(not rule.get("cidrBlocks") for rule in ingress)
-    assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
-    if plan.nodes > 1:
-        # Members reach each other on every port (EFA, NCCL, rendezvous), nobody else does.
-        assert ingress == [rule | {"self": True, "protocol": "-1"} for rule in ingress]
-        assert len(ingress) == 1
-    else:
-        assert ingress == []
+    _, _, run = case
+    assert run.one(SECURITY_GROUP).inputs.get("ingress", []) == []
 
 
-def test_efa_and_placement_group_only_for_multi_node(case):
-    plan, _, run = case
+def test_one_plain_interface_and_no_placement_group(case):
+    _, _, run = case
     template = run.one(LAUNCH_TEMPLATE).inputs
-    interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
-    groups = run.of_type(PLACEMENT_GROUP)
-    if plan.nodes == 1:
-        assert groups == []
-        assert "groupName" not in template["placement"]
-        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
-        assert interfaces[0]["associatePublicIpAddress"] == "true"
-        return
-    (group,) = groups
-    assert group.inputs["strategy"] == "cluster"
-    assert template["placement"]["groupName"] == group.state["name"]
-    if plan.instance.efa_interfaces == 0:
-        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
-        return
-    assert len(interfaces) == plan.instance.efa_interfaces
-    primary, *others = interfaces
-    assert (primary["networkCardIndex"], primary["deviceIndex"]) == (0, 0)
-    assert primary["interfaceType"] == "efa"
-    assert [i["networkCardIndex"] for i in others] == list(range(1, plan.instance.efa_interfaces))
-    assert all(i["deviceIndex"] == 1 and i["interfaceType"] == "efa" for i in others)
+    (interface,) = template["networkInterfaces"]
+    assert not interface.get("interfaceType")  # EFA is the Slurm cluster's
+    assert interface["associatePublicIpAddress"] == "true"
+    assert "groupName" not in template["placement"]
+    assert run.of_type("aws:ec2/placementGroup:PlacementGroup") == []
+    assert run.of_type("aws:ec2/eip:Eip") == []
 
 
-def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
-    plan, spot, run = case
+def test_one_instance_from_the_template_in_the_chosen_market(case):
+    _, spot, run = case
     template = run.one(LAUNCH_TEMPLATE)
-    nodes = nodes_in_rank_order(run)
-    assert len(nodes) == plan.nodes
+    node = the_node(run)
     assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
-    for node in nodes:
-        assert node.inputs["launchTemplate"]["id"] == template.id
-        market = node.inputs.get("instanceMarketOptions")
-        if spot:
-            assert market == {
-                "marketType": "spot",
-                "spotOptions": {
-                    "spotInstanceType": "persistent",
-                    "instanceInterruptionBehavior": "stop",
-                },
-            }
-        else:
-            assert market is None
+    assert node.inputs["launchTemplate"]["id"] == template.id
+    market = node.inputs.get("instanceMarketOptions")
+    if spot:
+        assert market == {
+            "marketType": "spot",
+            "spotOptions": {
+                "spotInstanceType": "persistent",
+                "instanceInterruptionBehavior": "stop",
+            },
+        }
+    else:
+        assert market is None
 
 
-def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case):
+def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case):
     plan, _, run = case
-    nodes = nodes_in_rank_order(run)
-    master_ip = nodes[0].state["privateIp"]
-    for rank, node in enumerate(nodes):
-        files = boot_files(node)
-        script = files["/opt/gpu-stack/run-training.sh"]
-        assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
-        assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
-        assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
-        assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
-        env = boot_env(node)
-        assert env["TRAIN_NNODES"] == str(plan.nodes)
-        assert env["TRAIN_NODE_RANK"] == str(rank)
-        assert env["TRAIN_MASTER_PORT"] == str(DEFAULT_MASTER_PORT)
-        assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
-        assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
-        # Node 0 hosts the rendezvous; every other node dials node 0's private address.
-        assert env["TRAIN_MASTER_ADDR"] == ("127.0.0.1" if rank == 0 else master_ip)
-        assert ("FI_PROVIDER" in env) == (plan.nodes > 1 and plan.instance.efa_interfaces > 0)
-        unit = files["/etc/systemd/system/gpu-training.service"]
-        assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
+    node = the_node(run)
+    files = boot_files(node)
+    script = files["/opt/gpu-stack/run-training.sh"]
+    assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
+    assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
+    assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
+    assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
+    env = boot_env(node)
+    # One node: the trainer's own defaults, no rendezvous wiring (docs/contracts.md).
+    assert not {"TRAIN_NNODES", "TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR"} & set(env)
+    assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
+    assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
+    assert "FI_PROVIDER" not in env
+    unit = files["/etc/systemd/system/gpu-training.service"]
+    assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
 
 
 def test_instance_role_names_only_the_stacks_own_resources(case):
@@ -191,19 +160,18 @@ def test_every_aws_resource_uses_the_tagged_provider(case):
 def test_outputs_name_instances_sessions_image_and_bucket(case):
     _, spot, run = case
     outputs = run.outputs
-    nodes = nodes_in_rank_order(run)
-    assert outputs["instance_ids"] == [node.id for node in nodes]
-    assert outputs["private_ips"] == [node.state["privateIp"] for node in nodes]
+    node = the_node(run)
+    assert outputs["instance_ids"] == [node.id]
+    assert outputs["private_ips"] == [node.state["privateIp"]]
     assert outputs["ssm_sessions"] == [
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
     assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
-        requests = [node.state["spotInstanceRequestId"] for node in nodes]
         assert outputs["cancel_spot_requests"] == (
             "aws ec2 cancel-spot-instance-requests --region us-east-1 "
-            f"--spot-instance-request-ids {' '.join(requests)}"
+            f"--spot-instance-request-ids {node.state['spotInstanceRequestId']}"
         )
 
 
@@ -236,7 +204,7 @@ def _as_list(value: str | list[str]) -> list[str]:
 
 def test_training_data_is_synced_from_s3_into_scratch(tmp_path):
     run = run_stack(dataS3Uri="s3://corpus/tokens/v2")
-    (node,) = nodes_in_rank_order(run)
+    node = the_node(run)
     assert boot_env(node)["TRAIN_DATA_PATH"] == "/scratch/data"
     script = boot_files(node)["/opt/gpu-stack/run-training.sh"]
     assert 'readonly DATA_S3_URI="s3://corpus/tokens/v2"' in script
@@ -246,14 +214,14 @@ def test_training_config_is_shipped_and_named_in_the_env(tmp_path):
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
     run = run_stack(trainConfig=str(toml))
-    (node,) = nodes_in_rank_order(run)
+    node = the_node(run)
     assert boot_files(node)["/etc/gpu-stack/train.toml"] == toml.read_text()
     assert boot_env(node)["TRAIN_CONFIG"] == "/etc/gpu-stack/train.toml"
 
 
 def test_instance_store_count_reaches_the_scratch_script():
     run = run_stack(profile="a100x8")
-    (node,) = nodes_in_rank_order(run)
+    node = the_node(run)
     script = boot_files(node)["/opt/gpu-stack/prepare-scratch.sh"]
     assert (
         f'readonly EXPECTED_DRIVES="{resolve_profile("a100x8").instance.instance_store_nvme}"'
@@ -266,8 +234,8 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
     shellcheck = require_tool("shellcheck", "shellcheck")
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
-    run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
-    for node in nodes_in_rank_order(run):
+    run = run_stack(spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
+    for node in [the_node(run)]:
         user_data = tmp_path / f"{node.name}.yaml"
         user_data.write_text(node.inputs["userData"])
         schema = subprocess.run(
@@ -289,9 +257,11 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
         assert lint.returncode == 0, lint.stdout
 
 
-@pytest.mark.parametrize(("nodes", "spot"), [(1, False), (2, True)])
-def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
-    run = run_stack(nodes=nodes, spot=spot, sshCidr="203.0.113.7/32")
+@pytest.mark.parametrize(
+    ("shape", "spot"), [({}, False), ({"cluster": "slurm", "nodes": 2}, True)], ids=["ec2", "slurm"]
+)
+def test_the_stack_passes_the_policy_packs_checks(shape, spot):
+    run = run_stack(spot=spot, sshCidr="203.0.113.7/32", **shape)
     allowed = rules.catalog_instance_types()
     for resource in run.resources:
         props = resource.state

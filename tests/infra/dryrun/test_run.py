@@ -35,7 +35,7 @@ def test_describe_lists_resources_and_key_properties():
     assert f"{len(run.resources)} resources" in text
     assert f"ami=resolve:ssm:{plan.ami.ssm_parameter}" in text
     assert "imds=required" in text and "encrypted=true" in text
-    assert "aws.ec2.Instance" in text and "TRAIN_NODE_RANK=0" in text
+    assert "aws.ec2.Instance" in text
     assert "inbound=none" in text
     assert f"image: {run.outputs['image_uri']}" in text
 
@@ -79,7 +79,7 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
-        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
+        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n  gpu:cluster: slurm\n"
         "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
@@ -101,7 +101,9 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     assert (
         f"longest run    ${12 * spot:,.2f} spot: gpu:maxRuntimeHours stops each node after 12 h"
     ) in lines
-    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 2
+    # Two nodes are a Slurm cluster: ParallelCluster's stack, no EC2 instance of its own.
+    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 0
+    assert sum(line.startswith("  aws.cloudformation.Stack ") for line in lines) == 1
 
 
 def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):

@@ -37,12 +37,8 @@ def node(**overrides) -> NodeBoot:
         "region": "us-east-1",
         "log_group": "/gpu-training/stack",
         "min_driver": "580.65.06",
-        "nnodes": 2,
-        "node_rank": 1,
-        "master_addr": "10.42.0.7",
         "checkpoint_s3_uri": "s3://stack-checkpoints/checkpoints",
         "instance_store_drives": 8,
-        "efa": True,
         "data_s3_uri": "s3://corpus/tokens",
         "train_config": "[optimizer]\nlr = 3e-4\n",
     }
@@ -50,12 +46,8 @@ def node(**overrides) -> NodeBoot:
 
 
 SHAPES = {
-    "multi-node-efa-data-config": node(),
-    "single-node-plain": node(
-        nnodes=1,
-        node_rank=0,
-        master_addr="127.0.0.1",
-        efa=False,
+    "data-config": node(),
+    "plain": node(
         data_s3_uri=None,
         train_config=None,
         instance_store_drives=0,
@@ -328,20 +320,16 @@ def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_p
         assert len(set(verdicts.values())) == 1, (variant.name, ami.name, verdicts)
 
 
-def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
+def test_the_job_gets_the_gpus_logs_config_and_data(tmp_path):
     result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
     for flag in (
         "--gpus",
         "--ipc=host",
-        "--device=/dev/infiniband",
-        "--cap-add=IPC_LOCK",
-        "memlock=-1:-1",
-        "host",
         "awslogs",
         "awslogs-group=/gpu-training/stack",
-        "awslogs-stream=node-1",
+        "awslogs-stream=node-0",
         f"{root}/etc/gpu-stack/training.env",
         f"{root}/etc/gpu-stack/train.toml:{root}/etc/gpu-stack/train.toml:ro",
     ):
@@ -366,10 +354,8 @@ def test_a_failed_data_sync_is_retried_whatever_the_aws_cli_exit_code(tmp_path, 
     assert not (calls / "docker-run").exists()
 
 
-def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
-    result, calls, _ = run_training_script(
-        tmp_path, SHAPES["single-node-plain"], driver="595.91.07"
-    )
+def test_the_job_stays_on_the_bridge_without_efa_devices(tmp_path):
+    result, calls, _ = run_training_script(tmp_path, SHAPES["plain"], driver="595.91.07")
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
     assert "--network" not in args
@@ -547,8 +533,9 @@ def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
     boot = node()
     env = boot_environment(boot)
     topology = topology_from_env(env)
-    assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
-    assert (topology.master_addr, topology.master_port) == (boot.master_addr, DEFAULT_MASTER_PORT)
+    # One node: the trainer's defaults, rendezvous on itself (more nodes: the Slurm cluster).
+    assert (topology.nnodes, topology.node_rank) == (1, 0)
+    assert (topology.master_addr, topology.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
     # The training config the stack ships is the one the container loads, and the
     # directories the environment names are the bind-mounted host paths.
     train_config = tmp_path / "train.toml"
