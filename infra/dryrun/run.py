@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import logging
 import runpy
 from collections.abc import Callable, Mapping
@@ -34,8 +35,9 @@ from infra.config.stack_file import (
 )
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.report import format_costs, format_plan
+from infra.report import format_cluster, format_costs, format_plan
 
 PROGRAM = REPO_ROOT / "__main__.py"
 PROJECT = "gpu-training-stack"
@@ -237,10 +239,8 @@ _KEY_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
         ("hop limit", "metadataOptions.httpPutResponseHopLimit"),
         ("root GiB", "blockDeviceMappings.0.ebs.volumeSize"),
         ("encrypted", "blockDeviceMappings.0.ebs.encrypted"),
-        ("placement group", "placement.groupName"),
     ),
     "aws:ec2/instance:Instance": (("market", "instanceMarketOptions.marketType"),),
-    "aws:ec2/placementGroup:PlacementGroup": (("strategy", "strategy"),),
     "aws:ec2/subnet:Subnet": (("zone", "availabilityZone"), ("cidr", "cidrBlock")),
     "aws:ec2/vpc:Vpc": (("cidr", "cidrBlock"),),
     "aws:ecr/repository:Repository": (
@@ -287,20 +287,33 @@ def _describe(resource: Recorded) -> str:
         value = _dig(resource.inputs, path)
         if value is not None:
             details.append(f"{label}={_plain(value)}")
-    if resource.type == "aws:ec2/launchTemplate:LaunchTemplate":
-        kinds = [i.get("interfaceType") or "ena" for i in resource.inputs["networkInterfaces"]]
-        details.append(f"interfaces={len(kinds)} ({', '.join(sorted(set(kinds)))})")
     if resource.type == "aws:ec2/securityGroup:SecurityGroup":
         rules = [
-            "self" if rule.get("self") else ",".join(rule.get("cidrBlocks", []))
-            for rule in resource.inputs.get("ingress", [])
+            ",".join(rule.get("cidrBlocks", [])) for rule in resource.inputs.get("ingress", [])
         ]
         details.append(f"inbound={'; '.join(rules) or 'none'}")
+    if resource.type == "aws:cloudformation/stack:Stack":
+        details.append(_describe_cluster(json.loads(resource.inputs["templateBody"])))
     if resource.type == "aws:ec2/instance:Instance" and not resource.inputs.get(
         "instanceMarketOptions"
     ):
         details.append("market=on-demand")
     return "  ".join(details)
+
+
+def _describe_cluster(template: dict) -> str:
+    """A ParallelCluster stack's release and queue, read from its template."""
+    resources = template["Resources"]
+    url = resources["PclusterClusterProvider"]["Properties"]["TemplateURL"]["Fn::Sub"]
+    version = url.split("/parallelcluster/")[1].split("/")[0]
+    config = resources["PclusterCluster"]["Properties"]["ClusterConfiguration"]
+    (queue,) = config["Scheduling"]["SlurmQueues"]
+    (nodes,) = queue["ComputeResources"]
+    return (
+        f"ParallelCluster {version}  head node={config['HeadNode']['InstanceType']}  "
+        f"queue {queue['Name']}={nodes['MinCount']}..{nodes['MaxCount']} x "
+        f"{nodes['InstanceType']} {queue['CapacityType']}"
+    )
 
 
 def describe_run(run: ProgramRun) -> str:
@@ -324,9 +337,13 @@ def describe_stack(stack: StackConfig) -> str:
     profiles = load_profiles()
     # The profile's description and rationale hold only if the config keeps its plan.
     profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
+    cluster = (
+        [] if plan.cluster is None else [format_cluster(plan, load_parallelcluster().head_node)]
+    )
     return "\n".join(
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),
+            *cluster,
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
             *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]

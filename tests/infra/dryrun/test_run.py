@@ -103,7 +103,9 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     ) in lines
     # Two nodes are a Slurm cluster: ParallelCluster's stack, no EC2 instance of its own.
     assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 0
-    assert sum(line.startswith("  aws.cloudformation.Stack ") for line in lines) == 1
+    (cluster,) = [line for line in lines if line.startswith("  aws.cloudformation.Stack ")]
+    assert "queue gpu=0..2 x p3.2xlarge SPOT" in cluster
+    assert "idle cost      $0.096/h (the head node only: no job, no compute nodes)" in lines
 
 
 def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):
