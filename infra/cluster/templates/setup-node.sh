@@ -35,9 +35,10 @@ case "$role" in
     # one credentials file for every user, read when Enroot imports an image.
     mkdir -p "$SCRATCH/enroot"
     chmod 1777 "$SCRATCH/enroot"
+    # ${USER} is left for Enroot to expand, for each user.
     {
-      echo "ENROOT_CACHE_PATH $SCRATCH/enroot/cache/\$(id -u)"
-      echo "ENROOT_DATA_PATH $SCRATCH/enroot/data/\$(id -u)"
+      echo "ENROOT_CACHE_PATH $SCRATCH/enroot/cache/\${USER}"
+      echo "ENROOT_DATA_PATH $SCRATCH/enroot/data/\${USER}"
       echo "ENROOT_CONFIG_PATH /etc/enroot"
     } >>/etc/enroot/enroot.conf
     # Enroot runs the command on each import, so the 12-hour ECR token is always new

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cluster.config import ClusterSettings, cluster_config
+from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles
 from infra.knowledge.resolver import resolve
-from tests.support.tools import _unavailable
+from tests.support.tools import _unavailable, require_tool
 from tests.training.multirank import REPO_ROOT
 
 SCHEMA_SCRIPT = Path(__file__).with_name("pcluster_schema.py")
@@ -177,3 +177,18 @@ def test_a_misspelt_or_impossible_setting_fails_in_one_line_naming_the_key(
     change(target)
     errors = schema_errors(pcluster_python, config)
     assert errors == [line]
+
+
+def test_the_node_setup_script_is_clean_shell_and_refuses_an_unknown_role(tmp_path):
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    lint = subprocess.run([shellcheck, str(SETUP_SCRIPT)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    # ParallelCluster passes the role as the first argument (cluster_config's Args).
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    config = cluster_config(plan, settings())
+    head = config["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+    compute = config["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
+    assert (head["Args"][0], compute["Args"][0]) == ("head", "compute")
+    assert head["Script"] == compute["Script"] == settings().setup_script
+    wrong = subprocess.run(["bash", str(SETUP_SCRIPT), "login"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "unknown role login" in wrong.stderr
