@@ -8,12 +8,12 @@ what would work. docs/stack.md lists the keys.
 import pulumi
 
 from infra.components.stack import TrainingStack
-from infra.config.schema import config_from_pulumi, load_stack_config
+from infra.config.schema import config_from_pulumi, load_stack_config, stack_region
 from infra.errors import ConfigError
 
 try:
     config = load_stack_config(config_from_pulumi(pulumi.Config("gpu")))
-    plan = config.resolve_plan()
+    plan = config.resolve_plan(stack_region(pulumi.Config("aws").get("region")))
     config.check_plan(plan)
     for warning in (*plan.warnings, *config.guardrails.warnings):
         pulumi.log.warn(warning)

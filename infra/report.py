@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
+from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
@@ -41,8 +42,10 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
     if profile is not None and profile.seed_cny_per_hour is not None:
         low, high = profile.seed_cny_per_hour
         lines.append(f"seed range     {low:g}-{high:g} CNY/h")
+    price = plan.price
+    estimated = " (estimates)" if price.estimated else ""
     lines.append(
-        f"prices         {instance.prices_checked.isoformat()}, us-east-1; "
+        f"prices         {price.region}{estimated}, checked {price.checked.isoformat()}; "
         f"CNY at {rate.cny_per_usd} per USD ({rate.as_of.isoformat()})"
     )
     if profile is not None:
@@ -83,6 +86,9 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         f"runway         {costs['runway_hours']:.1f} h {period} at full load {market} "
         f"(on-demand {costs['runway_hours_on_demand']:.1f} h, "
         f"spot {costs['runway_hours_spot']:.1f} h)",
+        f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
+        f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
+        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s",
     ]
     if hours is not None:
         lines.append(

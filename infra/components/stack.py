@@ -15,6 +15,7 @@ from infra.components.compute import Compute
 from infra.components.guardrails import Guardrails
 from infra.components.iam import InstanceRole
 from infra.components.network import Network
+from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.storage import Storage
 from infra.config.schema import StackConfig
 from infra.knowledge.parallelcluster import load_parallelcluster
@@ -112,6 +113,18 @@ class TrainingStack(pulumi.ComponentResource):
             spot=config.spot,
             opts=child,
         )
+        # Finds the instances by their tag, so it counts them from their launch whenever it
+        # starts; it needs the guardrails' alert topic.
+        spend_guard = SpendGuard(
+            name,
+            SpendGuardArgs(
+                plan=plan,
+                guardrails=config.guardrails,
+                cost_tag=(tag_key, tag_value),
+                alert_topic_arn=guardrails.alert_topic_arn,
+            ),
+            opts=child,
+        )
 
         self.outputs = {
             "instance_type": plan.instance.type,
@@ -137,6 +150,7 @@ class TrainingStack(pulumi.ComponentResource):
             "runway_hours": guardrails.costs["runway_hours"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
+            "spend_ledger_table": spend_guard.ledger_table_name,
             "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         if config.spot:

@@ -9,6 +9,7 @@ ConfigError with one sentence naming the key, the value and what would work.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
@@ -175,16 +177,21 @@ class StackConfig(BaseModel):
     def train_config_text(self) -> str | None:
         return self.train_config.read_text() if self.train_config is not None else None
 
-    def resolve_plan(self) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved;
-        on a Slurm cluster (gpu:cluster), for its ParallelCluster release's nodes."""
+    def resolve_plan(self, region: str) -> Plan:
+        """The profile, with any instanceType / imageVariant / nodes override, resolved and
+        priced for the stack's `region` (stack_region); on a Slurm cluster (gpu:cluster),
+        for its ParallelCluster release's nodes."""
         self._check_cluster_keys()
         try:
-            profile_plan = resolve_profile(self.profile)
+            load_catalog().prices.region(region)
+        except ConfigError as exc:
+            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+        try:
+            profile_plan = resolve_profile(self.profile, region=region)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
         if self.cluster is not None:
-            return self._resolve_for_cluster(profile_plan)
+            return self._resolve_for_cluster(profile_plan, region)
         overrides = {
             key: value
             for key, value in (
@@ -205,7 +212,7 @@ class StackConfig(BaseModel):
             variant = AUTO  # the profile's variant was chosen for another instance type
         nodes = self.nodes if self.nodes is not None else profile_plan.nodes
         try:
-            return resolve(instance_type, variant, nodes)
+            return resolve(instance_type, variant, nodes, region=region)
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
@@ -229,7 +236,7 @@ class StackConfig(BaseModel):
                     "set gpu:cluster: slurm or remove it"
                 )
 
-    def _resolve_for_cluster(self, profile_plan: Plan) -> Plan:
+    def _resolve_for_cluster(self, profile_plan: Plan, region: str) -> Plan:
         try:
             release = load_parallelcluster().release(self.parallel_cluster_version)
         except ConfigError as exc:
@@ -239,7 +246,7 @@ class StackConfig(BaseModel):
         variant = self.image_variant or AUTO
         nodes = self.nodes if self.nodes is not None else profile_plan.nodes
         try:
-            return resolve(instance_type, variant, nodes, cluster=release)
+            return resolve(instance_type, variant, nodes, region=region, cluster=release)
         except ConfigError as exc:
             raise ConfigError(
                 f"gpu:cluster is 'slurm' (ParallelCluster {release.version}): {exc}"
@@ -277,6 +284,19 @@ class StackConfig(BaseModel):
                 f"{plan.nodes} x {plan.instance.type} (world size {plan.gpus}, compute capability "
                 f"{plan.instance.compute_capability}): {exc}"
             ) from None
+
+
+def stack_region(aws_region: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The region the stack deploys to, found as the AWS provider finds it: `aws:region`, else
+    AWS_REGION, else AWS_DEFAULT_REGION (Pulumi AWS provider, "Installation & Configuration",
+    pulumi.com/registry/packages/aws/installation-configuration/)."""
+    for region in (aws_region, environ.get("AWS_REGION"), environ.get("AWS_DEFAULT_REGION")):
+        if region:
+            return region
+    raise ConfigError(
+        "aws:region is not set, so the stack's prices and region are unknown; set it with "
+        "pulumi config set aws:region us-east-1 (or another region with prices)"
+    )
 
 
 def own_keys() -> tuple[str, ...]:

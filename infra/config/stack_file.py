@@ -43,6 +43,12 @@ def config_text(value: Any) -> str:
     return json.dumps(value)
 
 
+def stack_file_region(path: Path) -> str | None:
+    """The file's `aws:region`, if it sets one."""
+    region = stack_file_config(path).get("aws:region")
+    return None if region is None else str(region)
+
+
 def load_stack_file(path: Path) -> StackConfig:
     """The checked `gpu:` config of a stack file; a bad key or value names the file."""
     config = stack_file_config(path)

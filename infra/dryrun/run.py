@@ -32,6 +32,7 @@ from infra.config.stack_file import (
     load_stack_file,
     stack_file_config,
     stack_file_path,
+    stack_file_region,
 )
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary
@@ -331,12 +332,13 @@ def describe_run(run: ProgramRun) -> str:
     return "\n".join(lines)
 
 
-def describe_stack(stack: StackConfig) -> str:
+def describe_stack(stack: StackConfig, region: str) -> str:
     """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
-    plan = stack.resolve_plan()
+    plan = stack.resolve_plan(region)
     profiles = load_profiles()
     # The profile's description and rationale hold only if the config keeps its plan.
-    profile = profiles.get(stack.profile) if plan == resolve_profile(stack.profile) else None
+    same = plan == resolve_profile(stack.profile, region=region)
+    profile = profiles.get(stack.profile) if same else None
     cluster = (
         [] if plan.cluster is None else [format_cluster(plan, load_parallelcluster().head_node)]
     )
@@ -397,7 +399,10 @@ def with_resources(add_arguments: Callable, run: Callable) -> Command:
         return "\n".join(
             [
                 f"stack file     {path.name}",
-                describe_stack(load_stack_file(path)),
+                # Priced where the offline run ran (a placeholder region without aws:region).
+                describe_stack(
+                    load_stack_file(path), stack_file_region(path) or PLACEHOLDER_REGION
+                ),
                 "",
                 describe_run(run_result),
             ]

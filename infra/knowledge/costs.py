@@ -13,6 +13,20 @@ if TYPE_CHECKING:
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
 
+# The spend guard (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES and
+# stops the stack in the run that finds the budget spent; a run lasts at most its function's
+# timeout. EC2 bills no stopping instance (unless it hibernates: "Instance state and billing",
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), so the stack runs
+# past its budget for at most one period plus one run.
+SPEND_GUARD_PERIOD_MINUTES = 5
+SPEND_GUARD_TIMEOUT_SECONDS = 60
+
+
+def worst_case_overspend_usd(hourly: float) -> float:
+    """What the stack can spend past its budget before the spend guard's stop takes hold."""
+    minutes = SPEND_GUARD_PERIOD_MINUTES + SPEND_GUARD_TIMEOUT_SECONDS / 60
+    return hourly * minutes / 60
+
 
 def hourly_usd(plan: Plan, *, spot: bool) -> float:
     """The stack's full-load $/h (all nodes) in the market it launches into."""
@@ -46,4 +60,5 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "runway_hours_spot": round(budget / spot_price, 1),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
+        "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
     }

@@ -15,7 +15,7 @@ from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
 from images.matrix import Matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import Catalog
-from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
 
 PROFILES_PATH = Path(__file__).parent / "data" / "profiles.toml"
 
@@ -100,8 +100,9 @@ def resolve_profile(
     catalog: Catalog | None = None,
     matrix: Matrix | None = None,
     today: datetime.date | None = None,
+    region: str = DEFAULT_PLAN_REGION,
 ) -> Plan:
-    """Resolve a named profile (default: the file's default) to a Plan.
+    """Resolve a named profile (default: the file's default) to a Plan priced for `region`.
 
     Adds a warning when the AWS price falls outside the seed's CNY range.
     """
@@ -114,6 +115,7 @@ def resolve_profile(
         catalog=catalog,
         matrix=matrix,
         today=today,
+        region=region,
     )
     comparison = seed_price_warning(profile, plan, profiles.exchange_rate)
     if comparison is None:

@@ -34,7 +34,7 @@ def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
     budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = load_catalog().prices.price(config["aws:region"], "p4d.24xlarge")
     assert on_demand
     lines = result.stdout.splitlines()
     assert "stack file     Pulumi.a100x8.yaml" in lines
@@ -148,12 +148,12 @@ def test_bad_input_is_one_line_exit_2(args, expected):
 
 def test_bad_catalog_file_is_one_line_exit_2(tmp_path):
     directory = modified_catalog(
-        tmp_path, "instances.toml", "on_demand_usd_per_hour = 3.06", "on_demand_usd_per_hour = -1"
+        tmp_path, "prices.toml", "on_demand_usd_per_hour = 3.06", "on_demand_usd_per_hour = -1"
     )
     result = run_cli("plan", "--catalog", str(directory))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
-    assert "instance 'p3.2xlarge', field 'on_demand_usd_per_hour'" in result.stderr
+    assert "type 'p3.2xlarge', field 'on_demand_usd_per_hour'" in result.stderr
 
 
 def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
@@ -163,3 +163,28 @@ def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
     assert "variant 'cu128', field 'nccl'" in result.stderr
+
+
+def test_plan_prices_the_region_asked_for_and_refuses_one_without_prices():
+    prices = load_catalog().prices
+    ireland = run_cli("plan", "a100x8", "--region", "eu-west-1")
+    assert ireland.returncode == 0, ireland.stderr
+    eu = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert eu != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert any(
+        line.startswith(f"on-demand      ${eu:.2f}/h") for line in ireland.stdout.split("\n")
+    )
+    assert "prices         eu-west-1 (estimates), checked " in ireland.stdout
+    missing = run_cli("plan", "a100x8", "--region", "eu-west-3")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "'eu-west-3'" in missing.stderr and "eu-west-1, us-east-1, us-west-2" in missing.stderr
+
+
+def test_plan_prints_the_worst_case_overspend_beside_budget_and_runway():
+    result = run_cli("plan", "a100x8")
+    hourly = load_catalog().prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    # One 5-minute guard period plus a 60-second run, at the stack's full price.
+    bound = hourly * (5 + 1) / 60
+    lines = result.stdout.splitlines()
+    runway = next(i for i, line in enumerate(lines) if line.startswith("runway "))
+    assert lines[runway + 1].startswith(f"overspend      at most ${bound:,.2f} past the budget")

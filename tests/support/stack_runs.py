@@ -13,6 +13,7 @@ INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
@@ -26,6 +27,12 @@ def run_stack(mocks: RecordingMocks | None = None, **config: Any) -> ProgramRun:
 def the_node(run: ProgramRun) -> Recorded:
     """The stack's one EC2 instance (more nodes are a Slurm cluster's)."""
     return run.one(INSTANCE)
+
+
+def training_log_group(run: ProgramRun) -> Recorded:
+    """The nodes' log group (the spend guard's function has its own)."""
+    (group,) = [r for r in run.of_type(LOG_GROUP) if not r.name.endswith("-spend-guard")]
+    return group
 
 
 def boot_files(instance: Recorded) -> dict[str, str]:

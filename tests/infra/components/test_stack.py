@@ -8,8 +8,10 @@ import json
 import subprocess
 from pathlib import Path
 
+import pulumi
 import pytest
 
+from infra.dryrun.run import run_program
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
@@ -23,6 +25,7 @@ from tests.support.stack_runs import (
     node_policy,
     run_stack,
     the_node,
+    training_log_group,
 )
 from tests.support.tools import require_tool
 
@@ -130,7 +133,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
     bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
     repository = run.one("aws:ecr/repository:Repository").state["arn"]
-    log_group = run.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    log_group = training_log_group(run).state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
@@ -178,9 +181,9 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
 def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     plan, spot, run = case
     outputs = run.outputs
-    instance = load_catalog().instance(plan.instance.type)
-    on_demand = instance.on_demand_usd_per_hour * plan.nodes
-    spot_price = instance.spot_usd_per_hour * plan.nodes
+    price = load_catalog().prices.price("us-east-1", plan.instance.type)  # the mocks' region
+    on_demand = price.on_demand_usd_per_hour * plan.nodes
+    spot_price = price.spot_usd_per_hour * plan.nodes
     hourly = spot_price if spot else on_demand
     budget = BASE_CONFIG["budgetUsd"]  # monthly, the default period
     assert outputs["on_demand_usd_per_hour"] == pytest.approx(on_demand, abs=0.005)
@@ -192,7 +195,7 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
 
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
-    spot_price = load_catalog().instance("p3.2xlarge").spot_usd_per_hour
+    spot_price = load_catalog().prices.price("us-east-1", "p3.2xlarge").spot_usd_per_hour
     assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
     # The runway is what one period's budget buys: hours a day here.
     assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
@@ -282,3 +285,19 @@ def test_warnings_output_holds_the_plans_and_the_guardrails():
     assert not any(
         "alertEmails" in w for w in run_stack(alertEmails=["ml@company.io"]).outputs["warnings"]
     )
+
+
+def test_a_stack_is_priced_for_its_own_region():
+    prices = load_catalog().prices
+    run = run_program({**BASE_CONFIG, "profile": "v100x1"}, stack="test", aws_region="eu-west-1")
+    ireland = prices.price("eu-west-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert run.outputs["on_demand_usd_per_hour"] == pytest.approx(ireland, abs=0.005)
+
+
+def test_a_region_without_prices_fails_preview_in_one_sentence():
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(BASE_CONFIG, stack="test", aws_region="eu-west-3")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("aws:region is 'eu-west-3': ")
+    assert "regions with prices: eu-west-1, us-east-1, us-west-2" in message

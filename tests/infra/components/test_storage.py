@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from infra.components.storage import NONCURRENT_VERSION_DAYS
 from infra.knowledge.profiles import resolve_profile
-from tests.support.stack_runs import run_stack
+from tests.support.stack_runs import run_stack, training_log_group
 
 
 def test_checkpoint_bucket_is_private_encrypted_versioned_and_expires_old_versions():
@@ -41,7 +41,7 @@ def test_repository_scans_on_push_and_keeps_tags_immutable():
 
 def test_log_group_per_stack_with_configured_retention():
     run = run_stack(logRetentionDays=14)
-    group = run.one("aws:cloudwatch/logGroup:LogGroup").inputs
+    group = training_log_group(run).inputs
     assert group["name"] == "/gpu-training/gpu-training-stack-test"
     assert group["retentionInDays"] == 14
     assert run.outputs["log_group"] == group["name"]

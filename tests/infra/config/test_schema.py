@@ -92,7 +92,7 @@ def check_job(tmp_path: Path, toml: str, **config: str) -> None:
     job = tmp_path / "job.toml"
     job.write_text(toml)
     stack = load_stack_config({**BASE_CONFIG, **config, "trainConfig": str(job)})
-    stack.check_plan(stack.resolve_plan())
+    stack.check_plan(stack.resolve_plan("us-east-1"))
 
 
 @pytest.mark.parametrize("nodes", ["1", "2"])
@@ -180,14 +180,16 @@ def test_values_arrive_as_pulumi_strings_and_parse_strictly():
 
 def test_overrides_resolve_against_the_profile():
     # The instance type changes: the variant is chosen again for it.
-    v100 = load_stack_config({"instanceType": "p3.2xlarge", **BASE_CONFIG}).resolve_plan()
+    v100 = load_stack_config({"instanceType": "p3.2xlarge", **BASE_CONFIG}).resolve_plan(
+        "us-east-1"
+    )
     assert v100.instance.type == "p3.2xlarge" and v100.variant.name != "cu130"
     # Only the node count changes (on a Slurm cluster): the profile's instance and variant stay.
     two = load_stack_config(
         {"profile": "a100x8-80g", "nodes": "2", "cluster": "slurm", **BASE_CONFIG}
-    ).resolve_plan()
+    ).resolve_plan("us-east-1")
     assert (two.instance.type, two.nodes) == ("p4de.24xlarge", 2)
-    profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan()
+    profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan("us-east-1")
     assert two.variant == profile.variant
     assert two.on_demand_usd_per_hour == pytest.approx(2 * profile.on_demand_usd_per_hour)
 

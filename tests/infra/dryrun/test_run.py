@@ -63,7 +63,7 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     assert any(line.startswith(f"image variant  {plan.variant.name} (") for line in lines)
     # The costs, from the catalog's prices and the stack file's budget.
     budget = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]["gpu:budgetUsd"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = load_catalog().prices.price("us-east-1", "p4d.24xlarge")  # Pulumi.a100x8.yaml's
     on_demand, spot = p4d.on_demand_usd_per_hour, p4d.spot_usd_per_hour
     assert any(line.startswith(f"on-demand      ${on_demand:.2f}/h") for line in lines)
     assert any(line.startswith(f"spot           ${spot:.2f}/h") for line in lines)
@@ -73,7 +73,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
         f"runway         {budget / on_demand:.1f} h a month at full load on-demand "
         f"(on-demand {budget / on_demand:.1f} h, spot {budget / spot:.1f} h)"
     ) in lines
-    assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
+    hours = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"][
+        "gpu:maxRuntimeHours"
+    ]
+    assert (
+        f"longest run    ${hours * on_demand:,.2f} on-demand: gpu:maxRuntimeHours stops each "
+        f"node after {hours:g} h"
+    ) in lines
 
 
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
@@ -86,7 +92,7 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p3 = load_catalog().instance("p3.2xlarge")
+    p3 = load_catalog().prices.price("us-east-1", "p3.2xlarge")  # no aws:region: the default
     on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
     # Two nodes is not the v100x1 profile: its description would not hold.
@@ -146,3 +152,19 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
     assert line.startswith("warning ") and "you@example.com" in line
+
+
+def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.ireland.yaml"
+    stack.write_text(
+        "config:\n  aws:region: eu-west-1\n  gpu:profile: a100x8\n  gpu:budgetUsd: 2000\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    prices = load_catalog().prices
+    ireland = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert f"market         on-demand: ${ireland:.2f}/h for the stack" in out.splitlines()
+    assert "prices         eu-west-1 (estimates)" in out

@@ -57,3 +57,10 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
     summary = cost_summary(plan, GuardrailConfig(budget_usd=1000))
     assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
     assert summary["runway_hours"] == round(1000 / hourly_usd(plan, spot=False), 1)
+
+
+def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
+    plan = resolve("p4d.24xlarge", nodes=2)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
+    # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
+    assert summary["worst_case_overspend_usd"] == round(2 * 32.7726 * 6 / 60, 2)

@@ -64,8 +64,10 @@ def test_every_instance_and_variant_resolves_or_explains(instance_type, variant_
     assert wheels_run_on(variant.compute_capabilities, instance.compute_capability)
     assert instance.compute_capability in plan.ami.compute_capabilities
     assert versions(plan.ami.driver_version) >= versions(variant.min_driver)
-    assert plan.on_demand_usd_per_hour == pytest.approx(nodes * instance.on_demand_usd_per_hour)
-    assert plan.spot_usd_per_hour == pytest.approx(nodes * instance.spot_usd_per_hour)
+    price = CATALOG.prices.price("us-east-1", instance_type)  # a plan without a region's
+    assert plan.price == price
+    assert plan.on_demand_usd_per_hour == pytest.approx(nodes * price.on_demand_usd_per_hour)
+    assert plan.spot_usd_per_hour == pytest.approx(nodes * price.spot_usd_per_hour)
     assert plan.gpus == nodes * instance.gpu_count
     tag = f"{MATRIX.release}-torch{variant.torch}-{variant.name}-py{variant.python}"
     assert plan.image_tag == tag
