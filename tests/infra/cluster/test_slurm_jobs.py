@@ -97,10 +97,15 @@ def assert_completed(job: Submitted, state: dict) -> list[float]:
 
 
 @pytest.fixture
-def say(pytestconfig):
+def say(capsys, pytestconfig):
     """Write a line to the terminal past pytest's capture: the CI log shows each job's story."""
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-    return lambda line: reporter.write_line(f"slurm test: {line}")
+
+    def write(line: str) -> None:
+        with capsys.disabled():
+            reporter.write_line(f"slurm test: {line}")
+
+    return write
 
 
 @pytest.fixture(scope="module")
