@@ -39,9 +39,9 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         f"spot           ${plan.spot_usd_per_hour:.2f}/h "
         f"({rate.to_cny(plan.spot_usd_per_hour):.0f} CNY/h)",
     ]
-    if profile is not None and profile.seed_cny_per_hour is not None:
-        low, high = profile.seed_cny_per_hour
-        lines.append(f"seed range     {low:g}-{high:g} CNY/h")
+    if profile is not None and profile.guide_cny_per_hour is not None:
+        low, high = profile.guide_cny_per_hour
+        lines.append(f"guide range    {low:g}-{high:g} CNY/h (GPU-cloud selection guide)")
     price = plan.price
     estimated = " (estimates)" if price.estimated else ""
     lines.append(

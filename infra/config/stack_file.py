@@ -1,6 +1,6 @@
 """A stack file, Pulumi.<stack>.yaml: its config as the Pulumi CLI hands it to the program.
 
-The offline run (infra.dryrun.run) and `python -m infra plan` read the same files the
+The offline run (infra.dryrun.runner) and `python -m infra plan` read the same files the
 Pulumi CLI does, and check them with the program's own StackConfig.
 """
 

@@ -53,6 +53,9 @@ class Instance:
     instance_store_nvme: Annotated[StrictInt, Field(ge=0)]  # drives
     instance_store_gb: Annotated[StrictInt, Field(ge=0)]  # all drives together
     sources: InstanceSources
+    # The kind of EFA interface on network cards 1..n in a multi-node layout; the primary
+    # (card 0) is always "efa", since an EFA-only interface carries no IP traffic.
+    efa_secondary_interface: Literal["efa", "efa-only"] = "efa"
 
     @field_validator("compute_capability")
     @classmethod
@@ -71,6 +74,7 @@ class AmiSources:
     compute_capabilities: str
     end_of_life: str
     root_device_name: str
+    no_longer_supports: str | None = None
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -91,6 +95,9 @@ class AmiFamily:
     end_of_life: datetime.date
     checked: datetime.date
     sources: AmiSources
+    # Instance families (e.g. "p3") that the family's latest release no longer lists as
+    # supported: the last release that did still boots them, unsupported.
+    no_longer_supports: tuple[str, ...] = ()
 
     _check_driver = field_validator("driver_version")(dotted_version)
 
@@ -167,6 +174,12 @@ def _load_instances(path: Path) -> dict[str, Instance]:
             raise ConfigError(
                 f"{where}, field 'efa_interfaces': {entry.efa_interfaces} is more than "
                 f"network_cards {entry.network_cards} (one EFA interface per network card)"
+            )
+        if entry.efa_secondary_interface == "efa-only" and entry.efa_interfaces < 2:
+            raise ConfigError(
+                f"{where}, field 'efa_secondary_interface': 'efa-only' needs at least 2 EFA "
+                f"interfaces (the primary is always 'efa'), efa_interfaces is "
+                f"{entry.efa_interfaces}; use 'efa' or leave it out"
             )
         instances[name] = entry
     if not instances:

@@ -19,6 +19,7 @@ Rules (docs/catalog.md explains them):
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 
 from common.versions import version_key
@@ -257,7 +258,18 @@ def _warnings(
     instance: Instance, price: InstancePrice, ami: AmiFamily, nodes: int, today: datetime.date
 ) -> tuple[str, ...]:
     warnings = []
-    if ami.past_end_of_life(today):
+    family = re.match(r"[a-z]+\d", instance.type)
+    if ami.past_end_of_life(today) and family is not None and family[0] in ami.no_longer_supports:
+        # One line, first: no AMI AWS supports boots this GPU any more.
+        warnings.append(
+            f"no AMI that AWS supports boots {instance.type} any more: {ami.description} "
+            f"is the only family here with a driver for {instance.gpu_model} (driver "
+            f"{ami.driver_version} runs the image), but its last release no longer lists "
+            f"{family[0].upper()} and it is past end of life since "
+            f"{ami.end_of_life.isoformat()}; the stack boots it unsupported: move to a newer "
+            "GPU (g4dn, g5, g6 and later run the open-driver AMIs)"
+        )
+    elif ami.past_end_of_life(today):
         warnings.append(
             f"AMI family {ami.name} ({ami.os}) is past end of life since "
             f"{ami.end_of_life.isoformat()}: no security updates; it is the only AMI family "

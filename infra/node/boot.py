@@ -7,7 +7,7 @@ spot interruption the persistent request restarts the stopped node and the job
 resumes from its last checkpoint without anyone logging in.
 
 Pure Python: the Pulumi program calls `render_user_data` inside an apply once the
-image URI and bucket are known; the tests call it directly.
+image URI, bucket and node 0's address are known; the tests call it directly.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from infra.node.agent import cloudwatch_agent_config
-from training.contract import ExitCode
+from training.contract import DEFAULT_MASTER_PORT, ExitCode
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -34,10 +34,27 @@ TRAIN_CONFIG_FILE = f"{ETC_DIR}/train.toml"
 AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
 DATA_DIR = f"{SCRATCH_DIR}/data"
 DONE_MARKER = f"{STATE_DIR}/job-done"
+GPU_METRICS_SCRIPT = f"{BIN_DIR}/gpu-metrics.sh"
+# Where the Deep Learning AMIs' dlami-nvme.service mounts the instance store (LVM over the
+# NVMe drives) before user data runs: DLAMI release notes, "nvme_location /opt/dlami/nvme"
+# (Base OSS Nvidia Driver GPU AMI, Ubuntu 22.04,
+# https://docs.aws.amazon.com/dlami/latest/devguide/appendix-ami-release-notes.html).
+DLAMI_NVME_DIR = "/opt/dlami/nvme"
 UNIT_NAME = "gpu-training.service"
 
 # EC2 rejects user data over 16 KB (RunInstances).
 MAX_USER_DATA_BYTES = 16 * 1024
+
+# What the EFA path needs in the container (EC2 User Guide, "Get started with EFA and NCCL",
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html).
+# FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it to 1 aborts on EFA
+# devices without RDMA support.
+EFA_ENVIRONMENT = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_FORK_SAFE": "1",
+    "RDMAV_FORK_SAFE": "1",
+    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
+}
 
 # Values end up inside double-quoted shell strings and an env file: refuse
 # anything that could break out of them (all values come from checked config).
@@ -59,8 +76,12 @@ class NodeBoot:
     region: str
     log_group: str
     min_driver: str
+    nnodes: int
+    node_rank: int
+    master_addr: str
     checkpoint_s3_uri: str
     instance_store_drives: int
+    efa: bool
     data_s3_uri: str | None = None
     train_config: str | None = None  # the TOML text shipped to the node
 
@@ -69,9 +90,12 @@ class NodeBoot:
         return self.image_uri.split("/", 1)[0]
 
     def environment(self) -> dict[str, str]:
-        """The container's environment (docs/contracts.md section 3): one node, so the
-        trainer's own topology defaults (one node, rank 0, rendezvous on itself)."""
+        """The container's environment (docs/contracts.md section 3)."""
         env = {
+            "TRAIN_NNODES": str(self.nnodes),
+            "TRAIN_NODE_RANK": str(self.node_rank),
+            "TRAIN_MASTER_ADDR": self.master_addr,
+            "TRAIN_MASTER_PORT": str(DEFAULT_MASTER_PORT),
             **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
             "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
@@ -79,6 +103,8 @@ class NodeBoot:
         }
         if self.train_config is not None:
             env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
+        if self.efa:
+            env.update(EFA_ENVIRONMENT)
         return env
 
 
@@ -101,8 +127,20 @@ def render_template(name: str, values: dict[str, object]) -> str:
     for key, value in values.items():
         if not _SAFE_VALUE.match(str(value)):
             raise ValueError(f"boot value {key}={value!r} contains a quote, $, ` or newline")
-    return _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
+    text = _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
         {key: str(value) for key, value in values.items()}
+    )
+    return _without_comment_lines(text)
+
+
+def _without_comment_lines(text: str) -> str:
+    """The template without its whole-line comments (the shebang stays): they explain the
+    templates in this repository, and EC2 caps user data at 16 KB."""
+    lines = text.splitlines(keepends=True)
+    return "".join(
+        line
+        for index, line in enumerate(lines)
+        if not line.lstrip().startswith("#") or (index == 0 and line.startswith("#!"))
     )
 
 
@@ -116,7 +154,11 @@ def render_files(node: NodeBoot) -> dict[str, str]:
     files = {
         f"{BIN_DIR}/prepare-scratch.sh": render_template(
             "prepare-scratch.sh",
-            {"scratch_dir": SCRATCH_DIR, "instance_store_drives": node.instance_store_drives},
+            {
+                "scratch_dir": SCRATCH_DIR,
+                "dlami_nvme_dir": DLAMI_NVME_DIR,
+                "instance_store_drives": node.instance_store_drives,
+            },
         ),
         f"{BIN_DIR}/run-training.sh": render_template(
             "run-training.sh",
@@ -127,10 +169,14 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "region": node.region,
                 "min_driver": node.min_driver,
                 "log_group": node.log_group,
+                "node_rank": node.node_rank,
+                "host_network": str(node.nnodes > 1).lower(),
+                "use_efa": str(node.efa).lower(),
                 "data_s3_uri": node.data_s3_uri or "",
                 "data_dir": DATA_DIR,
                 "env_file": ENV_FILE,
                 "train_config_file": TRAIN_CONFIG_FILE if node.train_config is not None else "",
+                "gpu_metrics": GPU_METRICS_SCRIPT,
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
@@ -142,9 +188,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
             },
         ),
         ENV_FILE: _env_file(node.environment()),
-        f"{BIN_DIR}/start-gpu-metrics.sh": render_template(
-            "start-gpu-metrics.sh", {"agent_config": AGENT_CONFIG_FILE}
-        ),
+        GPU_METRICS_SCRIPT: render_template("gpu-metrics.sh", {"agent_config": AGENT_CONFIG_FILE}),
         # The idle alarm reads the metric this agent config publishes.
         AGENT_CONFIG_FILE: cloudwatch_agent_config(),
     }
@@ -159,7 +203,8 @@ def render_user_data(node: NodeBoot) -> str:
     size = len(text.encode())
     if size > MAX_USER_DATA_BYTES:
         raise ValueError(
-            f"user data is {size} bytes, over EC2's {MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
+            f"user data for node {node.node_rank} is {size} bytes, over EC2's "
+            f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
         )
     return text
 
@@ -181,7 +226,6 @@ def _cloud_config(node: NodeBoot) -> str:
             # --no-block: runcmd runs inside cloud-init's final stage; the unit
             # waits for docker and the network, and runs on every later boot too.
             ["systemctl", "enable", "--now", "--no-block", UNIT_NAME],
-            [f"{BIN_DIR}/start-gpu-metrics.sh"],
         ],
     }
     return "#cloud-config\n" + yaml.dump(
@@ -201,8 +245,12 @@ def largest_user_data_bytes(train_config: str | None) -> int:
         region="ap-southeast-2",
         log_group=f"/gpu-training/{'s' * 128}",
         min_driver="999.999.99",
+        nnodes=999,
+        node_rank=998,
+        master_addr="255.255.255.255",
         checkpoint_s3_uri=f"s3://{'b' * 63}/checkpoints",
         instance_store_drives=99,
+        efa=True,
         data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
         train_config=train_config,
     )

@@ -112,14 +112,6 @@ def test_outputs_name_the_head_node_the_submit_command_the_queue_and_the_idle_co
     assert outputs["market"] == "SPOT"
 
 
-def test_more_than_one_node_without_the_cluster_fails_in_one_line_pointing_at_it():
-    with pytest.raises(pulumi.RunError) as caught:
-        run_stack(nodes=2)
-    message = str(caught.value)
-    assert "\n" not in message
-    assert "gpu:nodes is 2" in message and "gpu:cluster: slurm" in message
-
-
 def test_a_variant_the_clusters_driver_cannot_run_fails_preview():
     with pytest.raises(pulumi.RunError) as caught:
         run_stack(cluster="slurm", nodes=2, imageVariant="cu130", parallelClusterVersion="3.14.0")

@@ -13,6 +13,7 @@ from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
 
 FUNCTION = "aws:lambda/function:Function"
@@ -25,7 +26,7 @@ LAMBDA_ENVIRONMENT_BYTES = 4096  # Lambda quotas: 4 KB of environment variables
 
 
 def policy(run, suffix: str) -> dict:
-    (found,) = [r for r in run.of_type(ROLE_POLICY) if r.name.endswith(suffix)]
+    (found,) = [r for r in of_type(run, ROLE_POLICY) if r.name.endswith(suffix)]
     return json.loads(found.inputs["policy"])
 
 
@@ -36,7 +37,7 @@ def profile_run(request):
 
 def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(profile_run):
     profile, run = profile_run
-    function = run.one(FUNCTION).inputs
+    function = one(run, FUNCTION).inputs
     assert (function["runtime"], function["handler"]) == (
         "python3.12",
         "infra.functions.spend_guard.handler",
@@ -45,8 +46,8 @@ def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(prof
     variables = function["environment"]["variables"]
     assert sum(len(k) + len(v) for k, v in variables.items()) < LAMBDA_ENVIRONMENT_BYTES
     settings = GuardSettings.from_environment(variables)
-    assert settings.table == run.one(TABLE).state["name"]
-    assert settings.topic_arn == run.one(TOPIC).state["arn"]
+    assert settings.table == one(run, TABLE).state["name"]
+    assert settings.topic_arn == one(run, TOPIC).state["arn"]
     assert settings.cost_tag == COST_TAG
     assert (settings.budget_usd, settings.budget_period) == (BASE_CONFIG["budgetUsd"], "MONTHLY")
     assert settings.thresholds_percent == (50.0, 80.0, 100.0)
@@ -59,12 +60,12 @@ def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(prof
 
 def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profile_run):
     _, run = profile_run
-    schedule = run.one(SCHEDULE).inputs
+    schedule = one(run, SCHEDULE).inputs
     assert schedule["scheduleExpression"] == "rate(5 minutes)"
     assert schedule["flexibleTimeWindow"] == {"mode": "OFF"}
-    function_arn = run.one(FUNCTION).state["arn"]
+    function_arn = one(run, FUNCTION).state["arn"]
     assert schedule["target"]["arn"] == function_arn
-    (role,) = [r for r in run.of_type(ROLE) if r.name.endswith("-spend-guard-schedule")]
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard-schedule")]
     assert schedule["target"]["roleArn"] == role.state["arn"]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert [s["Principal"]["Service"] for s in trust] == ["scheduler.amazonaws.com"]
@@ -87,24 +88,24 @@ def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_ow
         if action.startswith("ec2:") and not action.startswith("ec2:Describe")
     ]
     assert mutating == ["ec2:StopInstances"]
-    assert statements["KeepTheLedger"]["Resource"] == run.one(TABLE).state["arn"]
-    assert statements["Alert"]["Resource"] == run.one(TOPIC).state["arn"]
-    (role,) = [r for r in run.of_type(ROLE) if r.name.endswith("-spend-guard")]
+    assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
+    assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard")]
     trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
     assert [s["Principal"]["Service"] for s in trust] == ["lambda.amazonaws.com"]
 
 
 def test_the_ledger_table_is_keyed_by_period(profile_run):
     _, run = profile_run
-    table = run.one(TABLE).inputs
+    table = one(run, TABLE).inputs
     assert table["hashKey"] == "period" and table["billingMode"] == "PAY_PER_REQUEST"
     assert table["attributes"] == [{"name": "period", "type": "S"}]
-    assert run.outputs["spend_ledger_table"] == run.one(TABLE).state["name"]
+    assert run.outputs["spend_ledger_table"] == one(run, TABLE).state["name"]
 
 
 def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     run = run_stack(profile="v100x1", **{"aws:region": "eu-west-1"})
-    settings = GuardSettings.from_environment(run.one(FUNCTION).inputs["environment"]["variables"])
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
     ireland = load_catalog().prices.region("eu-west-1")
     assert settings.region == "eu-west-1"
     assert set(settings.prices) == set(ireland)

@@ -1,6 +1,4 @@
-"""The whole program, per profile, on-demand and spot (one run per case).
-
-More than one node is a Slurm cluster: tests/infra/components/test_cluster.py."""
+"""The whole program, per profile, for one and two nodes, on-demand and spot (one run per case)."""
 
 from __future__ import annotations
 
@@ -11,26 +9,32 @@ from pathlib import Path
 import pulumi
 import pytest
 
-from infra.dryrun.run import run_program
+from infra.dryrun.runner import run_program
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
+from tests.support.infra import data_file_prices
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     BASE_CONFIG,
     LAUNCH_TEMPLATE,
+    PLACEMENT_GROUP,
     SECURITY_GROUP,
     boot_env,
     boot_files,
     node_policy,
+    nodes_in_rank_order,
     run_stack,
-    the_node,
     training_log_group,
 )
 from tests.support.tools import require_tool
+from training.contract import DEFAULT_MASTER_PORT
 
 PROFILES = tuple(load_profiles().profiles)
-CASES = [(profile, spot) for profile in PROFILES for spot in (False, True)]
+CASES = [
+    (profile, nodes, spot) for profile in PROFILES for nodes in (1, 2) for spot in (False, True)
+]
 
 
 def test_every_profile_is_covered():
@@ -38,26 +42,26 @@ def test_every_profile_is_covered():
 
 
 @pytest.fixture(
-    scope="module", params=CASES, ids=[f"{p}-{'spot' if s else 'od'}" for p, s in CASES]
+    scope="module", params=CASES, ids=[f"{p}-{n}node-{'spot' if s else 'od'}" for p, n, s in CASES]
 )
 def case(request):
-    profile, spot = request.param
+    profile, nodes, spot = request.param
     profile_plan = resolve_profile(profile)
-    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, 1)
-    run = run_stack(profile=profile, spot=spot)
+    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, nodes)
+    run = run_stack(profile=profile, nodes=nodes, spot=spot)
     return expected, spot, run
 
 
 def test_ami_is_the_resolvers_ssm_parameter(case):
     plan, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
+    template = one(run, LAUNCH_TEMPLATE).inputs
     assert template["imageId"] == f"resolve:ssm:{plan.ami.ssm_parameter}"
     assert template["instanceType"] == plan.instance.type
 
 
 def test_imdsv2_required_with_two_hops_for_containers(case):
     _, _, run = case
-    metadata = run.one(LAUNCH_TEMPLATE).inputs["metadataOptions"]
+    metadata = one(run, LAUNCH_TEMPLATE).inputs["metadataOptions"]
     assert metadata["httpTokens"] == "required"
     assert metadata["httpPutResponseHopLimit"] == 2
     assert metadata["httpEndpoint"] == "enabled"
@@ -65,7 +69,7 @@ def test_imdsv2_required_with_two_hops_for_containers(case):
 
 def test_root_volume_is_encrypted_gp3_and_sized(case):
     plan, _, run = case
-    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"] == root["ebs"] | {
         "encrypted": "true",
         "volumeType": "gp3",
@@ -76,63 +80,92 @@ def test_root_volume_is_encrypted_gp3_and_sized(case):
 
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
-    _, _, run = case
-    assert run.one(SECURITY_GROUP).inputs.get("ingress", []) == []
-
-
-def test_one_plain_interface_and_no_placement_group(case):
-    _, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
-    (interface,) = template["networkInterfaces"]
-    assert not interface.get("interfaceType")  # EFA is the Slurm cluster's
-    assert interface["associatePublicIpAddress"] == "true"
-    assert "groupName" not in template["placement"]
-    assert run.of_type("aws:ec2/placementGroup:PlacementGroup") == []
-    assert run.of_type("aws:ec2/eip:Eip") == []
-
-
-def test_one_instance_from_the_template_in_the_chosen_market(case):
-    _, spot, run = case
-    template = run.one(LAUNCH_TEMPLATE)
-    node = the_node(run)
-    assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
-    assert node.inputs["launchTemplate"]["id"] == template.id
-    market = node.inputs.get("instanceMarketOptions")
-    if spot:
-        assert market == {
-            "marketType": "spot",
-            "spotOptions": {
-                "spotInstanceType": "persistent",
-                "instanceInterruptionBehavior": "stop",
-            },
-        }
-    else:
-        assert market is None
-
-
-def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case):
     plan, _, run = case
-    node = the_node(run)
-    files = boot_files(node)
-    script = files["/opt/gpu-stack/run-training.sh"]
-    assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
-    assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
-    assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
-    assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
-    env = boot_env(node)
-    # One node: the trainer's own defaults, no rendezvous wiring (docs/contracts.md).
-    assert not {"TRAIN_NNODES", "TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR"} & set(env)
-    assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
-    assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
-    assert "FI_PROVIDER" not in env
-    unit = files["/etc/systemd/system/gpu-training.service"]
-    assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
+    ingress = one(run, SECURITY_GROUP).inputs.get("ingress", [])
+    assert all(not rule.get("cidrBlocks") for rule in ingress)
+    assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
+    if plan.nodes > 1:
+        # Members reach each other on every port (EFA, NCCL, rendezvous), nobody else does.
+        assert ingress == [rule | {"self": True, "protocol": "-1"} for rule in ingress]
+        assert len(ingress) == 1
+    else:
+        assert ingress == []
+
+
+def test_efa_and_placement_group_only_for_multi_node(case):
+    plan, _, run = case
+    template = one(run, LAUNCH_TEMPLATE).inputs
+    interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
+    groups = of_type(run, PLACEMENT_GROUP)
+    if plan.nodes == 1:
+        assert groups == []
+        assert "groupName" not in template["placement"]
+        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
+        assert interfaces[0]["associatePublicIpAddress"] == "true"
+        return
+    (group,) = groups
+    assert group.inputs["strategy"] == "cluster"
+    assert template["placement"]["groupName"] == group.state["name"]
+    if plan.instance.efa_interfaces == 0:
+        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
+        return
+    assert len(interfaces) == plan.instance.efa_interfaces
+    primary, *others = interfaces
+    assert (primary["networkCardIndex"], primary["deviceIndex"]) == (0, 0)
+    assert primary["interfaceType"] == "efa"
+    assert [i["networkCardIndex"] for i in others] == list(range(1, plan.instance.efa_interfaces))
+    assert all(i["deviceIndex"] == 1 and i["interfaceType"] == "efa" for i in others)
+
+
+def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
+    plan, spot, run = case
+    template = one(run, LAUNCH_TEMPLATE)
+    nodes = nodes_in_rank_order(run)
+    assert len(nodes) == plan.nodes
+    assert of_type(run, "aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
+    for node in nodes:
+        assert node.inputs["launchTemplate"]["id"] == template.id
+        market = node.inputs.get("instanceMarketOptions")
+        if spot:
+            assert market == {
+                "marketType": "spot",
+                "spotOptions": {
+                    "spotInstanceType": "persistent",
+                    "instanceInterruptionBehavior": "stop",
+                },
+            }
+        else:
+            assert market is None
+
+
+def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case):
+    plan, _, run = case
+    nodes = nodes_in_rank_order(run)
+    master_ip = nodes[0].state["privateIp"]
+    for rank, node in enumerate(nodes):
+        files = boot_files(node)
+        script = files["/opt/gpu-stack/run-training.sh"]
+        assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
+        assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
+        assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
+        assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
+        env = boot_env(node)
+        assert env["TRAIN_NNODES"] == str(plan.nodes)
+        assert env["TRAIN_NODE_RANK"] == str(rank)
+        assert env["TRAIN_MASTER_PORT"] == str(DEFAULT_MASTER_PORT)
+        assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
+        assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
+        # Node 0 hosts the rendezvous; every other node dials node 0's private address.
+        assert env["TRAIN_MASTER_ADDR"] == ("127.0.0.1" if rank == 0 else master_ip)
+        assert ("FI_PROVIDER" in env) == (plan.nodes > 1 and plan.instance.efa_interfaces > 0)
+        unit = files["/etc/systemd/system/gpu-training.service"]
+        assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
 
 
 def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
-    bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
-    repository = run.one("aws:ecr/repository:Repository").state["arn"]
+    bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
+    repository = one(run, "aws:ecr/repository:Repository").state["arn"]
     log_group = training_log_group(run).state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
@@ -150,7 +183,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
 
 def test_every_aws_resource_uses_the_tagged_provider(case):
     _, _, run = case
-    (provider,) = run.of_type("pulumi:providers:aws")
+    (provider,) = of_type(run, "pulumi:providers:aws")
     # Provider inputs travel as JSON text.
     tags = json.loads(provider.inputs["defaultTags"])
     assert tags == {"tags": {"gpu-stack": "gpu-training-stack-test"}}
@@ -163,27 +196,28 @@ def test_every_aws_resource_uses_the_tagged_provider(case):
 def test_outputs_name_instances_sessions_image_and_bucket(case):
     _, spot, run = case
     outputs = run.outputs
-    node = the_node(run)
-    assert outputs["instance_ids"] == [node.id]
-    assert outputs["private_ips"] == [node.state["privateIp"]]
+    nodes = nodes_in_rank_order(run)
+    assert outputs["instance_ids"] == [node.id for node in nodes]
+    assert outputs["private_ips"] == [node.state["privateIp"] for node in nodes]
     assert outputs["ssm_sessions"] == [
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
-    assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
+    assert outputs["checkpoint_bucket"] == one(run, "aws:s3/bucket:Bucket").state["bucket"]
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
+        requests = [node.state["spotInstanceRequestId"] for node in nodes]
         assert outputs["cancel_spot_requests"] == (
             "aws ec2 cancel-spot-instance-requests --region us-east-1 "
-            f"--spot-instance-request-ids {node.state['spotInstanceRequestId']}"
+            f"--spot-instance-request-ids {' '.join(requests)}"
         )
 
 
 def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     plan, spot, run = case
     outputs = run.outputs
-    price = load_catalog().prices.price("us-east-1", plan.instance.type)  # the mocks' region
-    on_demand = price.on_demand_usd_per_hour * plan.nodes
-    spot_price = price.spot_usd_per_hour * plan.nodes
+    instance = data_file_prices(plan.instance.type)
+    on_demand = instance.on_demand_usd_per_hour * plan.nodes
+    spot_price = instance.spot_usd_per_hour * plan.nodes
     hourly = spot_price if spot else on_demand
     budget = BASE_CONFIG["budgetUsd"]  # monthly, the default period
     assert outputs["on_demand_usd_per_hour"] == pytest.approx(on_demand, abs=0.005)
@@ -195,7 +229,7 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
 
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
-    spot_price = load_catalog().prices.price("us-east-1", "p3.2xlarge").spot_usd_per_hour
+    spot_price = data_file_prices("p3.2xlarge").spot_usd_per_hour
     assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
     # The runway is what one period's budget buys: hours a day here.
     assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
@@ -207,7 +241,7 @@ def _as_list(value: str | list[str]) -> list[str]:
 
 def test_training_data_is_synced_from_s3_into_scratch(tmp_path):
     run = run_stack(dataS3Uri="s3://corpus/tokens/v2")
-    node = the_node(run)
+    (node,) = nodes_in_rank_order(run)
     assert boot_env(node)["TRAIN_DATA_PATH"] == "/scratch/data"
     script = boot_files(node)["/opt/gpu-stack/run-training.sh"]
     assert 'readonly DATA_S3_URI="s3://corpus/tokens/v2"' in script
@@ -217,14 +251,14 @@ def test_training_config_is_shipped_and_named_in_the_env(tmp_path):
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
     run = run_stack(trainConfig=str(toml))
-    node = the_node(run)
+    (node,) = nodes_in_rank_order(run)
     assert boot_files(node)["/etc/gpu-stack/train.toml"] == toml.read_text()
     assert boot_env(node)["TRAIN_CONFIG"] == "/etc/gpu-stack/train.toml"
 
 
 def test_instance_store_count_reaches_the_scratch_script():
     run = run_stack(profile="a100x8")
-    node = the_node(run)
+    (node,) = nodes_in_rank_order(run)
     script = boot_files(node)["/opt/gpu-stack/prepare-scratch.sh"]
     assert (
         f'readonly EXPECTED_DRIVES="{resolve_profile("a100x8").instance.instance_store_nvme}"'
@@ -237,8 +271,8 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
     shellcheck = require_tool("shellcheck", "shellcheck")
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
-    run = run_stack(spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
-    for node in [the_node(run)]:
+    run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
+    for node in nodes_in_rank_order(run):
         user_data = tmp_path / f"{node.name}.yaml"
         user_data.write_text(node.inputs["userData"])
         schema = subprocess.run(
@@ -260,11 +294,9 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
         assert lint.returncode == 0, lint.stdout
 
 
-@pytest.mark.parametrize(
-    ("shape", "spot"), [({}, False), ({"cluster": "slurm", "nodes": 2}, True)], ids=["ec2", "slurm"]
-)
-def test_the_stack_passes_the_policy_packs_checks(shape, spot):
-    run = run_stack(spot=spot, sshCidr="203.0.113.7/32", **shape)
+@pytest.mark.parametrize(("nodes", "spot"), [(1, False), (2, True)])
+def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
+    run = run_stack(nodes=nodes, spot=spot, sshCidr="203.0.113.7/32")
     allowed = rules.catalog_instance_types()
     for resource in run.resources:
         props = resource.state

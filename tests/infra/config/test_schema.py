@@ -9,8 +9,8 @@ import pulumi
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.config.schema import config_from_pulumi, load_stack_config, own_keys
-from infra.dryrun.run import RecordingMocks
+from infra.config.schema import load_stack_config, own_keys
+from infra.dryrun.mocks import RecordingMocks
 from infra.errors import ConfigError
 from tests.support.stack_runs import BASE_CONFIG, run_stack
 
@@ -39,13 +39,8 @@ BAD_VALUES = [
     ({"budgetUsd": "-5"}, ["gpu:budgetUsd", "-5", "positive amount"]),
     ({"alertEmails": "[]"}, ["gpu:alertEmails", "empty", "gpu:allowNoAlerts"]),
     ({"budgetUsd": "20"}, ["gpu:budgetUsd", "20", "one hour", "at least 33"]),
-    ({"nodes": "2"}, ["gpu:nodes is 2", "Slurm cluster", "gpu:cluster: slurm"]),
     ({"cluster": "kubernetes"}, ["gpu:cluster", "'kubernetes'", "'slurm'"]),
-    ({"capacityBlockId": "cr-0123456789abcdef0"}, ["gpu:capacityBlockId", "gpu:cluster: slurm"]),
-    (
-        {"cluster": "slurm", "capacityBlockId": "block-1"},
-        ["gpu:capacityBlockId", "'block-1'", "cr- and 17 hex digits"],
-    ),
+    ({"parallelClusterVersion": "3.15.1"}, ["gpu:parallelClusterVersion", "gpu:cluster: slurm"]),
     (
         {"cluster": "slurm", "parallelClusterVersion": "3.9.0"},
         ["gpu:parallelClusterVersion", "'3.9.0'", "3.14.0", "3.15.1"],
@@ -97,8 +92,7 @@ def check_job(tmp_path: Path, toml: str, **config: str) -> None:
 
 @pytest.mark.parametrize("nodes", ["1", "2"])
 def test_a_job_the_trainer_accepts_passes(tmp_path, nodes):
-    cluster = {"cluster": "slurm"} if nodes != "1" else {}  # more nodes: a Slurm cluster
-    check_job(tmp_path, BF16_JOB, profile="a100x8", nodes=nodes, **cluster)
+    check_job(tmp_path, BF16_JOB, profile="a100x8", nodes=nodes)
 
 
 def test_bf16_on_a_v100_fails_before_any_resource_with_the_trainers_message(tmp_path):
@@ -120,7 +114,7 @@ def test_global_batch_size_must_divide_by_every_gpu_of_every_node(tmp_path):
     job = "[train]\nglobal_batch_size = 24\n"
     check_job(tmp_path, job, profile="a100x8")  # 24 = 3 x 8 GPUs
     with pytest.raises(ConfigError) as raised:
-        check_job(tmp_path, job, profile="a100x8", nodes="2", cluster="slurm")
+        check_job(tmp_path, job, profile="a100x8", nodes="2")
     message = str(raised.value)
     assert "gpu:trainConfig" in message and "2 x p4d.24xlarge (world size 16" in message
     assert "train.global_batch_size = 24 is not divisible by world size = 16" in message
@@ -184,10 +178,10 @@ def test_overrides_resolve_against_the_profile():
         "us-east-1"
     )
     assert v100.instance.type == "p3.2xlarge" and v100.variant.name != "cu130"
-    # Only the node count changes (on a Slurm cluster): the profile's instance and variant stay.
-    two = load_stack_config(
-        {"profile": "a100x8-80g", "nodes": "2", "cluster": "slurm", **BASE_CONFIG}
-    ).resolve_plan("us-east-1")
+    # Only the node count changes: the profile's instance and variant stay.
+    two = load_stack_config({"profile": "a100x8-80g", "nodes": "2", **BASE_CONFIG}).resolve_plan(
+        "us-east-1"
+    )
     assert (two.instance.type, two.nodes) == ("p4de.24xlarge", 2)
     profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan("us-east-1")
     assert two.variant == profile.variant
@@ -198,13 +192,3 @@ def test_every_key_is_documented():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "stack.md").read_text()
     for key in (*own_keys(), *GuardrailConfig.config_keys()):
         assert f"`gpu:{key}`" in doc, key
-
-
-def test_config_is_read_from_the_whole_namespace(monkeypatch):
-    # The Pulumi language host hands the stack's config over in PULUMI_CONFIG.
-    monkeypatch.setenv("PULUMI_CONFIG", '{"gpu:nodes": "2", "aws:region": "us-west-2"}')
-    pulumi.runtime.set_all_config({"gpu:spot": "true"})
-    try:
-        assert config_from_pulumi(pulumi.Config("gpu")) == {"nodes": "2", "spot": "true"}
-    finally:
-        pulumi.runtime.set_all_config({})

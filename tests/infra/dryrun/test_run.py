@@ -9,10 +9,12 @@ import yaml
 
 from infra.cli import COMMANDS, main
 from infra.config.stack_file import stack_file_config
-from infra.dryrun.run import describe_run, run_stack_file, with_resources
+from infra.dryrun.plan_command import with_resources
+from infra.dryrun.report import describe_run
+from infra.dryrun.runner import run_stack_file
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.infra import run_cli
+from tests.support.infra import data_file_prices, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -35,7 +37,7 @@ def test_describe_lists_resources_and_key_properties():
     assert f"{len(run.resources)} resources" in text
     assert f"ami=resolve:ssm:{plan.ami.ssm_parameter}" in text
     assert "imds=required" in text and "encrypted=true" in text
-    assert "aws.ec2.Instance" in text
+    assert "aws.ec2.Instance" in text and "TRAIN_NODE_RANK=0" in text
     assert "inbound=none" in text
     assert f"image: {run.outputs['image_uri']}" in text
 
@@ -63,7 +65,7 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     assert any(line.startswith(f"image variant  {plan.variant.name} (") for line in lines)
     # The costs, from the catalog's prices and the stack file's budget.
     budget = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]["gpu:budgetUsd"]
-    p4d = load_catalog().prices.price("us-east-1", "p4d.24xlarge")  # Pulumi.a100x8.yaml's
+    p4d = data_file_prices("p4d.24xlarge")
     on_demand, spot = p4d.on_demand_usd_per_hour, p4d.spot_usd_per_hour
     assert any(line.startswith(f"on-demand      ${on_demand:.2f}/h") for line in lines)
     assert any(line.startswith(f"spot           ${spot:.2f}/h") for line in lines)
@@ -85,14 +87,14 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
-        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n  gpu:cluster: slurm\n"
+        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
         "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
     monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p3 = load_catalog().prices.price("us-east-1", "p3.2xlarge")  # no aws:region: the default
+    p3 = data_file_prices("p3.2xlarge")
     on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
     # Two nodes is not the v100x1 profile: its description would not hold.
@@ -107,11 +109,7 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     assert (
         f"longest run    ${12 * spot:,.2f} spot: gpu:maxRuntimeHours stops each node after 12 h"
     ) in lines
-    # Two nodes are a Slurm cluster: ParallelCluster's stack, no EC2 instance of its own.
-    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 0
-    (cluster,) = [line for line in lines if line.startswith("  aws.cloudformation.Stack ")]
-    assert "queue gpu=0..2 x p3.2xlarge SPOT" in cluster
-    assert "idle cost      $0.096/h (the head node only: no job, no compute nodes)" in lines
+    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 2
 
 
 def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):
@@ -168,3 +166,11 @@ def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch
     assert ireland != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
     assert f"market         on-demand: ${ireland:.2f}/h for the stack" in out.splitlines()
     assert "prices         eu-west-1 (estimates)" in out
+
+
+def test_a_missing_stack_file_names_the_profiles_that_have_one():
+    result = run_cli("plan", "no-such-profile", "--resources")
+    assert result.returncode == 2
+    stack_files = REPO.glob("Pulumi.*.yaml")
+    for name in (path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in stack_files):
+        assert name in result.stderr

@@ -48,12 +48,14 @@ def test_real_catalog_has_the_required_instances_with_known_facts():
         assert instance.sources.hardware
 
 
-def test_real_amis_root_device_follows_the_os():
+def test_real_amis_root_device_follows_the_os_and_p5_family_has_efa_only_secondaries():
     catalog = load_catalog()
     for ami in catalog.amis:
         expected = "/dev/sda1" if ami.os.startswith("Ubuntu") else "/dev/xvda"
         assert ami.root_device_name == expected, ami.name
         assert ami.sources.root_device_name
+    efa_only = {t for t, i in catalog.instances.items() if i.efa_secondary_interface == "efa-only"}
+    assert efa_only == {"p5.48xlarge", "p5en.48xlarge"}
 
 
 def test_real_amis_oss_drivers_need_turing_and_al2_is_past_end_of_life():
@@ -178,6 +180,20 @@ BAD_CATALOGS = [
         "",
         ["ami 'dlami-base-oss-al2023'", "field 'root_device_name'", "missing"],
         id="root-device-missing",
+    ),
+    pytest.param(
+        "instances.toml",
+        'efa_secondary_interface = "efa-only"',
+        'efa_secondary_interface = "srd"',
+        ["instance 'p5.48xlarge'", "field 'efa_secondary_interface'", "srd"],
+        id="unknown-efa-interface-kind",
+    ),
+    pytest.param(
+        "instances.toml",
+        "instance_store_gb = 0\n",
+        'instance_store_gb = 0\nefa_secondary_interface = "efa-only"\n',
+        ["instance 'p3.2xlarge'", "field 'efa_secondary_interface'", "efa_interfaces is 0"],
+        id="efa-only-without-efa",
     ),
     pytest.param(
         "amis.toml",

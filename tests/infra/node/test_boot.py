@@ -37,8 +37,12 @@ def node(**overrides) -> NodeBoot:
         "region": "us-east-1",
         "log_group": "/gpu-training/stack",
         "min_driver": "580.65.06",
+        "nnodes": 2,
+        "node_rank": 1,
+        "master_addr": "10.42.0.7",
         "checkpoint_s3_uri": "s3://stack-checkpoints/checkpoints",
         "instance_store_drives": 8,
+        "efa": True,
         "data_s3_uri": "s3://corpus/tokens",
         "train_config": "[optimizer]\nlr = 3e-4\n",
     }
@@ -46,8 +50,12 @@ def node(**overrides) -> NodeBoot:
 
 
 SHAPES = {
-    "data-config": node(),
-    "plain": node(
+    "multi-node-efa-data-config": node(),
+    "single-node-plain": node(
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        efa=False,
         data_s3_uri=None,
         train_config=None,
         instance_store_drives=0,
@@ -107,7 +115,7 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
         "Restart=on-failure",
         "RestartPreventExitStatus=2",
         "WantedBy=multi-user.target",
-        "ExecStartPre=/opt/gpu-stack/prepare-scratch.sh",
+        "ExecStartPre=-/opt/gpu-stack/prepare-scratch.sh",  # "-": scratch never stops the job
         "ExecStart=/opt/gpu-stack/run-training.sh",
         "ConditionPathExists=!/var/lib/gpu-stack/job-done",
     ):
@@ -188,6 +196,9 @@ fi
 if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
 """
 # Records the call and makes the directories: chown to the image's user needs root.
+FAKE_RECORDER = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$CALLS/host"
+"""
 FAKE_INSTALL = """#!/bin/bash
 echo "$*" >> "$CALLS/install"
 for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done
@@ -207,9 +218,18 @@ def run_training_script(
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
     script = render_files(boot)[f"{userdata.BIN_DIR}/run-training.sh"]
-    for directory in (userdata.STATE_DIR, userdata.SCRATCH_DIR, userdata.ETC_DIR):
+    for directory in (
+        userdata.STATE_DIR,
+        userdata.SCRATCH_DIR,
+        userdata.ETC_DIR,
+        userdata.BIN_DIR,
+    ):
         script = script.replace(directory, f"{root}{directory}")
     script = script.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
+    metrics = root / userdata.GPU_METRICS_SCRIPT.lstrip("/")
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(FAKE_RECORDER)
+    metrics.chmod(stat.S_IRWXU)
     path = tmp_path / "run-training.sh"
     path.write_text(script)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -220,6 +240,7 @@ def run_training_script(
         "aws": FAKE_AWS,
         "docker": FAKE_DOCKER,
         "install": FAKE_INSTALL,
+        "shutdown": FAKE_RECORDER,
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(body)
@@ -320,16 +341,20 @@ def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_p
         assert len(set(verdicts.values())) == 1, (variant.name, ami.name, verdicts)
 
 
-def test_the_job_gets_the_gpus_logs_config_and_data(tmp_path):
+def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
     result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
     for flag in (
         "--gpus",
         "--ipc=host",
+        "--device=/dev/infiniband",
+        "--cap-add=IPC_LOCK",
+        "memlock=-1:-1",
+        "host",
         "awslogs",
         "awslogs-group=/gpu-training/stack",
-        "awslogs-stream=node-0",
+        "awslogs-stream=node-1",
         f"{root}/etc/gpu-stack/training.env",
         f"{root}/etc/gpu-stack/train.toml:{root}/etc/gpu-stack/train.toml:ro",
     ):
@@ -354,8 +379,10 @@ def test_a_failed_data_sync_is_retried_whatever_the_aws_cli_exit_code(tmp_path, 
     assert not (calls / "docker-run").exists()
 
 
-def test_the_job_stays_on_the_bridge_without_efa_devices(tmp_path):
-    result, calls, _ = run_training_script(tmp_path, SHAPES["plain"], driver="595.91.07")
+def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
+    result, calls, _ = run_training_script(
+        tmp_path, SHAPES["single-node-plain"], driver="595.91.07"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
     assert "--network" not in args
@@ -397,10 +424,34 @@ def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
     assert not (root / "var/lib/gpu-stack/job-done").exists()
 
 
-def test_finished_job_is_marked_done_so_later_boots_leave_it(tmp_path):
-    result, _, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
+def host_calls(calls: Path) -> list[str]:
+    return (calls / "host").read_text().splitlines() if (calls / "host").exists() else []
+
+
+def test_finished_job_is_marked_done_and_stops_the_node(tmp_path):
+    result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
     assert result.returncode == 0
     assert (root / "var/lib/gpu-stack/job-done").exists()
+    assert "shutdown -h +1 gpu-stack: training finished" in host_calls(calls)
+
+
+@pytest.mark.parametrize("exit_code", [1, 2, 75])
+def test_an_unfinished_job_leaves_the_node_running(tmp_path, exit_code):
+    result, calls, _ = run_training_script(
+        tmp_path, node(), driver="595.91.07", exit_code=exit_code
+    )
+    assert result.returncode == exit_code
+    assert not any(line.startswith("shutdown") for line in host_calls(calls))
+
+
+def test_gpu_metrics_stop_during_sync_and_pull_and_start_right_before_the_job(tmp_path):
+    """Boot, data sync and image pull publish no GPU metrics, so they never read as idle."""
+    result, calls, _ = run_training_script(tmp_path, node(), driver="595.91.07")
+    assert result.returncode == 0, result.stderr
+    metrics = [line for line in host_calls(calls) if line.startswith("gpu-metrics.sh")]
+    assert metrics == ["gpu-metrics.sh stop", "gpu-metrics.sh start"]
+    docker = (calls / "docker").read_text().splitlines()
+    assert docker[-1] == "run" and "pull" in docker  # the job started after the pull
 
 
 FAKE_RAID_TOOL = """#!/bin/bash
@@ -533,9 +584,8 @@ def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
     boot = node()
     env = boot_environment(boot)
     topology = topology_from_env(env)
-    # One node: the trainer's defaults, rendezvous on itself (more nodes: the Slurm cluster).
-    assert (topology.nnodes, topology.node_rank) == (1, 0)
-    assert (topology.master_addr, topology.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
+    assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
+    assert (topology.master_addr, topology.master_port) == (boot.master_addr, DEFAULT_MASTER_PORT)
     # The training config the stack ships is the one the container loads, and the
     # directories the environment names are the bind-mounted host paths.
     train_config = tmp_path / "train.toml"
