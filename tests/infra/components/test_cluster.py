@@ -20,6 +20,7 @@ import pytest
 
 from infra.cluster.config import SETUP_SCRIPT
 from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import INSTANCE, LAUNCH_TEMPLATE, run_stack
 
 STACK = "aws:cloudformation/stack:Stack"
@@ -37,7 +38,7 @@ def run():
 
 
 def template(run) -> dict:
-    return json.loads(run.one(STACK).inputs["templateBody"])
+    return json.loads(one(run, STACK).inputs["templateBody"])
 
 
 def test_one_cloudformation_stack_holds_the_provider_and_the_cluster(run):
@@ -55,7 +56,7 @@ def test_one_cloudformation_stack_holds_the_provider_and_the_cluster(run):
         "Fn::GetAtt": ["PclusterClusterProvider", "Outputs.ServiceToken"]
     }
     assert cluster["Properties"]["ClusterName"] == "gpu-training-stack-test"
-    capabilities = set(run.one(STACK).inputs["capabilities"])
+    capabilities = set(one(run, STACK).inputs["capabilities"])
     assert {"CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"} <= capabilities
 
 
@@ -66,7 +67,7 @@ def test_the_cluster_config_is_the_plans_queue_in_the_stacks_subnet_and_tags(run
     assert resource["InstanceType"] == "p4d.24xlarge"  # the default profile a100x8
     assert (resource["MinCount"], resource["MaxCount"]) == (0, 2)
     assert queue["CapacityType"] == "SPOT"
-    (subnet,) = run.of_type(SUBNET)
+    (subnet,) = of_type(run, SUBNET)
     assert queue["Networking"]["SubnetIds"] == [subnet.id]
     assert config["HeadNode"]["Networking"]["SubnetId"] == subnet.id
     assert config["HeadNode"]["InstanceType"] == DATA["head_node"]["instance_type"]
@@ -75,10 +76,10 @@ def test_the_cluster_config_is_the_plans_queue_in_the_stacks_subnet_and_tags(run
 
 
 def test_the_nodes_policy_reaches_only_the_stacks_bucket_and_repository(run):
-    (policy,) = run.of_type(POLICY)
+    (policy,) = of_type(run, POLICY)
     document = json.loads(policy.inputs["policy"])
-    (repository,) = run.of_type(REPOSITORY)
-    (bucket,) = run.of_type(BUCKET)
+    (repository,) = of_type(run, REPOSITORY)
+    (bucket,) = of_type(run, BUCKET)
     by_sid = {s["Sid"]: s for s in document["Statement"]}
     assert by_sid["PullTrainingImage"]["Resource"] == [repository.state["arn"]]
     assert by_sid["CheckpointObjects"]["Resource"] == [f"{bucket.state['arn']}/*"]
@@ -89,7 +90,7 @@ def test_the_nodes_policy_reaches_only_the_stacks_bucket_and_repository(run):
 
 
 def test_the_bucket_carries_the_setup_script_and_the_job_script_in_the_image(run):
-    objects = {o.inputs["key"]: o.inputs["content"] for o in run.of_type(OBJECT)}
+    objects = {o.inputs["key"]: o.inputs["content"] for o in of_type(run, OBJECT)}
     assert objects["cluster/setup-node.sh"] == SETUP_SCRIPT.read_text()
     job = objects["cluster/train.sbatch"]
     registry, repository = run.outputs["image_uri"].split("/", 1)
@@ -99,7 +100,7 @@ def test_the_bucket_carries_the_setup_script_and_the_job_script_in_the_image(run
 
 
 def test_no_ec2_instance_is_launched_outside_the_cluster(run):
-    assert run.of_type(INSTANCE) == [] and run.of_type(LAUNCH_TEMPLATE) == []
+    assert of_type(run, INSTANCE) == [] and of_type(run, LAUNCH_TEMPLATE) == []
 
 
 def test_outputs_name_the_head_node_the_submit_command_the_queue_and_the_idle_cost(run):
