@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
 
@@ -20,10 +22,15 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         f"GPUs           {plan.gpus} x {instance.gpu_model} {instance.gpu_memory_gib} GiB "
         f"(compute capability {instance.compute_capability}, {instance.gpu_interconnect})",
         f"EFA            {instance.efa_interfaces} interface(s) per node",
-        f"AMI family     {ami.name} ({ami.os}, end of life {ami.end_of_life.isoformat()})",
-        f"SSM parameter  {ami.ssm_parameter}",
-        f"driver         {ami.driver_version} ({ami.driver_kind}; image needs "
-        f">= {variant.min_driver})",
+    ]
+    if plan.cluster is None:  # a cluster's nodes boot ParallelCluster's AMIs: format_cluster
+        lines += [
+            f"AMI family     {ami.name} ({ami.os}, end of life {ami.end_of_life.isoformat()})",
+            f"SSM parameter  {ami.ssm_parameter}",
+            f"driver         {ami.driver_version} ({ami.driver_kind}; image needs "
+            f">= {variant.min_driver})",
+        ]
+    lines += [
         f"image variant  {variant.name} (CUDA {variant.cuda}, torch {variant.torch}, "
         f"cuDNN {variant.cudnn}, NCCL {variant.nccl}, DeepSpeed {variant.deepspeed})",
         f"image tag      {plan.image_tag}",
@@ -45,6 +52,23 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         lines.append(f"why            {profile.mapping}")
     lines += [f"warning        {warning}" for warning in plan.warnings]
     return "\n".join(lines)
+
+
+def format_cluster(plan: Plan, head_node: HeadNode) -> str:
+    """The Slurm cluster a multi-node plan runs on (gpu:cluster: slurm), and its idle cost."""
+    release, instance = plan.cluster, plan.instance
+    return "\n".join(
+        [
+            f"cluster        Slurm on AWS ParallelCluster {release.version} (AMIs with NVIDIA "
+            f"driver {release.driver_version}; image needs >= {plan.variant.min_driver})",
+            f"queue          {QUEUE}: 0 to {plan.nodes} x {instance.type}, nodes start for a job "
+            f"and stop after {SCALEDOWN_IDLE_MINUTES} min idle",
+            f"head node      {head_node.instance_type} on-demand, "
+            f"${head_node.on_demand_usd_per_hour:.3f}/h",
+            f"idle cost      ${head_node.on_demand_usd_per_hour:.3f}/h (the head node only: "
+            "no job, no compute nodes)",
+        ]
+    )
 
 
 def format_costs(costs: Mapping[str, Any]) -> str:

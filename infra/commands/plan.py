@@ -15,9 +15,10 @@ from infra.config.stack_file import load_stack_file, stack_file_path, stack_file
 from infra.errors import ConfigError
 from infra.knowledge.catalog import Catalog, load_catalog
 from infra.knowledge.costs import cost_summary
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
-from infra.report import format_costs, format_plan
+from infra.report import format_cluster, format_costs, format_plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -26,7 +27,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--instance", help="instance type instead of a profile")
     parser.add_argument("--variant", default=None, help=f"image variant (default {AUTO})")
-    parser.add_argument("--nodes", type=int, default=None, help="number of nodes (default 1)")
+    parser.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="number of nodes (default 1); more than 1 plans a Slurm cluster (gpu:cluster)",
+    )
+    parser.add_argument(
+        "--parallelcluster",
+        metavar="VERSION",
+        help="plan a Slurm cluster of this ParallelCluster release (default: the newest known)",
+    )
     parser.add_argument(
         "--matrix", type=Path, help="image matrix file (default images/matrix.toml)"
     )
@@ -59,6 +70,8 @@ def run(args: argparse.Namespace) -> str:
     matrix = load_matrix(args.matrix)
     catalog = load_catalog(args.catalog)
     profiles = load_profiles(args.profiles)
+    if (args.nodes is not None and args.nodes > 1) or args.parallelcluster:
+        return _run_cluster_plan(args, profiles, catalog, matrix)
     if args.instance:
         plan = resolve(
             args.instance,
@@ -70,7 +83,10 @@ def run(args: argparse.Namespace) -> str:
         )
         return format_plan(plan, profile=None, rate=profiles.exchange_rate)
     if args.variant is not None or args.nodes is not None:
-        raise ConfigError("--variant and --nodes go with --instance; a profile sets its own")
+        raise ConfigError(
+            "--variant and --nodes 1 go with --instance; a profile sets its own "
+            "(--nodes above 1 plans a Slurm cluster for the profile)"
+        )
     name = args.profile or profiles.default
     path = stack_file_path(name)
     in_file = stack_file_region(path) if path.is_file() else None
@@ -79,6 +95,26 @@ def run(args: argparse.Namespace) -> str:
     report = format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
     costs = _stack_file_costs(name, plan)
     return report if costs is None else f"{report}\n{costs}"
+
+
+def _run_cluster_plan(args: argparse.Namespace, profiles, catalog, matrix) -> str:
+    """More than one node: the profile's (or --instance's) type as a Slurm cluster's queue."""
+    parallelcluster = load_parallelcluster()
+    release = parallelcluster.release(args.parallelcluster)
+    profile = None if args.instance else profiles.get(args.profile or profiles.default)
+    if profile is not None and args.variant is not None:
+        raise ConfigError("--variant goes with --instance; a profile sets its own")
+    plan = resolve(
+        args.instance or profile.instance_type,
+        args.variant or AUTO,  # picked for the release's driver, not the EC2 path's AMIs
+        args.nodes if args.nodes is not None else 1,
+        catalog=catalog,
+        matrix=matrix,
+        region=_region(args.region, catalog),
+        cluster=release,
+    )
+    report = format_plan(plan, profile=profile, rate=profiles.exchange_rate)
+    return f"{report}\n{format_cluster(plan, parallelcluster.head_node)}"
 
 
 def _region(region: str | None, catalog: Catalog) -> str:

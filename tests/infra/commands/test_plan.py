@@ -1,5 +1,6 @@
 """`python -m infra plan` as a user runs it: a subprocess, its output and exit status."""
 
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,7 @@ from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.commands import plan
 from infra.knowledge.catalog import load_catalog
+from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from tests.support.infra import data_file_prices, modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
@@ -83,6 +85,27 @@ def test_instance_variant_nodes_instead_of_a_profile():
     assert "cu128" in out and "no EFA" in out
 
 
+def test_more_than_one_node_plans_the_slurm_cluster_and_its_idle_cost():
+    head_node = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
+    result = run_cli("plan", "a100x8", "--nodes", "2")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "2 x p4d.24xlarge" in out
+    assert "Slurm on AWS ParallelCluster 3.15.1" in out
+    assert "queue          gpu: 0 to 2 x p4d.24xlarge" in out
+    price = f"${head_node['on_demand_usd_per_hour']:.3f}/h"
+    assert f"head node      {head_node['instance_type']} on-demand, {price}" in out
+    assert f"idle cost      {price}" in out
+    assert "AMI family" not in out  # the nodes boot ParallelCluster's AMIs, not the DLAMI
+
+
+def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
+    result = run_cli("plan", "a100x8", "--nodes", "2", "--parallelcluster", "3.14.0")
+    assert result.returncode == 0, result.stderr
+    assert "image variant  cu128" in result.stdout
+    assert "driver 570.172.08; image needs >= 570.26" in result.stdout
+
+
 @pytest.mark.parametrize(
     ("args", "expected"),
     [
@@ -94,7 +117,16 @@ def test_instance_variant_nodes_instead_of_a_profile():
         (("plan", "--instance", "p4d.24xlarge", "--nodes", "0"), "nodes must be"),
         (("plan", "--instance", "p4d.24xlarge", "--nodes", "two"), "--nodes: invalid int"),
         (("plan", "v100x1", "--instance", "p3.2xlarge"), "not both"),
-        (("plan", "v100x1", "--nodes", "2"), "go with --instance"),
+        (("plan", "v100x1", "--nodes", "1"), "go with --instance"),
+        (("plan", "v100x1", "--variant", "cu128", "--nodes", "2"), "goes with --instance"),
+        (
+            (
+                *("plan", "--instance", "p4d.24xlarge", "--variant", "cu130"),
+                *("--nodes", "2", "--parallelcluster", "3.14.0"),
+            ),
+            "ParallelCluster 3.14.0's AMIs carry 570.172.08",
+        ),
+        (("plan", "a100x8", "--parallelcluster", "2.11.0"), "use one of 3.14.0, 3.15.1"),
         (("deploy",), "invalid choice: 'deploy'"),
         (("plan", "--profiles", "/nonexistent/profiles.toml"), "file not found"),
     ],
