@@ -1,0 +1,103 @@
+"""The summary: summary.md with one table row per figure and one PNG of ratios per benchmark."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+
+from bench import machine
+
+
+def write(out: Path, index: dict, results: list[dict]) -> Path:
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Machine: {machine.one_line(index['machine'])}.",
+        f"Run: {'quick' if index['quick'] else 'full'}, finished {index['finished_at']}. "
+        "Each figure is a ratio against a baseline measured in the same run (interleaved "
+        "rounds, medians); absolute figures on a shared machine are noisy.",
+        "",
+        "| Benchmark | Figure | Value | Baseline | Ratio | Target |",
+        "|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        lines += _rows(result)
+    for result in results:
+        lines += ["", f"## {result['title']}", ""]
+        if "error" in result:
+            lines.append(f"Failed: `{result['error'].strip().splitlines()[-1]}`")
+            continue
+        if "skipped" in result:
+            lines.append(f"Not run here: {result['skipped']}")
+            continue
+        lines.append(f"Baseline: {result['baseline']}. Setup: {result['setup']}.")
+        lines += [f"- {note}" for note in result.get("notes", [])]
+        plot = _plot(out, result)
+        if plot is not None:
+            lines += ["", f"![{result['title']}]({plot.name})"]
+    summary = out / "summary.md"
+    summary.write_text("\n".join(lines) + "\n")
+    return summary
+
+
+def table(out: Path) -> str:
+    """The summary's table and machine line, for the README."""
+    text = (out / "summary.md").read_text().splitlines()
+    start = next(i for i, line in enumerate(text) if line.startswith("| Benchmark"))
+    end = next((i for i in range(start, len(text)) if not text[i].startswith("|")), len(text))
+    return "\n".join([text[2], "", *text[start:end]])
+
+
+def _rows(result: dict) -> list[str]:
+    if "error" in result:
+        return [f"| {result['title']} | failed (see below) | | | | |"]
+    if "skipped" in result:
+        return [f"| {result['title']} | not run here | | | | |"]
+    return [
+        f"| {result['title']} | {m['label']} | {_value(m['value'], m['unit'])} | "
+        f"{_baseline(m)} | {_ratio(m['ratio'])} | {m['target'] or ''} |"
+        for m in result["metrics"]
+    ]
+
+
+def _value(value, unit: str) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, float) and abs(value) >= 100:
+        return f"{value:,.0f} {unit}"
+    return f"{value:.3g} {unit}" if isinstance(value, float) else f"{value} {unit}"
+
+
+def _baseline(m: dict) -> str:
+    if m["baseline"] is None:
+        return m["baseline_label"] or ""
+    return f"{m['baseline_label']}: {_value(m['baseline'], m['unit'])}"
+
+
+def _ratio(ratio) -> str:
+    return "" if ratio is None else f"{ratio:.2f}"
+
+
+def _plot(out: Path, result: dict) -> Path | None:
+    rows = [m for m in result["metrics"] if m["ratio"] is not None]
+    if not rows:
+        return None
+    figure, axes = plt.subplots(figsize=(6.4, 0.45 * len(rows) + 1.2), dpi=80)
+    labels = [m["label"] for m in rows][::-1]
+    ratios = [m["ratio"] for m in rows][::-1]
+    axes.barh(labels, ratios, color="#4c72b0")
+    axes.axvline(1.0, color="black", linewidth=0.8)
+    axes.set_xlabel("ratio to baseline (1.0 = baseline)")
+    axes.set_title(result["title"], fontsize=10)
+    axes.tick_params(axis="y", labelsize=8)
+    for y, ratio in enumerate(ratios):
+        axes.text(ratio, y, f" {ratio:.2f}", va="center", fontsize=8)
+    figure.tight_layout()
+    path = out / f"{result['name']}.png"
+    figure.savefig(path)
+    plt.close(figure)
+    return path
