@@ -64,7 +64,8 @@ def run(quick: bool) -> dict:
             metric(f"{label}: save ({gb:.2g} GB)", m["bytes"] / m["save_s"] / 1e6, "MB/s",
                    baseline=m["bytes"] / m["torch_save_s"] / 1e6,
                    baseline_label="torch.save + fsync", target=">= 0.7"),
-            metric(f"{label}: of which engine.save_checkpoint", m["bytes"] / m["deepspeed_save_s"] / 1e6,
+            metric(f"{label}: of which engine.save_checkpoint",
+                   m["bytes"] / m["deepspeed_save_s"] / 1e6,
                    "MB/s", baseline=m["bytes"] / m["torch_save_s"] / 1e6,
                    baseline_label="torch.save + fsync"),
             metric(f"{label}: load + verify", m["bytes"] / m["load_s"] / 1e6, "MB/s",
@@ -76,7 +77,8 @@ def run(quick: bool) -> dict:
     return {
         "baseline": "torch.save of the same objects to the same disk, fsynced (save); "
         "torch.load of the same files (load)",
-        "setup": f"1 process, ZeRO-2 fp32, {rounds} interleaved rounds, disk of {tempfile.gettempdir()}",
+        "setup": f"1 process, ZeRO-2 fp32, {rounds} interleaved rounds, "
+        f"disk of {tempfile.gettempdir()}",
         "metrics": metrics,
         "sizes": per_size,
         "skipped_sizes": skipped,
@@ -135,7 +137,7 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
         },
         rounds,
     )
-    del objects
+    objects.clear()  # the memory goes back before the loads
     newest = (
         folder / "ckpt" / tag_for(max(int(p.name[5:]) for p in (folder / "ckpt").glob("step_*")))
     )
