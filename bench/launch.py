@@ -50,8 +50,7 @@ def training_env(work: Path, ranks: int, **extra: str) -> dict[str, str]:
         TRAIN_CHECKPOINT_DIR=str(work / "ckpt"),
         TRAIN_NPROC_PER_NODE=str(ranks),
         TRAIN_MASTER_PORT=str(free_port()),
-        TRAIN_SPOT_ENDPOINT="",
-        **extra,
+        **{"TRAIN_SPOT_ENDPOINT": "", **extra},
     )
 
 
