@@ -31,10 +31,17 @@ def free_port() -> int:
 
 
 def job_env(**extra: str) -> dict[str, str]:
-    """This environment without rank variables, the repo importable, one thread per rank."""
+    """This environment without rank variables, the repo importable, one thread per rank.
+
+    DeepSpeed's JIT ops are cached per interpreter: torch's default cache
+    (~/.cache/torch_extensions) is shared by every venv of the user, and a build from
+    another venv's paths is rebuilt (about 40 s on 2 cores), which would land in whichever
+    benchmark starts next. bench/startup.py measures that cold build on its own.
+    """
     env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
     env.update(extra)
     return env
 
