@@ -72,13 +72,15 @@ def main() -> None:
         DataLoader(dataset, batch_size=micro, sampler=resumable, drop_last=True), resumable
     )
 
-    _seed_everything(config.run.seed)
-    model = build_model(config)
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=param_groups(model, config.optimizer.weight_decay),
-        config=build_ds_config(config, batch, on_gpu=on_gpu),
-    )
+    engine = None
+    if "deepspeed" in args.loops:
+        _seed_everything(config.run.seed)
+        model = build_model(config)
+        engine, *_ = deepspeed.initialize(
+            model=model,
+            model_parameters=param_groups(model, config.optimizer.weight_decay),
+            config=build_ds_config(config, batch, on_gpu=on_gpu),
+        )
     stop = StopFlag(spot_endpoint=None)
     loss_sum = torch.zeros((), device=device)
     every = config.logging.every_steps
@@ -94,26 +96,34 @@ def main() -> None:
                 engine.step()
                 loss_sum.add_(loss.detach().float())
 
-    variants = {"deepspeed": lambda: _timed(deepspeed_steps, args.window, on_gpu)}
-    if args.pytorch:
+    variants = {}
+    if "deepspeed" in args.loops:
+        variants["deepspeed"] = lambda: _timed(deepspeed_steps, args.window, on_gpu)
+    if "pytorch" in args.loops:
         variants["pytorch"] = _pytorch_loop(config, batch, plain, device, on_gpu, args.window)
     seconds = interleaved(variants, args.rounds + 1)
-    extras = {
-        "stop_flag": stop.should_stop,
-        "loss_window": lambda: _mean_over_ranks(loss_sum),
-        "sampler": lambda: next(trainer_batches),
-        "plain_sampler": lambda: next(plain),
-    }
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30 if on_gpu else None
+    extras = (
+        {}
+        if engine is None
+        else {
+            "stop_flag": stop.should_stop,
+            "loss_window": lambda: _mean_over_ranks(loss_sum),
+            "sampler": lambda: next(trainer_batches),
+            "plain_sampler": lambda: next(plain),
+        }
+    )
     samples: dict[str, list[float]] = {name: [] for name in extras}
-    for _ in range(args.calls):
+    for _ in range(args.calls if extras else 0):
         deepspeed_steps(1)
         for name, call in extras.items():
             dist.barrier()
             started = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - started)
-    calls = {name: statistics.median(times) for name, times in samples.items()}
-    calls["sampler"] -= calls.pop("plain_sampler")
+    calls = {name: statistics.median(times) for name, times in samples.items() if times}
+    if calls:
+        calls["sampler"] -= calls.pop("plain_sampler")
     if rank == 0:
         tokens = batch.global_batch_size * config.data.seq_len * args.window
         report = {
@@ -122,6 +132,7 @@ def main() -> None:
             "world_size": world,
             "seconds_per_window": {name: times[1:] for name, times in seconds.items()},
             "seconds_per_call": calls,
+            "gpu_peak_allocated_gib": peak_gib,
             "calls_per_step": {"stop_flag": 1, "loss_window": 1 / every, "sampler": accum},
         }
         Path(args.out).write_text(json.dumps(report, indent=1))
@@ -178,7 +189,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--window", type=int, default=10, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up)")
     p.add_argument("--calls", type=int, default=30, help="timed calls of each extra")
-    p.add_argument("--no-pytorch", dest="pytorch", action="store_false")
+    p.add_argument(
+        "--loops",
+        default="deepspeed,pytorch",
+        help="which loops, comma-separated (one job each keeps their GPU memory apart)",
+    )
     p.add_argument("--out", required=True)
     return p
 
