@@ -35,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if time.monotonic() - started > DEADLINE_S:
             results.append({**info, "skipped": "deadline reached before this configuration"})
             continue
-        results.append({**info, **_measure(preset, micro, stage, loops, job, out, info)})
+        results.append({**info, **_measure(preset, micro, stage, loops, job, info)})
         _write(out, results, installed, args.dry_run)
     report = _write(out, results, installed, args.dry_run)
     for r in report["configurations"]:
@@ -227,7 +228,7 @@ def _overrides(job, preset: str, micro: int, stage: int) -> list[str]:
             f"zero.stage={stage}", f"logging.every_steps={WINDOW}"]  # fmt: skip
 
 
-def _measure(preset, micro, stage, loops, job, out: Path, info: dict) -> dict:
+def _measure(preset, micro, stage, loops, job, info: dict) -> dict:
     import torch
 
     from training.metrics import peak_tflops
@@ -235,7 +236,7 @@ def _measure(preset, micro, stage, loops, job, out: Path, info: dict) -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     peak = peak_tflops(gpu, bf16=True)
     overrides = _overrides(job, preset, micro, stage)
-    work = out / "work" / f"{preset}-zero{stage}"
+    work = Path(tempfile.mkdtemp(prefix=f"bench-gpu-{preset}-zero{stage}-"))
     rates, memory = {}, {}
     rates["trainer"], memory["trainer"] = _trainer(work / "trainer", overrides)
     for loop in loops:
