@@ -8,16 +8,15 @@ the bad value, and what would work.
 from __future__ import annotations
 
 import dataclasses
-import re
 import tomllib
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pydantic import ConfigDict, ValidationError
 
-T = TypeVar("T")
+from common.errors import Problem, describe
 
-_VERSION = re.compile(r"^\d+(\.\d+)*$")
+T = TypeVar("T")
 
 # Records refuse unknown keys. Their numbers and flags are Strict* types besides:
 # "3.06" is not a price and true is not a count.
@@ -45,28 +44,23 @@ def build_record(cls: type[T], raw: Any, *, where: str, error: type[Exception]) 
     try:
         return cls(**raw)
     except ValidationError as exc:
-        raise error(f"{where}, {describe_first_error(cls, exc)}") from None
+        raise error(f"{where}, {describe(exc, name=_field, known=_known_fields(cls))}") from None
 
 
-def describe_first_error(cls: type, exc: ValidationError) -> str:
-    """The first pydantic error as "field 'x': problem (got value)".
+def _field(key: str) -> str:
+    return f"field '{key}'"
 
-    An unknown field comes first: a misspelt key also shows up as a missing one,
-    and the misspelling is the cause.
-    """
-    errors = exc.errors()
-    unknown = [e for e in errors if e["type"] == "unexpected_keyword_argument"]
-    first = (unknown or errors)[0]
-    field = ".".join(str(part) for part in first["loc"]) or "?"
-    if first["type"] == "unexpected_keyword_argument":
-        if len(first["loc"]) > 1:  # inside a nested table: the outer fields would mislead
-            return f"field '{field}': unknown field"
-        known = ", ".join(f.name for f in dataclasses.fields(cls))
-        return f"field '{field}': unknown field (known fields: {known})"
-    if first["type"] in ("missing", "missing_argument"):
-        return f"field '{field}': required but missing"
-    message = first["msg"].removeprefix("Value error, ")
-    return f"field '{field}': {message} (got {first['input']!r})"
+
+def _known_fields(cls: type):
+    """The record's own fields, for an unknown top-level field; inside a nested table the
+    outer fields would mislead."""
+
+    def known(problem: Problem) -> str | None:
+        if len(problem.location) > 1:
+            return None
+        return ", ".join(f.name for f in dataclasses.fields(cls))
+
+    return known
 
 
 def check_keys(raw: dict[str, Any], known: set[str], *, where: str, error: type[Exception]) -> None:
@@ -74,24 +68,3 @@ def check_keys(raw: dict[str, Any], known: set[str], *, where: str, error: type[
     for key in raw:
         if key not in known:
             raise error(f"{where}: unknown key '{key}' (known keys: {', '.join(sorted(known))})")
-
-
-def version_key(version: str) -> tuple[int, ...]:
-    """Numbers for comparison, trailing zeros dropped: 570.195.03 -> (570, 195, 3).
-
-    570.26 and 570.26.00 are one version, as the image's start-up check
-    (training/spec/selfcheck.py) and the boot script's driver check judge them.
-    """
-    if not _VERSION.match(version):
-        raise ValueError(f"not a dotted version number: {version!r}")
-    parts = [int(part) for part in version.split(".")]
-    while len(parts) > 1 and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
-
-
-def dotted_version(value: str | None) -> str | None:
-    """Pydantic validator: a dotted version number (or None)."""
-    if value is not None:
-        version_key(value)
-    return value

@@ -19,10 +19,9 @@ from common.records import (
     RECORD_CONFIG,
     build_record,
     check_keys,
-    dotted_version,
     read_toml,
-    version_key,
 )
+from common.versions import dotted_version, version_key
 
 MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 

@@ -19,8 +19,9 @@ from typing import NoReturn
 import torch
 
 from training.components import preflight
+from training.contract import ExitCode
 from training.ds_config import build_ds_config
-from training.launcher import EXIT_BAD_CONFIG, EXIT_FAILED, TopologyError, launch, topology_from_env
+from training.launcher import TopologyError, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
@@ -83,7 +84,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         )
     except (ConfigError, TopologyError, SelfCheckError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+        return ExitCode.BAD_CONFIG
     if args.print_ds_config:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
@@ -109,10 +110,10 @@ def _worker(args: argparse.Namespace) -> NoReturn:
         code = Trainer(config, placement).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
-        code = EXIT_BAD_CONFIG
+        code = ExitCode.BAD_CONFIG
     except Exception:
         log.exception("rank %d failed", placement.rank)
-        code = EXIT_FAILED
+        code = ExitCode.FAILED
     # Interpreter shutdown spends seconds in native finalizers (communication backends)
     # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
     # directly, so that the job's end (and a spot stop's deadline) is not spent there.

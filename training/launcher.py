@@ -19,17 +19,11 @@ import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+from training.contract import DEFAULT_MASTER_PORT, EXIT_MEANING, ExitCode
+
 log = logging.getLogger(__name__)
 
-EXIT_FAILED = 1
-EXIT_BAD_CONFIG = 2
-EXIT_INTERRUPTED = 75
 CPU_WORKERS = 2
-_EXIT_MEANING = {
-    EXIT_FAILED: "a worker failed: see its traceback above",
-    EXIT_BAD_CONFIG: "a worker rejected the configuration",
-    EXIT_INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
-}
 
 
 @dataclass(frozen=True)
@@ -57,7 +51,7 @@ def topology_from_env(env: dict[str, str]) -> Topology:
         node_rank=_int_env(env, "TRAIN_NODE_RANK", 0),
         nproc_per_node=_int_env(env, "TRAIN_NPROC_PER_NODE", local_gpus or CPU_WORKERS),
         master_addr=env.get("TRAIN_MASTER_ADDR") or "127.0.0.1",
-        master_port=_int_env(env, "TRAIN_MASTER_PORT", 29500),
+        master_port=_int_env(env, "TRAIN_MASTER_PORT", DEFAULT_MASTER_PORT),
     )
     if topo.nnodes < 1 or topo.nproc_per_node < 1:
         raise TopologyError(
@@ -113,7 +107,7 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
         elastic_launch(config, sys.executable)("-m", "training", *worker_args)
     except ChildFailedError as error:
         code = _job_exit_code([failure.exitcode for failure in error.failures.values()])
-        log.warning("%s (exit code %d)", _EXIT_MEANING[code], code)
+        log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         return code
     finally:
         for sig, handler in previous.items():
@@ -140,10 +134,10 @@ def _job_exit_code(exit_codes: list[int]) -> int:
     75 from any rank means the collective checkpoint was written; ranks the launcher
     stopped meanwhile (negative: killed by a signal) do not change that.
     """
-    if EXIT_BAD_CONFIG in exit_codes:
-        return EXIT_BAD_CONFIG
-    if EXIT_INTERRUPTED in exit_codes and all(
-        code == EXIT_INTERRUPTED or code < 0 for code in exit_codes
+    if ExitCode.BAD_CONFIG in exit_codes:
+        return ExitCode.BAD_CONFIG
+    if ExitCode.INTERRUPTED in exit_codes and all(
+        code == ExitCode.INTERRUPTED or code < 0 for code in exit_codes
     ):
-        return EXIT_INTERRUPTED
-    return EXIT_FAILED
+        return ExitCode.INTERRUPTED
+    return ExitCode.FAILED

@@ -23,6 +23,7 @@ from training import rng
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_model
+from training.contract import ExitCode
 from training.ds_config import build_ds_config
 from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
@@ -30,9 +31,6 @@ from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
 log = logging.getLogger(__name__)
-
-EXIT_DONE = 0
-EXIT_INTERRUPTED = 75
 
 
 @dataclass(frozen=True)
@@ -104,7 +102,7 @@ class Trainer:
                     job.step,
                     self.config.train.steps,
                 )
-                return EXIT_DONE
+                return ExitCode.DONE
             return self._loop(job, stop)
         finally:
             stop.close()
@@ -201,13 +199,13 @@ class Trainer:
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
                 if stopping:
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
-                    return EXIT_INTERRUPTED
+                    return ExitCode.INTERRUPTED
         finally:
             if metrics is not None:
                 metrics.close()
         if metrics is not None:
             print(metrics.summary(), flush=True)
-        return EXIT_DONE
+        return ExitCode.DONE
 
     @staticmethod
     def _client_state(job: Job) -> dict:

@@ -16,6 +16,7 @@ import pydantic
 from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
+from common.errors import describe
 from infra.errors import ConfigError
 
 CONFIG_NAMESPACE = "gpu"
@@ -225,7 +226,14 @@ class GuardrailConfig(pydantic.BaseModel):
         try:
             return cls.model_validate(raw)
         except pydantic.ValidationError as error:
-            raise ConfigError(_sentence(error, raw)) from None
+            raise ConfigError(
+                describe(
+                    error,
+                    name=lambda key: f"{CONFIG_NAMESPACE}:{key}",
+                    raw=raw,
+                    hint=lambda key: _HINTS.get(key.split(".")[0]),
+                )
+            ) from None
 
     @property
     def idle_period_seconds(self) -> int:
@@ -306,15 +314,3 @@ _HINTS = {
     "allowNoAlerts": "true or false",
     "allowedInstanceTypes": 'a list of EC2 instance types, e.g. ["p4d.24xlarge"]',
 }
-
-
-def _sentence(error: pydantic.ValidationError, raw: Mapping[str, Any]) -> str:
-    """One sentence for the first problem: key, value, why, and what would work."""
-    first = error.errors()[0]
-    reason = first["msg"].removeprefix("Value error, ").rstrip(".")
-    if not first["loc"]:  # a check across keys: its message names them
-        return reason
-    key = str(first["loc"][0])
-    value = raw.get(key, first.get("input"))
-    reason = reason[:1].lower() + reason[1:]
-    return f"{CONFIG_NAMESPACE}:{key} is {value!r}: {reason}; use {_HINTS[key]}"

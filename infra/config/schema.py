@@ -18,6 +18,7 @@ from typing import Any
 import pulumi
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
@@ -36,6 +37,8 @@ LOG_RETENTION_DAYS = (
 )  # fmt: skip
 
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
+# Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
+_IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
@@ -61,9 +64,7 @@ class StackConfig(BaseModel):
     image_variant: str | None = Field(None, alias="imageVariant")
     nodes: int | None = Field(None, ge=1)
     spot: bool = False
-    image_tag: str | None = Field(
-        None, alias="imageTag", pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-    )
+    image_tag: str | None = Field(None, alias="imageTag")
     train_config: Path | None = Field(None, alias="trainConfig")
     data_s3_uri: S3Uri | None = Field(None, alias="dataS3Uri")
     ssh_cidr: ipaddress.IPv4Network | None = Field(None, alias="sshCidr")
@@ -90,6 +91,13 @@ class StackConfig(BaseModel):
         if isinstance(value, str) and re.fullmatch(r"\d+", value.strip()):
             return int(value)
         raise ValueError("must be a whole number")
+
+    @field_validator("image_tag")
+    @classmethod
+    def _image_tag(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_TAG.match(value):
+            raise ValueError("not a valid image tag (letters, digits, '_', '.', '-'; at most 128)")
+        return value
 
     @field_validator("data_s3_uri", mode="before")
     @classmethod
@@ -118,7 +126,7 @@ class StackConfig(BaseModel):
     def _retention(cls, value: int) -> int:
         if value not in LOG_RETENTION_DAYS:
             allowed = ", ".join(map(str, LOG_RETENTION_DAYS))
-            raise ValueError(f"is not a CloudWatch Logs retention period; use one of {allowed}")
+            raise ValueError(f"not a CloudWatch Logs retention period; use one of {allowed}")
         return value
 
     @field_validator("availability_zone")
@@ -135,17 +143,17 @@ class StackConfig(BaseModel):
             return None
         if not path.is_file():
             raise ValueError(
-                "is not a file (give the path of a training TOML, relative to Pulumi.yaml)"
+                "not a file (give the path of a training TOML, relative to Pulumi.yaml)"
             )
         try:
             text = path.read_text()
             tomllib.loads(text)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"is not valid TOML ({exc})") from None
+            raise ValueError(f"not valid TOML ({exc})") from None
         size = largest_user_data_bytes(text)
         if size > MAX_USER_DATA_BYTES:
             raise ValueError(
-                f"is {len(text.encode())} bytes, which makes the user data {size} bytes, over "
+                f"{len(text.encode())} bytes, which makes the user data {size} bytes, over "
                 f"EC2's {MAX_USER_DATA_BYTES}: keep large settings in the image or in S3"
             )
         return path
@@ -245,20 +253,7 @@ def load_stack_config(raw: Mapping[str, Any]) -> StackConfig:
     try:
         return StackConfig.model_validate({**mine, "guardrails": guardrails})
     except ValidationError as exc:
-        raise ConfigError(_first_error(exc, mine)) from None
-
-
-def _first_error(exc: ValidationError, raw: Mapping[str, Any]) -> str:
-    error = exc.errors(include_url=False)[0]
-    key = str(error["loc"][0]) if error["loc"] else "?"
-    message = error["msg"].removeprefix("Value error, ")
-    if error["type"] == "greater_than_equal":
-        message = f"must be at least {error['ctx']['ge']}"
-    elif error["type"] == "less_than_equal":
-        message = f"must be at most {error['ctx']['le']}"
-    elif error["type"] == "string_pattern_mismatch" and key == "imageTag":
-        message = "is not a valid image tag (letters, digits, '_', '.', '-'; at most 128)"
-    return f"gpu:{key} is {raw.get(key)!r}: it {message}"
+        raise ConfigError(describe(exc, name=lambda key: f"gpu:{key}", raw=mine)) from None
 
 
 def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:

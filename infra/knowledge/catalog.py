@@ -20,10 +20,9 @@ from common.records import (
     RECORD_CONFIG,
     build_record,
     check_keys,
-    dotted_version,
     read_toml,
-    version_key,
 )
+from common.versions import dotted_version, version_key
 from images.matrix import check_capability
 from infra.errors import ConfigError
 

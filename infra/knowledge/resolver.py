@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from common.records import version_key
+from common.versions import version_key
 from images.matrix import CUDA13_OLDEST_ARCH, Matrix, MatrixError, Variant, arch_key, load_matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog

@@ -20,6 +20,7 @@ from pathlib import Path
 import yaml
 
 from infra.node.agent import cloudwatch_agent_config
+from training.contract import DEFAULT_MASTER_PORT, ExitCode
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -34,7 +35,6 @@ AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
 DATA_DIR = f"{SCRATCH_DIR}/data"
 DONE_MARKER = f"{STATE_DIR}/job-done"
 UNIT_NAME = "gpu-training.service"
-MASTER_PORT = 29500
 
 # EC2 rejects user data over 16 KB (RunInstances).
 MAX_USER_DATA_BYTES = 16 * 1024
@@ -88,7 +88,7 @@ class NodeBoot:
             "TRAIN_NNODES": str(self.nnodes),
             "TRAIN_NODE_RANK": str(self.node_rank),
             "TRAIN_MASTER_ADDR": self.master_addr,
-            "TRAIN_MASTER_PORT": str(MASTER_PORT),
+            "TRAIN_MASTER_PORT": str(DEFAULT_MASTER_PORT),
             **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
             "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
@@ -156,7 +156,12 @@ def render_files(node: NodeBoot) -> dict[str, str]:
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
-            UNIT_NAME, {"bin_dir": BIN_DIR, "done_marker": DONE_MARKER}
+            UNIT_NAME,
+            {
+                "bin_dir": BIN_DIR,
+                "done_marker": DONE_MARKER,
+                "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
+            },
         ),
         ENV_FILE: _env_file(node.environment()),
         f"{BIN_DIR}/start-gpu-metrics.sh": render_template(

@@ -66,7 +66,7 @@ def test_context_ignore_file_lets_in_exactly_what_the_dockerfile_copies():
     assert rules[0] == "*", "everything else stays out of the context (.venv, node_modules)"
     allowed = [rule[1:] for rule in rules if rule.startswith("!")]
     copied = re.findall(r"^COPY (?!--from)(\S+)", TEXT, flags=re.M)
-    assert copied == ["images/locks/${VARIANT}.txt", "training/"]
+    assert copied == ["images/locks/${VARIANT}.txt", "training/", "common/"]
     for source in copied:
         assert any(source.startswith(prefix) for prefix in allowed), source
     assert len(allowed) == len(copied)

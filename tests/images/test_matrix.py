@@ -66,13 +66,13 @@ BAD_MATRICES = [
     pytest.param(
         'cudnn = "9.10.2.21"\nnccl = "2.29.7"',
         'cudnm = "9.10.2.21"\nnccl = "2.29.7"',
-        ["variant 'cu126'", "field 'cudnm'", "unknown field"],
+        ["variant 'cu126'", "field 'cudnm'", "unknown key"],
         id="misspelt-key",
     ),
     pytest.param(
         'torch_index = "https://download.pytorch.org/whl/cu130"',
         'torch_indx = "https://download.pytorch.org/whl/cu130"',
-        ["variant 'cu130'", "field 'torch_indx'", "unknown field"],
+        ["variant 'cu130'", "field 'torch_indx'", "unknown key"],
         id="misspelt-required-key",
     ),
     pytest.param(

@@ -23,10 +23,10 @@ from tests.training.fake_imds import FakeImds
 from tests.training.multirank import free_port, launch_env
 from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
 from training.checkpoint.s3 import S3Mirror
+from training.contract import ExitCode
 
 pytestmark = pytest.mark.slow
 
-EXIT_INTERRUPTED = 75
 LONG_RUN = 100_000  # steps: the run only ends through the stop request
 OPTIONS = [
     "--set", "checkpoint.every_steps=1000000",  # only the stop writes a checkpoint
@@ -73,7 +73,7 @@ def interrupted_run(work: Path, trigger, env: dict[str, str]) -> tuple[int, str]
         if job.poll() is None:
             job.kill()
     log = (work / f"log-{LONG_RUN}.txt").read_text()
-    assert code == EXIT_INTERRUPTED, log[-3000:]
+    assert code == ExitCode.INTERRUPTED, log[-3000:]
     stopped = re.findall(r"stopped at step (\d+) \((.*?)\); checkpoint saved", log)
     assert len(stopped) == 2, log[-3000:]  # both ranks, at the same step
     assert stopped[0][0] == stopped[1][0]

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from common.errors import Problem, describe
 from training.spec.presets import PRESETS
 
 DEMO_CONFIG = Path(__file__).parents[1] / "demo.toml"
@@ -197,7 +198,7 @@ def load_config(
     try:
         return Config.model_validate(raw)
     except ValidationError as error:
-        raise ConfigError(_describe(error)) from None
+        raise ConfigError(describe(error, known=_known_keys)) from None
 
 
 def validate(config: Config, world_size: int) -> BatchSizes:
@@ -315,19 +316,10 @@ def _set_key(raw: dict, key: str, value: Any) -> None:
     node[leaf] = value
 
 
-def _describe(error: ValidationError) -> str:
-    first = error.errors()[0]
-    key = ".".join(str(part) for part in first["loc"])
-    if first["type"] == "extra_forbidden":
-        section = ".".join(str(part) for part in first["loc"][:-1])
-        known = _known_keys(section)
-        return f"{key}: unknown key (known keys{' in ' + section if section else ''}: {known})"
-    return f"{key} = {first['input']!r}: {first['msg']}"
-
-
-def _known_keys(section: str) -> str:
+def _known_keys(problem: Problem) -> str:
+    """The keys of the section an unknown key sits in."""
     model: type[BaseModel] = Config
-    for part in filter(None, section.split(".")):
+    for part in problem.location[:-1]:
         annotation = model.model_fields[part].annotation
         if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return "?"

@@ -12,25 +12,20 @@ Pulumi program runs the same precision check against the stack's GPU at preview.
 
 from __future__ import annotations
 
+from common.versions import version_key
+
 
 class SelfCheckError(Exception):
     """The machine cannot run this image; str(error) is the one-line reason."""
 
 
-def parse_version(text: str) -> tuple[int, ...]:
-    """Numbers for comparison, trailing zeros dropped: 570.26.00 and 570.26 are one version.
-
-    The boot script's check (infra/node/templates/run-training.sh) compares the same way.
-    """
+def _version(text: str) -> tuple[int, ...]:
     try:
-        parts = [int(part) for part in text.strip().split(".")]
+        return version_key(text.strip())
     except ValueError:
         raise SelfCheckError(
             f"driver version {text!r} is not dotted numbers (e.g. 560.28.03)"
         ) from None
-    while parts and parts[-1] == 0:
-        parts.pop()
-    return tuple(parts)
 
 
 def check_driver(min_driver: str | None, driver: str | None) -> None:
@@ -41,7 +36,7 @@ def check_driver(min_driver: str | None, driver: str | None) -> None:
     """
     if not min_driver or driver is None:
         return
-    if parse_version(driver) < parse_version(min_driver):
+    if _version(driver) < _version(min_driver):
         raise SelfCheckError(
             f"NVIDIA driver {driver} is older than {min_driver}, the minimum this image needs "
             "(TRAIN_MIN_DRIVER): use a host/AMI with driver >= "

@@ -11,7 +11,6 @@ import pytest
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
-from infra.node.boot import MASTER_PORT
 from policy import rules
 from tests.support.stack_runs import (
     BASE_CONFIG,
@@ -25,6 +24,7 @@ from tests.support.stack_runs import (
     run_stack,
 )
 from tests.support.tools import require_tool
+from training.contract import DEFAULT_MASTER_PORT
 
 PROFILES = tuple(load_profiles().profiles)
 CASES = [
@@ -147,7 +147,7 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case
         env = boot_env(node)
         assert env["TRAIN_NNODES"] == str(plan.nodes)
         assert env["TRAIN_NODE_RANK"] == str(rank)
-        assert env["TRAIN_MASTER_PORT"] == str(MASTER_PORT)
+        assert env["TRAIN_MASTER_PORT"] == str(DEFAULT_MASTER_PORT)
         assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
         assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
         # Node 0 hosts the rendezvous; every other node dials node 0's private address.

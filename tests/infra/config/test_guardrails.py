@@ -52,7 +52,7 @@ def test_keys_are_the_camel_case_config_names():
     [
         (
             {"budgetUsd": "-5"},
-            "gpu:budgetUsd is '-5': input should be greater than 0; "
+            "gpu:budgetUsd is '-5': must be more than 0; "
             "use a positive amount of US dollars per budget period, e.g. 200",
         ),
         (
@@ -71,7 +71,7 @@ def test_keys_are_the_camel_case_config_names():
             "use a multiple of 5",
         ),
         ({"idleMinutes": "1445"}, "1445 is outside 5-1440 minutes"),
-        ({"idleGpuPercent": "100"}, "gpu:idleGpuPercent is '100': input should be less than 100"),
+        ({"idleGpuPercent": "100"}, "gpu:idleGpuPercent is '100': must be less than 100"),
         ({"budgetPeriod": "WEEKLY"}, "gpu:budgetPeriod is 'WEEKLY'"),
         ({"maxRuntimeHours": "200"}, "200 hours is outside what a CloudWatch alarm can watch"),
         ({"maxRuntimeHours": "30.5"}, "not a whole number of the runtime alarm's 60-minute"),

@@ -90,7 +90,7 @@ BAD_CATALOGS = [
         "instances.toml",
         "on_demand_usd_per_hour = 3.06",
         "on_demand_usd_per_hour = -3.06",
-        ["instance 'p3.2xlarge'", "field 'on_demand_usd_per_hour'", "-3.06", "greater than 0"],
+        ["instance 'p3.2xlarge'", "field 'on_demand_usd_per_hour'", "-3.06", "must be more than 0"],
         id="negative-price",
     ),
     pytest.param(
@@ -118,7 +118,7 @@ BAD_CATALOGS = [
         "instances.toml",
         INSTANCES_P3,
         INSTANCES_P3 + '\ngpu_modle = "V100"',
-        ["instance 'p3.2xlarge'", "field 'gpu_modle'", "unknown field", "gpu_model"],
+        ["instance 'p3.2xlarge'", "field 'gpu_modle'", "unknown key", "gpu_model"],
         id="unknown-key",
     ),
     pytest.param(
@@ -153,7 +153,7 @@ BAD_CATALOGS = [
         "instances.toml",
         'spot = "spot seen 0.61-0.75',
         'spto = "x"\nspot = "spot seen 0.61-0.75',
-        ["instance 'p3.2xlarge'", "field 'sources.spto'", "unknown field"],
+        ["instance 'p3.2xlarge'", "field 'sources.spto'", "unknown key"],
         id="unknown-source-key",
     ),
     pytest.param(

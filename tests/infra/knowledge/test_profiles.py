@@ -99,7 +99,7 @@ def test_unknown_profile_names_the_known_ones():
         (
             'instance_type = "p3.2xlarge"',
             'instance_typ = "p3.2xlarge"',
-            ["profile 'v100x1'", "field 'instance_typ'", "unknown field"],
+            ["profile 'v100x1'", "field 'instance_typ'", "unknown key"],
         ),
         (
             "seed_cny_per_hour = [8, 12]",

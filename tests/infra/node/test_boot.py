@@ -15,14 +15,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from common.records import version_key
+from common.versions import version_key
 from images.matrix import load_matrix
 from infra.knowledge.catalog import load_catalog
 from infra.node import boot as userdata
 from infra.node.boot import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.support.tools import require_tool
+from training import contract
 from training.checkpoint.s3 import S3Mirror
-from training.launcher import EXIT_BAD_CONFIG, topology_from_env
+from training.contract import DEFAULT_MASTER_PORT, ExitCode
+from training.launcher import topology_from_env
 from training.spec.config import load_config
 from training.spec.selfcheck import SelfCheckError, check_driver
 
@@ -126,7 +128,7 @@ def test_the_unit_follows_the_trainers_exit_codes_and_stops_the_scripts_containe
     service = dict(line.split("=", 1) for line in unit if "=" in line and line[0] != "#")
     # on-failure: 1 (failed) and 75 (interrupted, checkpointed) start the job again, 0 does not.
     assert service["Restart"] == "on-failure"
-    assert service["RestartPreventExitStatus"].split() == [str(EXIT_BAD_CONFIG)]
+    assert service["RestartPreventExitStatus"].split() == [str(int(ExitCode.BAD_CONFIG))]
     # ExecStop stops the container run-training.sh starts (SIGTERM: the trainer checkpoints),
     # within systemd's own stop timeout, after which it would kill everything at once.
     stop = re.fullmatch(r"/usr/bin/docker stop --time (\d+) (\S+)", service["ExecStop"])
@@ -502,9 +504,12 @@ LIBRARY_PREFIXES = ("AWS_", "NCCL_", "FI_", "RDMAV_")
 
 
 def trainer_variables() -> set[str]:
-    """Every TRAIN_* name the training package's code mentions as a whole string."""
+    """Every TRAIN_* name the training package's code reads: mentions as a whole string
+    outside the contract module, whose table only lists them."""
     names = set()
     for source in (Path(__file__).parents[3] / "training").rglob("*.py"):
+        if source.name == "contract.py":
+            continue
         for item in ast.walk(ast.parse(source.read_text())):
             if isinstance(item, ast.Constant) and re.fullmatch(
                 r"TRAIN_[A-Z0-9_]+", str(item.value)
@@ -535,6 +540,7 @@ def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
     section = contracts.split("## 3.")[1].split("## 4.")[0]
     documented = set(re.findall(r"^\| `(TRAIN_[A-Z0-9_]+)` \|", section, flags=re.MULTILINE))
     assert documented == trainer_variables()
+    assert set(contract.ENV) == trainer_variables()
 
 
 def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
@@ -542,7 +548,7 @@ def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
     env = boot_environment(boot)
     topology = topology_from_env(env)
     assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
-    assert (topology.master_addr, topology.master_port) == (boot.master_addr, userdata.MASTER_PORT)
+    assert (topology.master_addr, topology.master_port) == (boot.master_addr, DEFAULT_MASTER_PORT)
     # The training config the stack ships is the one the container loads, and the
     # directories the environment names are the bind-mounted host paths.
     train_config = tmp_path / "train.toml"

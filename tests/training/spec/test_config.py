@@ -44,7 +44,7 @@ BAD_CONFIGS = [
         ["train.global_batch_size = 32", "4 x 2 x 2 = 16"],
     ),
     (["train.stepz=3"], ["train.stepz", "unknown key", "steps"]),
-    (["zero.stage=4"], ["zero.stage", "4", "less than or equal to 3"]),
+    (["zero.stage=4"], ["zero.stage", "4", "must be at most 3"]),
     (["model.preset=gpt-9000"], ["model.preset", "gpt-9000", "gpt-124m"]),
     (["model.builder=not an import"], ["model.builder", "not an import"]),
     (["model.n_head=3"], ["model.n_embd = 64", "model.n_head = 3"]),

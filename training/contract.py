@@ -1,0 +1,51 @@
+"""The container's contract with whatever starts it: exit codes, environment, ports.
+
+The boot unit (infra/node), the Slurm batch script, the image smoke test and the
+trainer itself import these names from here; none keeps its own copy. Torch-free,
+so the Pulumi program and the image tools import it without the trainer's
+dependencies. docs/contracts.md explains each one to a user.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class ExitCode(IntEnum):
+    """What `python -m training` exits with, and what the caller should do about it."""
+
+    DONE = 0  # trained to train.steps: nothing to restart
+    FAILED = 1  # a crash: see the traceback; the boot unit retries a few times
+    BAD_CONFIG = 2  # bad configuration or environment: nothing started; fix it, do not retry
+    # Interrupted (SIGTERM, spot notice) and checkpointed: run the same command again.
+    # 75 is EX_TEMPFAIL (sysexits.h): systemd's RestartForceExitStatus and Slurm's
+    # RequeueExit both key on it.
+    INTERRUPTED = 75
+
+
+EXIT_MEANING = {
+    ExitCode.DONE: "done",
+    ExitCode.FAILED: "a worker failed: see its traceback above",
+    ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
+    ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
+}
+
+# The rendezvous port of node 0 when TRAIN_MASTER_PORT is unset (torchrun's default).
+DEFAULT_MASTER_PORT = 29500
+
+# The environment the trainer reads. Each name maps to what it means; the boot
+# script and the Slurm batch script set only names from this table.
+ENV = {
+    "TRAIN_CONFIG": "path of the TOML job config (default: the demo job)",
+    "TRAIN_NNODES": "number of nodes (default 1)",
+    "TRAIN_NODE_RANK": "this node's rank, 0..TRAIN_NNODES-1 (default 0)",
+    "TRAIN_NPROC_PER_NODE": "workers on this node (default: one per GPU, 2 without a GPU)",
+    "TRAIN_MASTER_ADDR": "address of node 0's rendezvous (default 127.0.0.1)",
+    "TRAIN_MASTER_PORT": f"port of node 0's rendezvous (default {DEFAULT_MASTER_PORT})",
+    "TRAIN_OUTPUT_DIR": "run folder: metrics, logs (overrides run.output_dir)",
+    "TRAIN_CHECKPOINT_DIR": "checkpoint root on local disk (overrides checkpoint.dir)",
+    "TRAIN_DATA_PATH": "training data file or folder (overrides data.path)",
+    "TRAIN_S3_URI": "s3://bucket/prefix the committed checkpoints are mirrored to",
+    "TRAIN_SPOT_ENDPOINT": "spot-notice endpoint to poll; empty turns polling off",
+    "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
+}
