@@ -23,6 +23,7 @@ from bench.launch import QUIET, training_command, training_env
 from bench.measure import metric
 from tests.training.fake_imds import FakeImds
 from training.checkpoint.checkpointer import COMMIT_MARKER, parse_step
+from training.contract import ExitCode
 
 TITLE = "Interruptions"
 RANKS = 2
@@ -34,7 +35,6 @@ OPTIONS = (
     "logging.every_steps=1",
     *QUIET,
 )
-EXIT_INTERRUPTED = 75
 
 
 def run(quick: bool) -> dict:
@@ -104,7 +104,7 @@ def _stopped_run(work: Path, name: str, trigger) -> dict:
                 job.kill()
             log.close()
     commits = sorted(_new_commits(work, before), key=parse_step)
-    if code != EXIT_INTERRUPTED or not commits:
+    if code != ExitCode.INTERRUPTED or not commits:
         raise RuntimeError(
             f"{name}: exit {code}, commits {commits}:\n{(work / f'{name}.log').read_text()[-3000:]}"
         )
