@@ -21,11 +21,13 @@ def write(out: Path, index: dict, results: list[dict]) -> Path:
         "Each figure is a ratio against a baseline measured in the same run (interleaved "
         "rounds, medians); absolute figures on a shared machine are noisy.",
         "",
-        "| Benchmark | Figure | Value | Baseline | Ratio | Target |",
-        "|---|---|---|---|---|---|",
+        *_TABLE_HEAD,
     ]
     for result in results:
-        lines += _rows(result)
+        lines += _rows(result, headline=True)
+    lines += ["", "## All figures", "", *_TABLE_HEAD]
+    for result in results:
+        lines += _rows(result, headline=False)
     for result in results:
         lines += ["", f"## {result['title']}", ""]
         if "error" in result:
@@ -44,23 +46,33 @@ def write(out: Path, index: dict, results: list[dict]) -> Path:
     return summary
 
 
+_TABLE_HEAD = (
+    "| Benchmark | Figure | Value | Baseline | Ratio | Target |",
+    "|---|---|---|---|---|---|",
+)
+
+
 def table(out: Path) -> str:
-    """The summary's table and machine line, for the README."""
+    """The summary's machine line and headline table (figures with a target), for the README."""
     text = (out / "summary.md").read_text().splitlines()
     start = next(i for i, line in enumerate(text) if line.startswith("| Benchmark"))
     end = next((i for i in range(start, len(text)) if not text[i].startswith("|")), len(text))
     return "\n".join([text[2], "", *text[start:end]])
 
 
-def _rows(result: dict) -> list[str]:
+def _rows(result: dict, *, headline: bool) -> list[str]:
+    """Table rows; the headline keeps the figures with a target (else the first figure)."""
     if "error" in result:
         return [f"| {result['title']} | failed (see below) | | | | |"]
     if "skipped" in result:
         return [f"| {result['title']} | not run here | | | | |"]
+    rows = result["metrics"]
+    if headline:
+        rows = [m for m in rows if m["target"]] or rows[:1]
     return [
         f"| {result['title']} | {m['label']} | {_value(m['value'], m['unit'])} | "
         f"{_baseline(m)} | {_ratio(m['ratio'])} | {m['target'] or ''} |"
-        for m in result["metrics"]
+        for m in rows
     ]
 
 

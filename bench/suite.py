@@ -68,8 +68,9 @@ def run_all(names: list[str], *, quick: bool, out: Path, timeout_s: float) -> di
         if error is None:
             results.append(json.loads((out / f"{name}.json").read_text()))
         else:
-            (out / f"{name}.json").unlink(missing_ok=True)
-            results.append({"name": name, "title": _title(name), "error": error, "seconds": took})
+            failed = {"name": name, "title": _title(name), "error": error, "seconds": took}
+            (out / f"{name}.json").write_text(json.dumps(failed, indent=1) + "\n")
+            results.append(failed)
         print(f"bench: {name} {'done' if error is None else 'FAILED'} in {took} s", file=sys.stderr)
     index = {
         "machine": machine.describe(),
@@ -82,6 +83,15 @@ def run_all(names: list[str], *, quick: bool, out: Path, timeout_s: float) -> di
     (out / "index.json").write_text(json.dumps(index, indent=1) + "\n")
     report.write(out, index, results)
     return index
+
+
+def rewrite_summary(out: Path) -> Path:
+    """summary.md and the plots again, from index.json and the results beside it."""
+    index = json.loads((out / "index.json").read_text())
+    results = []
+    for entry in index["benchmarks"]:
+        results.append(json.loads((out / entry["file"]).read_text()))
+    return report.write(out, index, results)
 
 
 def _title(name: str) -> str:
