@@ -12,7 +12,7 @@ and peak GPU memory. Targets: MFU >= 50%, the trainer >= 0.95x plain PyTorch.
 The GPU machine has PyTorch and nvcc but neither DeepSpeed nor a network. Carry the pins
 of images/locks/cu128.txt that it lacks in .whl/ beside the repository, fetched here:
 
-    python bench/gpu.py --fetch-wheels --python 3.11 --python 3.12
+    python bench/gpu.py --fetch-wheels --python 3.12    # the GPU machine's Python; ~38 MiB
     # = pip download deepspeed==<pin> --no-deps -d .whl (DeepSpeed is a source
     #   distribution), and the binary wheels of its and the trainer's other dependencies
 
