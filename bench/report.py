@@ -31,7 +31,7 @@ def write(out: Path, index: dict, results: list[dict]) -> Path:
     for result in results:
         lines += ["", f"## {result['title']}", ""]
         if "error" in result:
-            lines.append(f"Failed: `{result['error'].strip().splitlines()[-1]}`")
+            lines.append(f"Failed: `{_error_line(result['error'])}`")
             continue
         if "skipped" in result:
             lines.append(f"Not run here: {result['skipped']}")
@@ -74,6 +74,13 @@ def _rows(result: dict, *, headline: bool) -> list[str]:
         f"{_baseline(m)} | {_ratio(m['ratio'])} | {m['target'] or ''} |"
         for m in rows
     ]
+
+
+def _error_line(error: str) -> str:
+    """The line that names the error (a traceback's last "...Error: ..."), else the last."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    named = [line for line in lines if "Error" in line or "error:" in line]
+    return (named or lines or ["?"])[-1]
 
 
 def _value(value, unit: str) -> str:
