@@ -62,7 +62,12 @@ def run(quick: bool) -> dict:
             f"{kind}: DeepSpeed ops loaded: {', '.join(n) or 'none'}"
             for kind, n in ops_built.items()
         ]
-        + ["quick runs share the bench's op cache; the full run's fresh start has an empty one"],
+        + [
+            "quick runs share the bench's op cache; the full run's fresh start has an empty "
+            "one (a venv's first start), the resumed start finds the op built",
+            "the cpu image builds deepspeed_shm_comm when it is built (images/build_args.py, "
+            "DEEPSPEED_OPS), so a container starts as the op-cached case does",
+        ],
     }
 
 
