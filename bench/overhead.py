@@ -112,6 +112,10 @@ def run(quick: bool) -> dict:
             f"{label}: {costs[extra]['ms_per_call']:.3f} ms per call, "
             f"{100 * costs[extra]['share_of_step']:.2f}% of a step"
             for extra, label in EXTRAS.items()
+        ]
+        + [
+            "trainer and loop figures come from separate jobs, whose ratios swing by tens of "
+            "percent on a shared machine; the per-call timings come from inside one job"
         ],
     }
 
