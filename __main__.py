@@ -8,13 +8,25 @@ what would work. docs/stack.md lists the keys.
 import pulumi
 
 from infra.components.stack import TrainingStack
-from infra.config.schema import config_from_pulumi, load_stack_config
+from infra.components.stack_config import namespace_config, provider_settings
+from infra.config.schema import load_stack_config, stack_region
 from infra.errors import ConfigError
+from infra.knowledge.quotas import quota_need
+from infra.preflight import quotas
 
 try:
-    config = load_stack_config(config_from_pulumi(pulumi.Config("gpu")))
-    plan = config.resolve_plan()
+    config = load_stack_config(namespace_config("gpu"))
+    plan = config.resolve_plan(stack_region(pulumi.Config("aws").get("region")))
     config.check_plan(plan)
+    aws_settings = provider_settings(namespace_config("aws"))
+    # Refuses a stack the account's vCPU quota cannot run, before any resource exists.
+    checked = quotas.preflight_quota(
+        quota_need(plan, config.market),
+        region=aws_settings.get("region"),
+        profile=aws_settings.get("profile"),
+    )
+    if checked:
+        pulumi.log.info(checked)
     for warning in (*plan.warnings, *config.guardrails.warnings):
         pulumi.log.warn(warning)
     stack = TrainingStack(f"{pulumi.get_project()}-{pulumi.get_stack()}", config, plan)

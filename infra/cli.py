@@ -12,12 +12,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from images.matrix import MatrixError, load_matrix
-from infra.config.stack_file import load_stack_file, stack_file_path
+from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
-from infra.knowledge.catalog import load_catalog
+from infra.knowledge import price_refresh
+from infra.knowledge.catalog import Catalog, load_catalog
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
 from infra.report import format_costs, format_plan
 
 EXIT_BAD_INPUT = 2
@@ -44,6 +45,11 @@ def _add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--profiles", type=Path, help="profiles file (default infra/knowledge/data/profiles.toml)"
     )
+    parser.add_argument(
+        "--region",
+        help=f"price for this AWS region (default: the stack file's aws:region, else "
+        f"{DEFAULT_PLAN_REGION})",
+    )
 
 
 def _run_plan(args: argparse.Namespace) -> str:
@@ -59,15 +65,29 @@ def _run_plan(args: argparse.Namespace) -> str:
             args.nodes if args.nodes is not None else 1,
             catalog=catalog,
             matrix=matrix,
+            region=_region(args.region, catalog),
         )
         return format_plan(plan, profile=None, rate=profiles.exchange_rate)
     if args.variant is not None or args.nodes is not None:
         raise ConfigError("--variant and --nodes go with --instance; a profile sets its own")
     name = args.profile or profiles.default
-    plan = resolve_profile(name, profiles=profiles, catalog=catalog, matrix=matrix)
+    path = stack_file_path(name)
+    in_file = stack_file_region(path) if path.is_file() else None
+    region = _region(args.region or in_file, catalog)
+    plan = resolve_profile(name, profiles=profiles, catalog=catalog, matrix=matrix, region=region)
     report = format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
     costs = _stack_file_costs(name, plan)
     return report if costs is None else f"{report}\n{costs}"
+
+
+def _region(region: str | None, catalog: Catalog) -> str:
+    """The region to price for, refused in one sentence when the catalog has no prices there."""
+    region = region or DEFAULT_PLAN_REGION
+    try:
+        catalog.prices.region(region)
+    except ConfigError as exc:
+        raise ConfigError(f"region {region!r}: {exc}") from None
+    return region
 
 
 def _stack_file_costs(profile: str, plan: Plan) -> str | None:
@@ -80,7 +100,7 @@ def _stack_file_costs(profile: str, plan: Plan) -> str | None:
     if not path.is_file():
         return None
     stack = load_stack_file(path)
-    stack_plan = stack.resolve_plan()
+    stack_plan = stack.resolve_plan(plan.price.region)
     # Compared by what runs, not by prices: with --catalog the plan may carry other prices.
     if _runs(stack_plan) != _runs(plan):
         return (
@@ -100,6 +120,7 @@ COMMANDS: dict[
     str, tuple[Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], str]]
 ] = {
     "plan": (_add_plan_arguments, _run_plan),
+    "prices": (price_refresh.add_arguments, price_refresh.run),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
 
@@ -31,11 +32,13 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         f"spot           ${plan.spot_usd_per_hour:.2f}/h "
         f"({rate.to_cny(plan.spot_usd_per_hour):.0f} CNY/h)",
     ]
-    if profile is not None and profile.seed_cny_per_hour is not None:
-        low, high = profile.seed_cny_per_hour
-        lines.append(f"seed range     {low:g}-{high:g} CNY/h")
+    if profile is not None and profile.guide_cny_per_hour is not None:
+        low, high = profile.guide_cny_per_hour
+        lines.append(f"guide range    {low:g}-{high:g} CNY/h (GPU-cloud selection guide)")
+    price = plan.price
+    estimated = " (estimates)" if price.estimated else ""
     lines.append(
-        f"prices         {instance.prices_checked.isoformat()}, us-east-1; "
+        f"prices         {price.region}{estimated}, checked {price.checked.isoformat()}; "
         f"CNY at {rate.cny_per_usd} per USD ({rate.as_of.isoformat()})"
     )
     if profile is not None:
@@ -59,6 +62,9 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         f"runway         {costs['runway_hours']:.1f} h {period} at full load {market} "
         f"(on-demand {costs['runway_hours_on_demand']:.1f} h, "
         f"spot {costs['runway_hours_spot']:.1f} h)",
+        f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
+        f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
+        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s",
     ]
     if hours is not None:
         lines.append(

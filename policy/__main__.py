@@ -1,7 +1,8 @@
 """Policy pack for GPU training stacks: `pulumi preview --policy-pack policy`.
 
 Every policy is mandatory: a violation fails the preview. The GPU instance types allowed default to
-the repository's catalog (infra/knowledge/data/instances.toml); narrow or widen them with
+the stack's catalog, copied into allowed_instance_types.toml beside this file (written by
+`python -m infra.knowledge.policy_allowlist`); narrow or widen them with
 `--policy-pack-config policy-config.json`, e.g.
 {"gpu-instance-types-allowed": {"allowedInstanceTypes": ["p4d.24xlarge"]}}.
 The checks themselves live in rules.py, as plain functions.

@@ -39,9 +39,9 @@ _GPU_FAMILY = re.compile(r"^(p|g|gr)\d")
 _ANYWHERE = ("0.0.0.0/0", "::/0")
 _ALL_PROTOCOLS = ("-1", "all")
 _SSH_PORT = 22
-_CATALOG = (
-    Path(__file__).resolve().parent.parent / "infra" / "knowledge" / "data" / "instances.toml"
-)
+# Written from the stack's catalog by `python -m infra.knowledge.policy_allowlist`: the pack
+# is published alone (`pulumi policy publish` uploads this folder only), so it keeps its own copy.
+_ALLOWLIST = Path(__file__).resolve().parent / "allowed_instance_types.toml"
 
 
 @dataclass(frozen=True)
@@ -95,9 +95,9 @@ def is_gpu_instance_type(instance_type: Any) -> bool:
 
 @cache
 def catalog_instance_types() -> tuple[str, ...]:
-    """The GPU instance types this repository's catalog knows: the default allowed list."""
-    with _CATALOG.open("rb") as file:
-        return tuple(sorted(tomllib.load(file)["instance"]))
+    """The GPU instance types the stack's catalog knows: the default allowed list."""
+    with _ALLOWLIST.open("rb") as file:
+        return tuple(sorted(tomllib.load(file)["instance_types"]))
 
 
 def check_imdsv2(resource_type: str, props: Mapping[str, Any]) -> list[str]:

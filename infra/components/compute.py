@@ -15,13 +15,14 @@ given an end date, a RunInstances one stays until cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.knowledge.resolver import Plan
+from infra.components.spot_request import SpotRequestCanceller
+from infra.knowledge.layout import Interface
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
 ROOT_VOLUME_THROUGHPUT_MIBPS = 500
@@ -29,28 +30,32 @@ ROOT_VOLUME_IOPS = 3000
 
 
 @dataclass(frozen=True)
-class Interface:
-    network_card_index: int
-    device_index: int
-    interface_type: str | None  # None: a plain ENA interface
-
-
-def interface_layout(plan: Plan) -> list[Interface]:
-    """The network interfaces of one node, per AWS's guide for multi-card EFA types.
-
-    Single node, or a type without EFA: one ENA interface. Multi-node on an EFA
-    type: one EFA interface per network card up to the catalog's EFA count; the
-    primary (card 0, device 0) is "efa" (an EFA-only interface cannot be primary),
-    the others sit at device index 1, of the catalog's `efa_secondary_interface` kind.
-    """
-    efa_count = plan.instance.efa_interfaces
-    if plan.nodes == 1 or efa_count == 0:
-        return [Interface(network_card_index=0, device_index=0, interface_type=None)]
-    secondary = plan.instance.efa_secondary_interface
-    return [Interface(network_card_index=0, device_index=0, interface_type="efa")] + [
-        Interface(network_card_index=card, device_index=1, interface_type=secondary)
-        for card in range(1, efa_count)
-    ]
+class ComputeArgs:
+    instance_type: str
+    image_id: str  # an AMI id, or "resolve:ssm:<public parameter>" that EC2 resolves at launch
+    root_device_name: str  # the AMI's own root device: under another name it would add a volume
+    description: str
+    interfaces: Sequence[Interface]  # per node (infra.knowledge.layout.interface_layout)
+    nodes: int
+    spot: bool
+    root_volume_gib: int
+    availability_zone: pulumi.Input[str]
+    subnet_id: pulumi.Input[str]
+    security_group_id: pulumi.Input[str]
+    instance_profile_arn: pulumi.Input[str]
+    # user_data(node_rank, master_addr): one node's boot document
+    user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]]
+    # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
+    wait_for: Sequence[pulumi.Resource] = ()
+    # A capacity reservation to launch into: an On-Demand Capacity Reservation, or with
+    # capacity_block the reservation of an EC2 Capacity Block for ML.
+    capacity_reservation_id: str | None = None
+    capacity_block: bool = False
+    # The stack's cost-allocation tag(s), for what the launch template creates.
+    cost_tags: Mapping[str, str] = field(default_factory=dict)
+    # Where and as whom the spot-request canceller calls EC2 (the stack's aws: settings).
+    region: pulumi.Input[str] | None = None
+    aws_profile: str | None = None
 
 
 class Compute(pulumi.ComponentResource):
@@ -63,36 +68,27 @@ class Compute(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        plan: Plan,
-        spot: bool,
-        root_volume_gib: int,
-        availability_zone: str,
-        subnet_id: pulumi.Input[str],
-        security_group_id: pulumi.Input[str],
-        instance_profile_arn: pulumi.Input[str],
-        user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]],
+        args: ComputeArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`user_data(node_rank, master_addr)` renders one node's boot document."""
         super().__init__("gpu:infra:Compute", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        interfaces = interface_layout(plan)
+        interfaces = args.interfaces
         # EC2 auto-assigns a public address only to an instance with one interface;
         # multi-interface (EFA) nodes get an Elastic IP for their outbound traffic.
         needs_elastic_ip = len(interfaces) > 1
 
-        placement: dict = {"availability_zone": availability_zone}
-        if plan.nodes > 1:
+        placement: dict = {"availability_zone": args.availability_zone}
+        if args.nodes > 1:
             group = aws.ec2.PlacementGroup(f"{name}-cluster", strategy="cluster", opts=child)
             placement["group_name"] = group.name
 
         template = aws.ec2.LaunchTemplate(
             f"{name}-node",
-            description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-            image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
-            instance_type=plan.instance.type,
-            iam_instance_profile={"arn": instance_profile_arn},
+            description=args.description,
+            image_id=args.image_id,
+            instance_type=args.instance_type,
+            iam_instance_profile={"arn": args.instance_profile_arn},
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",  # IMDSv2 only
@@ -101,10 +97,9 @@ class Compute(pulumi.ComponentResource):
             },
             block_device_mappings=[
                 {
-                    # The AMI's own root device: under another name this would add a volume.
-                    "device_name": plan.ami.root_device_name,
+                    "device_name": args.root_device_name,
                     "ebs": {
-                        "volume_size": root_volume_gib,
+                        "volume_size": args.root_volume_gib,
                         "volume_type": "gp3",
                         "iops": ROOT_VOLUME_IOPS,
                         "throughput": ROOT_VOLUME_THROUGHPUT_MIBPS,
@@ -118,8 +113,8 @@ class Compute(pulumi.ComponentResource):
                     "network_card_index": interface.network_card_index,
                     "device_index": interface.device_index,
                     "interface_type": interface.interface_type,
-                    "subnet_id": subnet_id,
-                    "security_groups": [security_group_id],
+                    "subnet_id": args.subnet_id,
+                    "security_groups": [args.security_group_id],
                     "delete_on_termination": "true",
                     "associate_public_ip_address": (
                         None if needs_elastic_ip or interface.device_index else "true"
@@ -128,33 +123,69 @@ class Compute(pulumi.ComponentResource):
                 for interface in interfaces
             ],
             placement=placement,
+            # Provider default tags reach the instance but not what it creates: volumes,
+            # interfaces and spot requests would escape the cost tag a budget filters on
+            # (hashicorp/terraform-provider-aws issue 19890; EC2 User Guide, "Tag your
+            # resources": tag on creation through the launch template's TagSpecifications).
+            tag_specifications=[
+                {"resource_type": kind, "tags": dict(args.cost_tags)}
+                for kind in ("instance", "volume", "network-interface", "spot-instances-request")
+            ],
             update_default_version=True,
             opts=child,
         )
 
-        market = (
-            {
+        market = None
+        if args.spot:
+            market = {
                 "market_type": "spot",
                 "spot_options": {
                     "spot_instance_type": "persistent",
                     "instance_interruption_behavior": "stop",
                 },
             }
-            if spot
+        elif args.capacity_block:
+            # A Capacity Block is launched into with market type "capacity-block" and its
+            # reservation as the target (EC2 User Guide, "Launch instances into a Capacity
+            # Block", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).
+            market = {"market_type": "capacity-block"}
+        # An On-Demand Capacity Reservation is targeted by id (EC2 User Guide, "Launch
+        # instances into an existing Capacity Reservation",
+        # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html).
+        reservation = (
+            {
+                "capacity_reservation_target": {
+                    "capacity_reservation_id": args.capacity_reservation_id
+                }
+            }
+            if args.capacity_reservation_id is not None
             else None
         )
         self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
         master_addr: pulumi.Input[str] = "127.0.0.1"
-        for rank in range(plan.nodes):
+        for rank in range(args.nodes):
             node = aws.ec2.Instance(
                 f"{name}-node-{rank}",
                 launch_template={"id": template.id, "version": template.latest_version.apply(str)},
                 instance_market_options=market,
-                user_data=user_data(rank, master_addr),
+                capacity_reservation_specification=reservation,
+                user_data=args.user_data(rank, master_addr),
+                # Changed user data would only stop and start the instance, and cloud-init
+                # writes its files once per instance: the node would keep its first boot's
+                # scripts and job (pulumi-aws Instance, user_data: "Updates to this field will
+                # trigger a stop/start"). Replace the node instead.
+                user_data_replace_on_change=True,
                 tags={"Name": f"{name}-node-{rank}", "gpu-node-rank": str(rank)},
-                opts=child,
+                opts=pulumi.ResourceOptions(
+                    parent=self,
+                    depends_on=list(args.wait_for),
+                    # A replacement (new user data or launch template version, which is
+                    # ForceNew) deletes the old node first: two p4d.24xlarge at once would need
+                    # twice the vCPU quota (VcpuLimitExceeded) or double the bill.
+                    delete_before_replace=True,
+                ),
             )
-            if rank == 0 and plan.nodes > 1:
+            if rank == 0 and args.nodes > 1:
                 # Every other node's user data waits for node 0's address.
                 master_addr = node.private_ip
             if needs_elastic_ip:
@@ -166,8 +197,17 @@ class Compute(pulumi.ComponentResource):
                 )
             self.instance_ids.append(node.id)
             self.private_ips.append(node.private_ip)
-            if spot:
+            if args.spot:
                 self.spot_request_ids.append(node.spot_instance_request_id)
+                # Deleted before its node (it depends on it), on destroy and on replacement.
+                SpotRequestCanceller(
+                    f"{name}-node-{rank}-spot-request",
+                    spot_request_id=node.spot_instance_request_id,
+                    instance_id=node.id,
+                    region=args.region,
+                    profile=args.aws_profile,
+                    opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
+                )
 
         self.register_outputs(
             {

@@ -15,35 +15,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.config.guardrails import GUARDRAIL_KEYS, GuardrailConfig
-from infra.knowledge.costs import cost_summary, hourly_usd
-from infra.node.agent import (
-    GPU_METRIC_DIMENSION,
-    GPU_METRIC_NAMESPACE,
-    GPU_UTILIZATION_METRIC,
-    agent_policy_statement,
-    cloudwatch_agent_config,
-)
-
-if TYPE_CHECKING:
-    from infra.knowledge.resolver import Plan
-
-__all__ = [
-    "GPU_METRIC_DIMENSION",
-    "GPU_METRIC_NAMESPACE",
-    "GPU_UTILIZATION_METRIC",
-    "GUARDRAIL_KEYS",
-    "GuardrailConfig",
-    "Guardrails",
-    "agent_policy_statement",
-    "cloudwatch_agent_config",
-    "cost_summary",
-]
+from infra.config.guardrails import GuardrailConfig
+from infra.node.agent import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 
 STOP_AT_PERCENT = 100.0  # the budget action fires at 100% of actual spend
 STOP_DOCUMENT = "AWS-StopEC2Instance"  # the AWS-owned SSM automation a STOP_EC2_INSTANCES runs
@@ -51,59 +30,96 @@ BUDGETS_PRINCIPAL = "budgets.amazonaws.com"
 CLOUDWATCH_PRINCIPAL = "cloudwatch.amazonaws.com"
 
 
+@dataclass(frozen=True)
+class GuardrailsArgs:
+    """The stack's guardrail settings (checked: infra.config.guardrails) and its cost tag."""
+
+    budget_usd: float
+    budget_period: str  # "MONTHLY" or "DAILY"
+    alert_emails: Sequence[str]
+    actual_thresholds_percent: Sequence[float]
+    forecast_thresholds_percent: Sequence[float]
+    idle_gpu_percent: float
+    idle_minutes: int
+    idle_period_seconds: int
+    idle_evaluation_periods: int
+    max_runtime_hours: float | None
+    runtime_alarm_window: tuple[int, int] | None  # (period seconds, periods), or no alarm
+    cost_tag: tuple[str, str]  # (key, value) every resource of the stack carries
+
+    @classmethod
+    def from_settings(cls, settings: GuardrailConfig, cost_tag: tuple[str, str]) -> GuardrailsArgs:
+        return cls(
+            budget_usd=settings.budget_usd,
+            budget_period=settings.budget_period,
+            alert_emails=settings.alert_emails,
+            actual_thresholds_percent=settings.actual_thresholds_percent,
+            forecast_thresholds_percent=settings.forecast_thresholds_percent,
+            idle_gpu_percent=settings.idle_gpu_percent,
+            idle_minutes=settings.idle_minutes,
+            idle_period_seconds=settings.idle_period_seconds,
+            idle_evaluation_periods=settings.idle_evaluation_periods,
+            max_runtime_hours=settings.max_runtime_hours,
+            runtime_alarm_window=settings.runtime_alarm_window,
+            cost_tag=cost_tag,
+        )
+
+
 class Guardrails(pulumi.ComponentResource):
-    """Budget, budget action, alert topic, and idle/runtime stop alarms for the given instances."""
+    """Alert topic and budget first; then, per instance it watches, the budget action and alarms.
+
+    Build it before the instances and make them depend on `ready` (the topic, its policy and
+    subscriptions, the budget): a node never runs without them. `watch(instance_ids)` adds the
+    budget action and each instance's alarms, as soon as each instance exists.
+    """
 
     def __init__(
         self,
         name: str,
-        config: GuardrailConfig,
-        *,
-        instance_ids: Sequence[pulumi.Input[str]],
-        plan: Plan,
-        cost_tag: tuple[str, str],
-        spot: bool = False,
+        args: GuardrailsArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
-        """`cost_tag` is the (key, value) tag every resource of the stack carries; `spot` says
-        which market the instances launch into (it sets the hourly cost the budget is held to).
-
-        Raises ConfigError before creating anything when the budget would not buy one hour of
-        the stack, when nobody would be alerted, or when the instance type is not allowed.
-        """
-        if not instance_ids:
-            raise ValueError("Guardrails needs the ids of the instances it guards")
-        config.check_instance_type(plan.instance.type)
-        config.check_against(hourly_usd(plan, spot=spot))
         super().__init__("gpu:infra:Guardrails", name, None, opts)
-        self.costs = cost_summary(plan, config, spot=spot)
-
-        tag_key, tag_value = cost_tag
-        tags = {tag_key: tag_value}
+        self._name, self._args = name, args
+        tag_key, tag_value = args.cost_tag
+        self._tags = tags = {tag_key: tag_value}
         child = pulumi.ResourceOptions(parent=self)
         lookup = pulumi.InvokeOutputOptions(parent=self)
-        region = aws.get_region_output(opts=lookup).region
+        self._region = aws.get_region_output(opts=lookup).region
         caller = aws.get_caller_identity_output(opts=lookup)
-        account = caller.account_id
-        partition = caller.arn.apply(lambda arn: arn.split(":")[1])
+        self._account = account = caller.account_id
+        self._partition = caller.arn.apply(lambda arn: arn.split(":")[1])
 
         self.alert_topic = aws.sns.Topic(f"{name}-alerts", tags=tags, opts=child)
         topic_policy = aws.sns.TopicPolicy(
             f"{name}-alerts",
             arn=self.alert_topic.arn,
             policy=pulumi.Output.all(self.alert_topic.arn, account).apply(
-                lambda args: json.dumps(_topic_policy(*args))
+                lambda values: json.dumps(_topic_policy(*values))
             ),
             opts=child,
         )
+        # A topic delivers nothing until someone subscribes; each address gets a confirmation
+        # mail and receives alarms once it confirms (Amazon SNS Developer Guide, "Email
+        # notifications": https://docs.aws.amazon.com/sns/latest/dg/sns-email-notifications.html).
+        subscriptions = [
+            aws.sns.TopicSubscription(
+                f"{name}-alerts-{index}",
+                topic=self.alert_topic.arn,
+                protocol="email",
+                endpoint=email,
+                opts=child,
+            )
+            for index, email in enumerate(args.alert_emails)
+        ]
 
         self.budget = aws.budgets.Budget(
             f"{name}-budget",
             name=f"{pulumi.get_project()}-{pulumi.get_stack()}",
             budget_type="COST",
-            limit_amount=f"{config.budget_usd:.2f}",
+            limit_amount=f"{args.budget_usd:.2f}",
             limit_unit="USD",
-            time_unit=config.budget_period,
+            time_unit=args.budget_period,
             # Only counts once the tag is activated as a cost allocation tag (docs/costs.md).
             cost_filters=[
                 aws.budgets.BudgetCostFilterArgs(
@@ -112,19 +128,18 @@ class Guardrails(pulumi.ComponentResource):
             ],
             notifications=[
                 *(
-                    _notification("ACTUAL", threshold, config, self.alert_topic.arn)
-                    for threshold in config.actual_thresholds_percent
+                    _notification("ACTUAL", threshold, args, self.alert_topic.arn)
+                    for threshold in args.actual_thresholds_percent
                 ),
                 *(
-                    _notification("FORECASTED", threshold, config, self.alert_topic.arn)
-                    for threshold in config.forecast_thresholds_percent
+                    _notification("FORECASTED", threshold, args, self.alert_topic.arn)
+                    for threshold in args.forecast_thresholds_percent
                 ),
             ],
             tags=tags,
             # Budgets must be allowed to publish before its first notification goes out.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[topic_policy]),
         )
-
         self.budget_action_role = aws.iam.Role(
             f"{name}-budget-action",
             description="Lets AWS Budgets stop this stack's instances at the budget limit",
@@ -132,11 +147,31 @@ class Guardrails(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+        # What the instances wait for: every way the stack reports and limits spend.
+        self.ready: list[pulumi.Resource] = [
+            self.alert_topic,
+            topic_policy,
+            *subscriptions,
+            self.budget,
+            self.budget_action_role,
+        ]
+        self.budget_name = self.budget.name
+        self.alert_topic_arn = self.alert_topic.arn
+        self.idle_alarms: list[aws.cloudwatch.MetricAlarm] = []
+        self.runtime_alarms: list[aws.cloudwatch.MetricAlarm] = []
+
+    def watch(self, instance_ids: Sequence[pulumi.Input[str]]) -> None:
+        """The budget action that stops these instances, and each one's alarms."""
+        if not instance_ids:
+            raise ValueError("Guardrails needs the ids of the instances it guards")
+        name, args, tags = self._name, self._args, self._tags
+        partition, region, account = self._partition, self._region, self._account
+        child = pulumi.ResourceOptions(parent=self)
         role_policy = aws.iam.RolePolicy(
             f"{name}-budget-action",
             role=self.budget_action_role.id,
             policy=pulumi.Output.all(partition, region, account, *instance_ids).apply(
-                lambda args: json.dumps(_stop_instances_policy(*args[:3], args[3:]))
+                lambda values: json.dumps(_stop_instances_policy(*values[:3], values[3:]))
             ),
             opts=child,
         )
@@ -160,7 +195,7 @@ class Guardrails(pulumi.ComponentResource):
             subscribers=[
                 *(
                     aws.budgets.BudgetActionSubscriberArgs(address=email, subscription_type="EMAIL")
-                    for email in config.alert_emails
+                    for email in args.alert_emails
                 ),
                 aws.budgets.BudgetActionSubscriberArgs(
                     address=self.alert_topic.arn, subscription_type="SNS"
@@ -174,19 +209,29 @@ class Guardrails(pulumi.ComponentResource):
         stop_action = pulumi.Output.concat("arn:", partition, ":automate:", region, ":ec2:stop")
         alarm_actions = [stop_action, self.alert_topic.arn]
         self.idle_alarms = [
-            _idle_alarm(f"{name}-idle-{index}", instance_id, config, alarm_actions, tags, child)
+            _idle_alarm(f"{name}-idle-{index}", instance_id, args, alarm_actions, tags, child)
+            for index, instance_id in enumerate(instance_ids)
+        ]
+        # Missing GPU metrics on a running node notify, and never stop it.
+        self.silent_agent_alarms = [
+            _silent_agent_alarm(
+                f"{name}-no-gpu-metrics-{index}",
+                instance_id,
+                args,
+                self.alert_topic.arn,
+                tags,
+                child,
+            )
             for index, instance_id in enumerate(instance_ids)
         ]
         self.runtime_alarms = [
             _runtime_alarm(
-                f"{name}-max-runtime-{index}", instance_id, config, alarm_actions, tags, child
+                f"{name}-max-runtime-{index}", instance_id, args, alarm_actions, tags, child
             )
             for index, instance_id in enumerate(instance_ids)
-            if config.runtime_alarm_window is not None
+            if args.runtime_alarm_window is not None
         ]
 
-        self.budget_name = self.budget.name
-        self.alert_topic_arn = self.alert_topic.arn
         self.register_outputs(
             {
                 "budgetName": self.budget_name,
@@ -194,24 +239,20 @@ class Guardrails(pulumi.ComponentResource):
                 "budgetActionId": self.budget_action.action_id,
                 "idleAlarmNames": [alarm.name for alarm in self.idle_alarms],
                 "runtimeAlarmNames": [alarm.name for alarm in self.runtime_alarms],
-                "onDemandUsdPerHour": self.costs["on_demand_usd_per_hour"],
-                "spotUsdPerHour": self.costs["spot_usd_per_hour"],
-                "hourlyUsd": self.costs["hourly_usd"],
-                "monthlyBudgetUsd": self.costs["monthly_budget_usd"],
-                "runwayHours": self.costs["runway_hours"],
+                "silentAgentAlarmNames": [alarm.name for alarm in self.silent_agent_alarms],
             }
         )
 
 
 def _notification(
-    kind: str, threshold: float, config: GuardrailConfig, topic_arn: pulumi.Output[str]
+    kind: str, threshold: float, args: GuardrailsArgs, topic_arn: pulumi.Output[str]
 ) -> aws.budgets.BudgetNotificationArgs:
     return aws.budgets.BudgetNotificationArgs(
         notification_type=kind,
         comparison_operator="GREATER_THAN",
         threshold=threshold,
         threshold_type="PERCENTAGE",
-        subscriber_email_addresses=list(config.alert_emails) or None,
+        subscriber_email_addresses=list(args.alert_emails) or None,
         subscriber_sns_topic_arns=[topic_arn],
     )
 
@@ -219,17 +260,17 @@ def _notification(
 def _idle_alarm(
     name: str,
     instance_id: pulumi.Input[str],
-    config: GuardrailConfig,
+    args: GuardrailsArgs,
     actions: list[pulumi.Output[str]],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
 ) -> aws.cloudwatch.MetricAlarm:
-    periods = config.idle_evaluation_periods
+    periods = args.idle_evaluation_periods
     return aws.cloudwatch.MetricAlarm(
         name,
         alarm_description=(
-            f"Stops the instance when no GPU rose above {config.idle_gpu_percent:g}% "
-            f"for {config.idle_minutes} minutes"
+            f"Stops the instance when no GPU rose above {args.idle_gpu_percent:g}% "
+            f"for {args.idle_minutes} minutes"
         ),
         namespace=GPU_METRIC_NAMESPACE,
         metric_name=GPU_UTILIZATION_METRIC,
@@ -237,16 +278,83 @@ def _idle_alarm(
         # Maximum over the instance's GPUs: one busy GPU (an evaluation, a single-GPU job)
         # keeps the instance running.
         statistic="Maximum",
-        period=config.idle_period_seconds,
+        period=args.idle_period_seconds,
         evaluation_periods=periods,
         datapoints_to_alarm=periods,
         comparison_operator="LessThanThreshold",
-        threshold=config.idle_gpu_percent,
-        # No data means the agent is not publishing: the node is booting, pulling the image, or
-        # stopped. Stopping it then would cut a boot short for no saving; the budget action and
-        # the runtime alarm (EC2's own metric, no agent needed) still cover a silent agent.
+        threshold=args.idle_gpu_percent,
+        # No data means the agent is not publishing: the node is booting, syncing data, pulling
+        # the image (the boot publishes only while the job runs), or stopped. Stopping it then
+        # would cut a boot short for no saving; the no-GPU-metrics alarm notifies instead, and
+        # the budget action and the runtime alarm (EC2's own metric) still cover the node.
         treat_missing_data="notBreaching",
         alarm_actions=actions,
+        tags=tags,
+        opts=opts,
+    )
+
+
+def _silent_agent_alarm(
+    name: str,
+    instance_id: pulumi.Input[str],
+    args: GuardrailsArgs,
+    topic_arn: pulumi.Output[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.cloudwatch.MetricAlarm:
+    """Notifies (never stops) when a running node has published no GPU metric for as long as
+    the idle alarm looks back: the job has not started (data sync, image not pushed yet) or the
+    agent is down, and the idle alarm cannot see the node.
+
+    "Running" is EC2's own CPUUtilization, which has datapoints exactly while the instance
+    runs; FILL turns the missing GPU series into 0 so that the expression is 1 where the node
+    runs silent, and has no datapoint where it is stopped (CloudWatch User Guide, "Using metric
+    math": IF, FILL, https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/using-metric-math.html).
+    """
+    period, periods = args.idle_period_seconds, args.idle_evaluation_periods
+    return aws.cloudwatch.MetricAlarm(
+        name,
+        alarm_description=(
+            f"The instance has run {args.idle_minutes} minutes without GPU metrics: its job has "
+            "not started (data sync, image not pushed yet) or the CloudWatch agent is down"
+        ),
+        metric_queries=[
+            {
+                "id": "running",
+                "metric": {
+                    "namespace": "AWS/EC2",
+                    "metric_name": "CPUUtilization",
+                    "dimensions": {"InstanceId": instance_id},
+                    "stat": "SampleCount",
+                    "period": period,
+                },
+                "return_data": False,
+            },
+            {
+                "id": "gpu",
+                "metric": {
+                    "namespace": GPU_METRIC_NAMESPACE,
+                    "metric_name": GPU_UTILIZATION_METRIC,
+                    "dimensions": {GPU_METRIC_DIMENSION: instance_id},
+                    "stat": "SampleCount",
+                    "period": period,
+                },
+                "return_data": False,
+            },
+            {
+                "id": "silent",
+                "expression": "IF(running > 0 AND FILL(gpu, 0) == 0, 1, 0)",
+                "label": "running without GPU metrics",
+                "return_data": True,
+            },
+        ],
+        evaluation_periods=periods,
+        datapoints_to_alarm=periods,
+        comparison_operator="GreaterThanOrEqualToThreshold",
+        threshold=1,
+        # A stopped node has no datapoint at all: not a problem.
+        treat_missing_data="notBreaching",
+        alarm_actions=[topic_arn],
         tags=tags,
         opts=opts,
     )
@@ -255,7 +363,7 @@ def _idle_alarm(
 def _runtime_alarm(
     name: str,
     instance_id: pulumi.Input[str],
-    config: GuardrailConfig,
+    args: GuardrailsArgs,
     actions: list[pulumi.Output[str]],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
@@ -267,10 +375,10 @@ def _runtime_alarm(
     run the whole window. No agent, no extra role and no clock at deploy time: a restarted
     instance gets a fresh window, where a one-shot schedule fixed at `pulumi up` would not.
     """
-    period, periods = config.runtime_alarm_window
+    period, periods = args.runtime_alarm_window
     return aws.cloudwatch.MetricAlarm(
         name,
-        alarm_description=f"Stops the instance after {config.max_runtime_hours:g} hours of running",
+        alarm_description=f"Stops the instance after {args.max_runtime_hours:g} hours of running",
         namespace="AWS/EC2",
         metric_name="CPUUtilization",
         dimensions={"InstanceId": instance_id},

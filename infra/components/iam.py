@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -99,6 +100,14 @@ def _prefix_pattern(prefix: str) -> str:
     return f"{prefix}/*" if prefix else "*"
 
 
+@dataclass(frozen=True)
+class InstanceRoleArgs:
+    bucket_arn: pulumi.Input[str]
+    repository_arn: pulumi.Input[str]
+    log_group_arn: pulumi.Input[str]
+    data: S3Uri | None  # training data the nodes may read
+
+
 class InstanceRole(pulumi.ComponentResource):
     """IAM role + instance profile for the training nodes."""
 
@@ -108,11 +117,7 @@ class InstanceRole(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        bucket_arn: pulumi.Input[str],
-        repository_arn: pulumi.Input[str],
-        log_group_arn: pulumi.Input[str],
-        data: S3Uri | None,
+        args: InstanceRoleArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpu:infra:InstanceRole", name, None, opts)
@@ -137,9 +142,9 @@ class InstanceRole(pulumi.ComponentResource):
         aws.iam.RolePolicy(
             f"{name}-node",
             role=role.id,
-            policy=pulumi.Output.all(bucket_arn, repository_arn, log_group_arn).apply(
-                lambda arns: json.dumps(instance_policy(*arns, data=data))
-            ),
+            policy=pulumi.Output.all(
+                args.bucket_arn, args.repository_arn, args.log_group_arn
+            ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
             opts=child,
         )
         aws.iam.RolePolicyAttachment(

@@ -11,15 +11,26 @@ between the stack's own nodes (EFA and NCCL need it).
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
 
-from infra.errors import ConfigError
+from infra.components.zone import KeptZone
+from infra.knowledge.layout import choose_zone
 
 VPC_CIDR = "10.42.0.0/16"
 # /20: 4091 usable addresses; a p5 node with EFA interfaces on every card may use 32.
 SUBNET_CIDR = "10.42.0.0/20"
+
+
+@dataclass(frozen=True)
+class NetworkArgs:
+    instance_type: str  # the zone chosen must offer it
+    availability_zone: str | None  # None: the first zone (by name) that offers the type
+    use_default_vpc: bool
+    multi_node: bool  # the nodes' security group lets them reach each other
+    ssh_cidr: ipaddress.IPv4Network | None
 
 
 class Network(pulumi.ComponentResource):
@@ -28,39 +39,46 @@ class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     subnet_id: pulumi.Output[str]
     security_group_id: pulumi.Output[str]
-    availability_zone: str
+    availability_zone: pulumi.Output[str]
 
     def __init__(
         self,
         name: str,
-        *,
-        instance_type: str,
-        availability_zone: str | None,
-        use_default_vpc: bool,
-        multi_node: bool,
-        ssh_cidr: ipaddress.IPv4Network | None,
+        args: NetworkArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpu:infra:Network", name, None, opts)
         invoke = pulumi.InvokeOptions(parent=self)
-        self.availability_zone = _pick_zone(instance_type, availability_zone, invoke)
+        chosen = choose_zone(
+            args.instance_type, args.availability_zone, _offering_zones(args.instance_type, invoke)
+        )
         child = pulumi.ResourceOptions(parent=self)
+        # Chosen once, kept: a changed offering list must not move (replace) the stack.
+        kept = KeptZone(
+            f"{name}-zone",
+            zone=chosen,
+            configured=args.availability_zone is not None,
+            opts=child,
+        )
+        self.availability_zone = kept.zone
+        # Earlier versions named the subnet after this run's choice; the alias keeps it.
+        self._named_zone = chosen
 
-        if use_default_vpc:
+        if args.use_default_vpc:
             vpc = aws.ec2.get_vpc(default=True, opts=invoke)
-            subnet = aws.ec2.get_subnet(
+            subnet = aws.ec2.get_subnet_output(
                 vpc_id=vpc.id,
                 availability_zone=self.availability_zone,
                 default_for_az=True,
-                opts=invoke,
+                opts=pulumi.InvokeOutputOptions(parent=self),
             )
             self.vpc_id = pulumi.Output.from_input(vpc.id)
-            self.subnet_id = pulumi.Output.from_input(subnet.id)
+            self.subnet_id = subnet.id
         else:
             self._create_vpc(name, child)
 
         ingress = []
-        if multi_node:
+        if args.multi_node:
             # EFA and NCCL: every port, every protocol, but only between the nodes.
             ingress.append(
                 {
@@ -71,13 +89,13 @@ class Network(pulumi.ComponentResource):
                     "description": "all traffic between the stack's nodes (EFA, NCCL)",
                 }
             )
-        if ssh_cidr is not None:
+        if args.ssh_cidr is not None:
             ingress.append(
                 {
                     "protocol": "tcp",
                     "from_port": 22,
                     "to_port": 22,
-                    "cidr_blocks": [str(ssh_cidr)],
+                    "cidr_blocks": [str(args.ssh_cidr)],
                     "description": "SSH from gpu:sshCidr",
                 }
             )
@@ -117,13 +135,17 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         gateway = aws.ec2.InternetGateway(f"{name}-igw", vpc_id=vpc.id, opts=child)
+        # The zone is no part of a name: a name is the resource's identity.
+        renamed = pulumi.ResourceOptions(
+            parent=self, aliases=[pulumi.Alias(name=f"{name}-public-{self._named_zone}")]
+        )
         subnet = aws.ec2.Subnet(
-            f"{name}-public-{self.availability_zone}",
+            f"{name}-public",
             vpc_id=vpc.id,
             cidr_block=SUBNET_CIDR,
             availability_zone=self.availability_zone,
-            tags={"Name": f"{name}-public-{self.availability_zone}"},
-            opts=child,
+            tags={"Name": f"{name}-public"},
+            opts=renamed,
         )
         routes = aws.ec2.RouteTable(
             f"{name}-public",
@@ -132,10 +154,10 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         aws.ec2.RouteTableAssociation(
-            f"{name}-public-{self.availability_zone}",
+            f"{name}-public",
             subnet_id=subnet.id,
             route_table_id=routes.id,
-            opts=child,
+            opts=renamed,
         )
         region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self))
         # Checkpoints and ECR image layers (served from S3) stay off the internet gateway.
@@ -151,30 +173,10 @@ class Network(pulumi.ComponentResource):
         self.subnet_id = subnet.id
 
 
-def _pick_zone(instance_type: str, requested: str | None, invoke: pulumi.InvokeOptions) -> str:
-    """The configured zone if it offers the instance type, else the first zone that does.
-
-    GPU types are offered in only some zones of a region; a launch in another zone
-    fails late with "Unsupported". Multi-node stacks need one zone anyway (cluster
-    placement group).
-    """
-    offered = sorted(
-        aws.ec2.get_instance_type_offerings(
-            location_type="availability-zone",
-            filters=[{"name": "instance-type", "values": [instance_type]}],
-            opts=invoke,
-        ).locations
-    )
-    if not offered:
-        raise ConfigError(
-            f"{instance_type} is not offered in any availability zone of this region; "
-            "pick another region (aws:region) or instance type (gpu:instanceType)"
-        )
-    if requested is None:
-        return offered[0]
-    if requested not in offered:
-        raise ConfigError(
-            f"gpu:availabilityZone: {requested!r} does not offer {instance_type}; "
-            f"use one of {', '.join(offered)} or leave it unset"
-        )
-    return requested
+def _offering_zones(instance_type: str, invoke: pulumi.InvokeOptions) -> list[str]:
+    """The zones of the region that offer `instance_type` (EC2 DescribeInstanceTypeOfferings)."""
+    return aws.ec2.get_instance_type_offerings(
+        location_type="availability-zone",
+        filters=[{"name": "instance-type", "values": [instance_type]}],
+        opts=invoke,
+    ).locations

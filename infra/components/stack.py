@@ -10,12 +10,16 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.compute import Compute, interface_layout
-from infra.components.guardrails import Guardrails
-from infra.components.iam import InstanceRole
-from infra.components.network import Network
-from infra.components.storage import Storage
+from infra.components.compute import Compute, ComputeArgs
+from infra.components.guardrails import Guardrails, GuardrailsArgs
+from infra.components.iam import InstanceRole, InstanceRoleArgs
+from infra.components.network import Network, NetworkArgs
+from infra.components.spend_guard import SpendGuard, SpendGuardArgs
+from infra.components.stack_config import namespace_config, provider_settings
+from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
+from infra.knowledge.costs import cost_summary, price_model
+from infra.knowledge.layout import interface_layout
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 
@@ -39,9 +43,12 @@ class TrainingStack(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:TrainingStack", name, None, opts)
         tag_key, tag_value = cost_tag()
+        # The stack file's aws: settings (profile, region, assumeRoles...): an explicit
+        # provider reads none of them by itself.
+        aws_settings = provider_settings(namespace_config("aws"))
         provider = aws.Provider(
             f"{name}-aws",
-            region=pulumi.Config("aws").get("region"),
+            **aws_settings,
             default_tags={"tags": {tag_key: tag_value}},
             opts=pulumi.ResourceOptions(parent=self),
         )
@@ -50,20 +57,47 @@ class TrainingStack(pulumi.ComponentResource):
 
         network = Network(
             name,
-            instance_type=plan.instance.type,
-            availability_zone=config.availability_zone,
-            use_default_vpc=config.use_default_vpc,
-            multi_node=multi_node,
-            ssh_cidr=config.ssh_cidr,
+            NetworkArgs(
+                instance_type=plan.instance.type,
+                availability_zone=config.availability_zone,
+                use_default_vpc=config.use_default_vpc,
+                multi_node=multi_node,
+                ssh_cidr=config.ssh_cidr,
+            ),
             opts=child,
         )
-        storage = Storage(name, log_retention_days=config.log_retention_days, opts=child)
+        storage = Storage(
+            name,
+            StorageArgs(
+                log_retention_days=config.log_retention_days,
+                delete_data_on_destroy=config.delete_data_on_destroy,
+            ),
+            opts=child,
+        )
         role = InstanceRole(
             name,
-            bucket_arn=storage.bucket_arn,
-            repository_arn=storage.repository_arn,
-            log_group_arn=storage.log_group_arn,
-            data=config.data_s3_uri,
+            InstanceRoleArgs(
+                bucket_arn=storage.bucket_arn,
+                repository_arn=storage.repository_arn,
+                log_group_arn=storage.log_group_arn,
+                data=config.data_s3_uri,
+            ),
+            opts=child,
+        )
+        # The budget, its alert topic and subscriptions exist before any node starts.
+        guardrails = Guardrails(
+            name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
+        )
+        # Finds the instances by their tag, so it counts them from their launch whenever it
+        # starts; it needs the guardrails' alert topic. The nodes wait for it too.
+        spend_guard = SpendGuard(
+            name,
+            SpendGuardArgs(
+                plan=plan,
+                guardrails=config.guardrails,
+                cost_tag=(tag_key, tag_value),
+                alert_topic_arn=guardrails.alert_topic_arn,
+            ),
             opts=child,
         )
         image_tag = config.image_tag or plan.image_tag
@@ -71,7 +105,8 @@ class TrainingStack(pulumi.ComponentResource):
         region = aws.get_region_output(
             opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
         )
-        efa = any(i.interface_type for i in interface_layout(plan))
+        interfaces = interface_layout(plan)
+        efa = any(i.interface_type for i in interfaces)
 
         def user_data(rank: int, master_addr: pulumi.Input[str]) -> pulumi.Output[str]:
             known_at_deploy = pulumi.Output.all(
@@ -98,30 +133,42 @@ class TrainingStack(pulumi.ComponentResource):
 
         compute = Compute(
             name,
-            plan=plan,
-            spot=config.spot,
-            root_volume_gib=config.root_volume_gib,
-            availability_zone=network.availability_zone,
-            subnet_id=network.subnet_id,
-            security_group_id=network.security_group_id,
-            instance_profile_arn=role.instance_profile_arn,
-            user_data=user_data,
+            ComputeArgs(
+                instance_type=plan.instance.type,
+                image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
+                root_device_name=plan.ami.root_device_name,
+                description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
+                interfaces=interfaces,
+                nodes=plan.nodes,
+                spot=config.spot,
+                root_volume_gib=config.root_volume_gib,
+                availability_zone=network.availability_zone,
+                subnet_id=network.subnet_id,
+                security_group_id=network.security_group_id,
+                instance_profile_arn=role.instance_profile_arn,
+                user_data=user_data,
+                wait_for=[*guardrails.ready, spend_guard],
+                region=region.region,
+                aws_profile=aws_settings.get("profile"),
+                capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
+                capacity_block=config.capacity_block_id is not None,
+                cost_tags={tag_key: tag_value},
+            ),
             opts=child,
         )
-        guardrails = Guardrails(
-            name,
-            config.guardrails,
-            instance_ids=compute.instance_ids,
-            plan=plan,
-            cost_tag=(tag_key, tag_value),
-            spot=config.spot,
-            opts=child,
-        )
+        guardrails.watch(compute.instance_ids)
+        costs = cost_summary(plan, config.guardrails, spot=config.spot)
 
         self.outputs = {
             "instance_type": plan.instance.type,
             "nodes": plan.nodes,
-            "market": "spot" if config.spot else "on-demand",
+            "market": config.market,
+            "price_model": price_model(
+                plan,
+                spot=config.spot,
+                capacity_reservation_id=config.capacity_reservation_id,
+                capacity_block_id=config.capacity_block_id,
+            ),
             "availability_zone": network.availability_zone,
             "instance_ids": compute.instance_ids,
             "private_ips": compute.private_ips,
@@ -133,15 +180,25 @@ class TrainingStack(pulumi.ComponentResource):
             "checkpoint_bucket": storage.bucket_name,
             "checkpoint_uri": storage.checkpoint_uri,
             "log_group": storage.log_group_name,
+            # What `pulumi destroy` leaves in the account (docs/costs.md).
+            "kept_on_destroy": (
+                []
+                if config.delete_data_on_destroy
+                else [
+                    pulumi.Output.concat("s3://", storage.bucket_name),
+                    storage.repository_url,
+                ]
+            ),
             # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
             # in the one it uses, the budget per month, and the hours of full load it buys.
-            "on_demand_usd_per_hour": guardrails.costs["on_demand_usd_per_hour"],
-            "spot_usd_per_hour": guardrails.costs["spot_usd_per_hour"],
-            "hourly_cost_usd": guardrails.costs["hourly_usd"],
-            "monthly_budget_usd": guardrails.costs["monthly_budget_usd"],
-            "runway_hours": guardrails.costs["runway_hours"],
+            "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
+            "spot_usd_per_hour": costs["spot_usd_per_hour"],
+            "hourly_cost_usd": costs["hourly_usd"],
+            "monthly_budget_usd": costs["monthly_budget_usd"],
+            "runway_hours": costs["runway_hours"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
+            "spend_ledger_table": spend_guard.ledger_table_name,
             "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         if config.spot:

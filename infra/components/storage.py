@@ -10,12 +10,40 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_aws as aws
 
 CHECKPOINT_PREFIX = "checkpoints"
 NONCURRENT_VERSION_DAYS = 7
 ABORT_MULTIPART_DAYS = 2
+
+
+@dataclass(frozen=True)
+class StorageArgs:
+    log_retention_days: int
+    # True: destroy deletes the bucket's objects (every version) and the repository's images.
+    # False: destroy leaves bucket and repository, with their settings, in the account.
+    delete_data_on_destroy: bool = False
+
+
+def tls_only_policy(bucket_arn: str) -> dict:
+    """Deny any access to the bucket and its objects over plain HTTP."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "DenyInsecureTransport",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "s3:*",
+                "Resource": [bucket_arn, f"{bucket_arn}/*"],
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            }
+        ],
+    }
 
 
 class Storage(pulumi.ComponentResource):
@@ -32,14 +60,19 @@ class Storage(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        *,
-        log_retention_days: int,
+        args: StorageArgs,
         opts: pulumi.ResourceOptions | None = None,
     ) -> None:
         super().__init__("gpu:infra:Storage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        # S3 deletes only an empty bucket (a versioned one: no object versions left) and ECR
+        # only an empty repository (S3 User Guide, "Deleting a bucket"; ECR DeleteRepository:
+        # RepositoryNotEmptyException). Either they are emptied on destroy (force_destroy,
+        # force_delete) or destroy leaves them, with every setting, for the user to keep.
+        delete_data = args.delete_data_on_destroy
+        data = pulumi.ResourceOptions(parent=self, retain_on_delete=not delete_data)
 
-        bucket = aws.s3.Bucket(f"{name}-checkpoints", opts=child)
+        bucket = aws.s3.Bucket(f"{name}-checkpoints", force_destroy=delete_data, opts=data)
         aws.s3.BucketPublicAccessBlock(
             f"{name}-checkpoints",
             bucket=bucket.id,
@@ -47,19 +80,19 @@ class Storage(pulumi.ComponentResource):
             block_public_policy=True,
             ignore_public_acls=True,
             restrict_public_buckets=True,
-            opts=child,
+            opts=data,
         )
         aws.s3.BucketServerSideEncryptionConfiguration(
             f"{name}-checkpoints",
             bucket=bucket.id,
             rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
-            opts=child,
+            opts=data,
         )
         versioning = aws.s3.BucketVersioning(
             f"{name}-checkpoints",
             bucket=bucket.id,
             versioning_configuration={"status": "Enabled"},
-            opts=child,
+            opts=data,
         )
         aws.s3.BucketLifecycleConfiguration(
             f"{name}-checkpoints",
@@ -76,7 +109,18 @@ class Storage(pulumi.ComponentResource):
                 }
             ],
             # S3 wants versioning configured before a noncurrent-version rule.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[versioning]),
+            opts=pulumi.ResourceOptions.merge(
+                data, pulumi.ResourceOptions(depends_on=[versioning])
+            ),
+        )
+        # TLS only: deny every request that does not use HTTPS (S3 User Guide, "Security best
+        # practices for Amazon S3": aws:SecureTransport,
+        # https://docs.aws.amazon.com/AmazonS3/latest/userguide/security-best-practices.html).
+        aws.s3.BucketPolicy(
+            f"{name}-checkpoints",
+            bucket=bucket.id,
+            policy=bucket.arn.apply(lambda arn: json.dumps(tls_only_policy(arn))),
+            opts=data,
         )
 
         repository = aws.ecr.Repository(
@@ -84,13 +128,14 @@ class Storage(pulumi.ComponentResource):
             image_tag_mutability="IMMUTABLE",
             image_scanning_configuration={"scan_on_push": True},
             encryption_configurations=[{"encryption_type": "AES256"}],
-            opts=child,
+            force_delete=delete_data,
+            opts=data,
         )
 
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-training",
             name=f"/gpu-training/{name}",
-            retention_in_days=log_retention_days,
+            retention_in_days=args.log_retention_days,
             opts=child,
         )
 

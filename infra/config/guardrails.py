@@ -97,17 +97,56 @@ class GuardrailConfig(pydantic.BaseModel):
         validate_by_alias=True,
     )
 
-    budget_usd: float = Field(default=100.0, gt=0, allow_inf_nan=False)
-    budget_period: Annotated[Literal["MONTHLY", "DAILY"], BeforeValidator(_upper)] = "MONTHLY"
-    alert_emails: Annotated[tuple[str, ...], ConfigList] = ()
-    actual_thresholds_percent: Annotated[tuple[float, ...], ConfigList] = (50.0, 80.0, 100.0)
-    forecast_thresholds_percent: Annotated[tuple[float, ...], ConfigList] = (100.0,)
-    idle_gpu_percent: float = Field(default=5.0, gt=0, lt=100)
-    idle_minutes: int = 30
-    max_runtime_hours: Annotated[float | None, BeforeValidator(_none_if_blank)] = None
-    allow_budget_below_one_hour: Annotated[bool, BeforeValidator(_strict_bool)] = False
-    allow_no_alerts: Annotated[bool, BeforeValidator(_strict_bool)] = False
-    allowed_instance_types: Annotated[tuple[str, ...] | None, ConfigList] = None
+    budget_usd: float = Field(
+        default=100.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="a positive amount of US dollars per budget period, e.g. 200",
+    )
+    budget_period: Annotated[Literal["MONTHLY", "DAILY"], BeforeValidator(_upper)] = Field(
+        default="MONTHLY", description="MONTHLY or DAILY"
+    )
+    alert_emails: Annotated[tuple[str, ...], ConfigList] = Field(
+        default=(),
+        description=f'a list of up to {MAX_ALERT_EMAILS} email addresses, e.g. ["you@example.com"]',
+        json_schema_extra={"default_text": "none: required unless `gpu:allowNoAlerts`"},
+    )
+    actual_thresholds_percent: Annotated[tuple[float, ...], ConfigList] = Field(
+        default=(50.0, 80.0, 100.0),
+        description="percentages of the budget, above 0 and up to 100, e.g. [50, 80]",
+    )
+    forecast_thresholds_percent: Annotated[tuple[float, ...], ConfigList] = Field(
+        default=(100.0,),
+        description="percentages of the budget, above 0 and up to 100, e.g. [100]",
+        json_schema_extra={"default_text": "`[100]`, none for a DAILY budget"},
+    )
+    idle_gpu_percent: float = Field(
+        default=5.0, gt=0, lt=100, description="a percentage above 0 and below 100, e.g. 5"
+    )
+    idle_minutes: int = Field(
+        default=30,
+        description=f"a multiple of {IDLE_PERIOD_SECONDS // 60} from {IDLE_PERIOD_SECONDS // 60} "
+        f"to {MAX_IDLE_MINUTES}, e.g. 30",
+    )
+    max_runtime_hours: Annotated[float | None, BeforeValidator(_none_if_blank)] = Field(
+        default=None,
+        description=(
+            f"hours up to {MAX_RUNTIME_HOURS}: steps of {RUNTIME_SHORT_PERIOD_SECONDS // 60} "
+            f"minutes up to {MAX_RUNTIME_HOURS_SHORT_PERIODS} h (e.g. 8 or 0.25), whole hours "
+            "beyond (e.g. 72)"
+        ),
+    )
+    allow_budget_below_one_hour: Annotated[bool, BeforeValidator(_strict_bool)] = Field(
+        default=False, description="true or false"
+    )
+    allow_no_alerts: Annotated[bool, BeforeValidator(_strict_bool)] = Field(
+        default=False, description="true or false"
+    )
+    allowed_instance_types: Annotated[tuple[str, ...] | None, ConfigList] = Field(
+        default=None,
+        description='a list of EC2 instance types, e.g. ["p4d.24xlarge"]',
+        json_schema_extra={"default_text": "any"},
+    )
 
     @field_validator("alert_emails")
     @classmethod
@@ -298,19 +337,5 @@ def _runtime_period(hours: float) -> int:
 
 GUARDRAIL_KEYS: frozenset[str] = GuardrailConfig.config_keys()
 
-_HINTS = {
-    "budgetUsd": "a positive amount of US dollars per budget period, e.g. 200",
-    "budgetPeriod": "MONTHLY or DAILY",
-    "alertEmails": 'a list of up to 10 email addresses, e.g. ["you@example.com"]',
-    "actualThresholdsPercent": "percentages of the budget, above 0 and up to 100, e.g. [50, 80]",
-    "forecastThresholdsPercent": "percentages of the budget, above 0 and up to 100, e.g. [100]",
-    "idleGpuPercent": "a percentage above 0 and below 100, e.g. 5",
-    "idleMinutes": f"a multiple of 5 from 5 to {MAX_IDLE_MINUTES}, e.g. 30",
-    "maxRuntimeHours": (
-        f"hours up to {MAX_RUNTIME_HOURS}: steps of 5 minutes up to "
-        f"{MAX_RUNTIME_HOURS_SHORT_PERIODS} h (e.g. 8 or 0.25), whole hours beyond (e.g. 72)"
-    ),
-    "allowBudgetBelowOneHour": "true or false",
-    "allowNoAlerts": "true or false",
-    "allowedInstanceTypes": 'a list of EC2 instance types, e.g. ["p4d.24xlarge"]',
-}
+# What would work, per key, for the error sentence: each field's description.
+_HINTS = {field.alias: field.description for field in GuardrailConfig.model_fields.values()}

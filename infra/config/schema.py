@@ -9,19 +9,27 @@ ConfigError with one sentence naming the key, the value and what would work.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import pulumi
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
@@ -39,6 +47,7 @@ LOG_RETENTION_DAYS = (
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
 # Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
 
@@ -59,22 +68,117 @@ class StackConfig(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    profile: str = "a100x8"
-    instance_type: str | None = Field(None, alias="instanceType")
-    image_variant: str | None = Field(None, alias="imageVariant")
-    nodes: int | None = Field(None, ge=1)
-    spot: bool = False
-    image_tag: str | None = Field(None, alias="imageTag")
-    train_config: Path | None = Field(None, alias="trainConfig")
-    data_s3_uri: S3Uri | None = Field(None, alias="dataS3Uri")
-    ssh_cidr: ipaddress.IPv4Network | None = Field(None, alias="sshCidr")
-    root_volume_gib: int = Field(500, alias="rootVolumeGiB", ge=100, le=16384)
-    log_retention_days: int = Field(30, alias="logRetentionDays")
-    availability_zone: str | None = Field(None, alias="availabilityZone")
-    use_default_vpc: bool = Field(False, alias="useDefaultVpc")
+    profile: str = Field(
+        "a100x8",
+        description="named workload from infra/knowledge/data/profiles.toml: instance type, "
+        "image variant, nodes",
+    )
+    instance_type: str | None = Field(
+        None,
+        alias="instanceType",
+        description="another catalog instance type (infra/knowledge/data/instances.toml); the "
+        "image variant is then chosen again for it unless `gpu:imageVariant` is set",
+        json_schema_extra={"default_text": "the profile's"},
+    )
+    image_variant: str | None = Field(
+        None,
+        alias="imageVariant",
+        description="image variant from images/matrix.toml (`cu126`, `cu128`, `cu130`, ... or "
+        "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
+        json_schema_extra={"default_text": "the profile's (`auto`)"},
+    )
+    nodes: int | None = Field(
+        None,
+        ge=1,
+        description="number of instances; more than 1 adds EFA (where the type has it), a "
+        "cluster placement group and the rendezvous wiring. Without EFA the plan warns that "
+        "NCCL falls back to TCP",
+        json_schema_extra={"default_text": "the profile's (1)"},
+    )
+    spot: bool = Field(
+        False,
+        description="`true`: spot instances (persistent request, stop on interruption); "
+        "`false`: on-demand. Only `true` or `false`",
+    )
+    image_tag: str | None = Field(
+        None,
+        alias="imageTag",
+        description="tag of the training image in the stack's ECR repository",
+        json_schema_extra={
+            "default_text": "the variant's release tag, e.g. `0.1.0-torch2.13.0-cu130-py3.12`"
+        },
+    )
+    train_config: Path | None = Field(
+        None,
+        alias="trainConfig",
+        description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
+        "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
+        "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
+        "against the stack's GPUs (see below). Unset: the image's default job",
+    )
+    data_s3_uri: S3Uri | None = Field(
+        None,
+        alias="dataS3Uri",
+        description="`s3://bucket/prefix` synced into `/scratch/data` on every boot; the "
+        "container gets `TRAIN_DATA_PATH`; the role may read that prefix only",
+    )
+    ssh_cidr: ipaddress.IPv4Network | None = Field(
+        None,
+        alias="sshCidr",
+        description="an IPv4 CIDR allowed to reach port 22; `0.0.0.0/0` is refused. Use SSM "
+        "instead when you can",
+        json_schema_extra={"default_text": "unset (no SSH)"},
+    )
+    root_volume_gib: int = Field(
+        500,
+        alias="rootVolumeGiB",
+        ge=100,
+        le=16384,
+        description="encrypted gp3 root volume (100-16384 GiB): the image, checkpoints and run "
+        "output live there",
+    )
+    log_retention_days: int = Field(
+        30,
+        alias="logRetentionDays",
+        description="retention of the stack's CloudWatch Logs group (a CloudWatch value: 1, 3, "
+        "5, 7, 14, 30, 60, 90, ...)",
+    )
+    availability_zone: str | None = Field(
+        None,
+        alias="availabilityZone",
+        description="zone for every node; refused when it does not offer the instance type",
+        json_schema_extra={"default_text": "the first zone that offers the type"},
+    )
+    use_default_vpc: bool = Field(
+        False,
+        alias="useDefaultVpc",
+        description="`true`: use the account's default VPC and its default subnet in the zone "
+        "instead of creating a VPC",
+    )
+    capacity_reservation_id: str | None = Field(
+        None,
+        alias="capacityReservationId",
+        description="an On-Demand Capacity Reservation (`cr-...`) the nodes launch into: "
+        "capacity held for you, billed at the on-demand rate from its start until cancelled, "
+        "used or not. Not with `gpu:spot`",
+    )
+    capacity_block_id: str | None = Field(
+        None,
+        alias="capacityBlockId",
+        description="the reservation id (`cr-...`) of an EC2 Capacity Block for ML the nodes "
+        "launch into (market type `capacity-block`): GPU time bought up front for fixed dates. "
+        "Not with `gpu:spot` or `gpu:capacityReservationId`",
+    )
+    delete_data_on_destroy: bool = Field(
+        False,
+        alias="deleteDataOnDestroy",
+        description="`true`: `pulumi destroy` also deletes the checkpoint bucket with every "
+        "object version and the image repository with its images; `false`: destroy keeps them, "
+        "as they are, and lists them (docs/costs.md)",
+    )
     guardrails: GuardrailConfig
 
-    @field_validator("spot", "use_default_vpc", mode="before")
+    @field_validator("spot", "use_default_vpc", "delete_data_on_destroy", mode="before")
     @classmethod
     def _strict_bool(cls, value: Any) -> bool:
         if isinstance(value, bool):
@@ -136,6 +240,31 @@ class StackConfig(BaseModel):
             raise ValueError("must be an availability zone name such as us-east-1a")
         return value
 
+    @field_validator("capacity_reservation_id", "capacity_block_id")
+    @classmethod
+    def _reservation_id(cls, value: str | None) -> str | None:
+        if value is not None and not _RESERVATION_ID.match(value):
+            raise ValueError("must be a capacity reservation id such as cr-0123456789abcdef0")
+        return value
+
+    @model_validator(mode="after")
+    def _one_way_to_buy(self) -> StackConfig:
+        chosen = [
+            key
+            for key, on in (
+                ("gpu:spot", self.spot),
+                ("gpu:capacityReservationId", self.capacity_reservation_id is not None),
+                ("gpu:capacityBlockId", self.capacity_block_id is not None),
+            )
+            if on
+        ]
+        if len(chosen) > 1:
+            raise ValueError(
+                f"{' and '.join(chosen)} are both set, but a node is bought one way only: "
+                "spot, in a capacity reservation, or in a capacity block; keep one"
+            )
+        return self
+
     @field_validator("train_config")
     @classmethod
     def _train_config(cls, path: Path | None) -> Path | None:
@@ -159,13 +288,26 @@ class StackConfig(BaseModel):
         return path
 
     @property
+    def market(self) -> str:
+        """How the nodes are bought: "spot", "capacity-block" or "on-demand" (which includes
+        an On-Demand Capacity Reservation: its instances count against the on-demand quota)."""
+        if self.spot:
+            return "spot"
+        return "capacity-block" if self.capacity_block_id is not None else "on-demand"
+
+    @property
     def train_config_text(self) -> str | None:
         return self.train_config.read_text() if self.train_config is not None else None
 
-    def resolve_plan(self) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved."""
+    def resolve_plan(self, region: str) -> Plan:
+        """The profile, with any instanceType / imageVariant / nodes override, resolved and
+        priced for the stack's `region` (stack_region)."""
         try:
-            profile_plan = resolve_profile(self.profile)
+            load_catalog().prices.region(region)
+        except ConfigError as exc:
+            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+        try:
+            profile_plan = resolve_profile(self.profile, region=region)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
         overrides = {
@@ -188,7 +330,7 @@ class StackConfig(BaseModel):
             variant = AUTO  # the profile's variant was chosen for another instance type
         nodes = self.nodes if self.nodes is not None else profile_plan.nodes
         try:
-            return resolve(instance_type, variant, nodes)
+            return resolve(instance_type, variant, nodes, region=region)
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
@@ -227,6 +369,19 @@ class StackConfig(BaseModel):
             ) from None
 
 
+def stack_region(aws_region: str | None, environ: Mapping[str, str] = os.environ) -> str:
+    """The region the stack deploys to, found as the AWS provider finds it: `aws:region`, else
+    AWS_REGION, else AWS_DEFAULT_REGION (Pulumi AWS provider, "Installation & Configuration",
+    pulumi.com/registry/packages/aws/installation-configuration/)."""
+    for region in (aws_region, environ.get("AWS_REGION"), environ.get("AWS_DEFAULT_REGION")):
+        if region:
+            return region
+    raise ConfigError(
+        "aws:region is not set, so the stack's prices and region are unknown; set it with "
+        "pulumi config set aws:region us-east-1 (or another region with prices)"
+    )
+
+
 def own_keys() -> tuple[str, ...]:
     """The config keys StackConfig reads itself (the guardrail keys are GuardrailConfig's)."""
     return tuple(
@@ -254,17 +409,3 @@ def load_stack_config(raw: Mapping[str, Any]) -> StackConfig:
         return StackConfig.model_validate({**mine, "guardrails": guardrails})
     except ValidationError as exc:
         raise ConfigError(describe(exc, name=lambda key: f"gpu:{key}", raw=mine)) from None
-
-
-def config_from_pulumi(config: pulumi.Config) -> dict[str, Any]:
-    """Every key set in the stack's config for `config`'s namespace, without the prefix.
-
-    pulumi.Config only answers for keys one asks about; to refuse unknown keys we
-    read the whole map the language host passes in (PULUMI_CONFIG), plus any key
-    set in-process (pulumi.runtime.set_config, used by the tests and the offline plan).
-    """
-    settings = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
-    prefix = f"{config.name}:"
-    return {
-        key.removeprefix(prefix): value for key, value in settings.items() if key.startswith(prefix)
-    }

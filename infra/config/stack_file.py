@@ -1,6 +1,6 @@
 """A stack file, Pulumi.<stack>.yaml: its config as the Pulumi CLI hands it to the program.
 
-The offline run (infra.dryrun.run) and `python -m infra plan` read the same files the
+The offline run (infra.dryrun.runner) and `python -m infra plan` read the same files the
 Pulumi CLI does, and check them with the program's own StackConfig.
 """
 
@@ -41,6 +41,12 @@ def config_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value)
+
+
+def stack_file_region(path: Path) -> str | None:
+    """The file's `aws:region`, if it sets one."""
+    region = stack_file_config(path).get("aws:region")
+    return None if region is None else str(region)
 
 
 def load_stack_file(path: Path) -> StackConfig:

@@ -1,7 +1,7 @@
 """The instance and AMI catalog: infra/knowledge/data/*.toml loaded into checked, frozen records.
 
-Facts and prices live in the TOML files next to this module (with dates and
-sources); this module only reads and checks them.
+Facts live in the TOML files next to this module (with dates and sources), prices per region
+in prices.toml (infra/knowledge/prices.py); this module only reads and checks them.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictBool, StrictFloat, StrictInt, field_validator
+from pydantic import Field, StrictInt, field_validator
 from pydantic.dataclasses import dataclass
 
 from common.records import (
@@ -25,6 +25,7 @@ from common.records import (
 from common.versions import dotted_version, version_key
 from images.matrix import check_capability
 from infra.errors import ConfigError
+from infra.knowledge.prices import PRICES_FILE, PriceTable, load_prices
 
 CATALOG_DIR = Path(__file__).parent / "data"
 _ROOT_DEVICE_NAME = re.compile(r"/dev/(sd[a-z][0-9]*|xvd[a-z])")
@@ -33,13 +34,11 @@ _ROOT_DEVICE_NAME = re.compile(r"/dev/(sd[a-z][0-9]*|xvd[a-z])")
 @dataclass(frozen=True, config=RECORD_CONFIG)
 class InstanceSources:
     hardware: str
-    on_demand: str
-    spot: str
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
 class Instance:
-    """One EC2 GPU instance type (prices per instance, us-east-1)."""
+    """One EC2 GPU instance type (its prices per region are in prices.toml)."""
 
     type: str
     gpu_model: str
@@ -53,11 +52,6 @@ class Instance:
     network_cards: Annotated[StrictInt, Field(ge=1)]
     instance_store_nvme: Annotated[StrictInt, Field(ge=0)]  # drives
     instance_store_gb: Annotated[StrictInt, Field(ge=0)]  # all drives together
-    on_demand_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
-    spot_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
-    on_demand_upper_bound: StrictBool  # figure predates the June 2025 P-family price cut
-    spot_estimated: StrictBool  # no observed spot price: 30% of on-demand
-    prices_checked: datetime.date
     sources: InstanceSources
     # The kind of EFA interface on network cards 1..n in a multi-node layout; the primary
     # (card 0) is always "efa", since an EFA-only interface carries no IP traffic.
@@ -80,6 +74,7 @@ class AmiSources:
     compute_capabilities: str
     end_of_life: str
     root_device_name: str
+    no_longer_supports: str | None = None
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -100,6 +95,9 @@ class AmiFamily:
     end_of_life: datetime.date
     checked: datetime.date
     sources: AmiSources
+    # Instance families (e.g. "p3") that the family's latest release no longer lists as
+    # supported: the last release that did still boots them, unsupported.
+    no_longer_supports: tuple[str, ...] = ()
 
     _check_driver = field_validator("driver_version")(dotted_version)
 
@@ -137,9 +135,9 @@ class AmiFamily:
 
 @dataclasses.dataclass(frozen=True)
 class Catalog:
-    region: str
     instances: dict[str, Instance] = field(hash=False)
     amis: tuple[AmiFamily, ...]  # in order of preference
+    prices: PriceTable
 
     def instance(self, instance_type: str) -> Instance:
         try:
@@ -153,36 +151,25 @@ class Catalog:
 
 
 def load_catalog(directory: Path | str | None = None) -> Catalog:
-    """Load instances.toml and amis.toml from `directory` (default: this package)."""
+    """Load instances.toml, amis.toml and prices.toml from `directory` (default: this package)."""
     directory = Path(directory) if directory is not None else CATALOG_DIR
+    instances = _load_instances(directory / "instances.toml")
     return Catalog(
-        region=_load_region(directory / "instances.toml"),
-        instances=_load_instances(directory / "instances.toml"),
+        instances=instances,
         amis=_load_amis(directory / "amis.toml"),
+        prices=load_prices(directory / PRICES_FILE, set(instances)),
     )
-
-
-def _load_region(path: Path) -> str:
-    region = read_toml(path, ConfigError).get("region")
-    if not isinstance(region, str) or not region:
-        raise ConfigError(f"{path.name}: key 'region' must name an AWS region, got {region!r}")
-    return region
 
 
 def _load_instances(path: Path) -> dict[str, Instance]:
     raw = read_toml(path, ConfigError)
-    check_keys(raw, {"region", "instance"}, where=path.name, error=ConfigError)
+    check_keys(raw, {"instance"}, where=path.name, error=ConfigError)
     instances: dict[str, Instance] = {}
     for name, table in raw.get("instance", {}).items():
         where = f"{path.name}: instance '{name}'"
         entry = build_record(
             Instance, _named(table, "type", name, where), where=where, error=ConfigError
         )
-        if entry.spot_usd_per_hour > entry.on_demand_usd_per_hour:
-            raise ConfigError(
-                f"{where}, field 'spot_usd_per_hour': {entry.spot_usd_per_hour} is above "
-                f"on_demand_usd_per_hour {entry.on_demand_usd_per_hour}; spot is never dearer"
-            )
         if entry.efa_interfaces > entry.network_cards:
             raise ConfigError(
                 f"{where}, field 'efa_interfaces': {entry.efa_interfaces} is more than "

@@ -13,6 +13,20 @@ if TYPE_CHECKING:
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
 
+# The spend guard (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES and
+# stops the stack in the run that finds the budget spent; a run lasts at most its function's
+# timeout. EC2 bills no stopping instance (unless it hibernates: "Instance state and billing",
+# docs.aws.amazon.com/AWSEC2/latest/UserGuide/ec2-instance-lifecycle.html), so the stack runs
+# past its budget for at most one period plus one run.
+SPEND_GUARD_PERIOD_MINUTES = 5
+SPEND_GUARD_TIMEOUT_SECONDS = 60
+
+
+def worst_case_overspend_usd(hourly: float) -> float:
+    """What the stack can spend past its budget before the spend guard's stop takes hold."""
+    minutes = SPEND_GUARD_PERIOD_MINUTES + SPEND_GUARD_TIMEOUT_SECONDS / 60
+    return hourly * minutes / 60
+
 
 def hourly_usd(plan: Plan, *, spot: bool) -> float:
     """The stack's full-load $/h (all nodes) in the market it launches into."""
@@ -46,4 +60,41 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "runway_hours_spot": round(budget / spot_price, 1),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
+        "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
     }
+
+
+def price_model(
+    plan: Plan,
+    *,
+    spot: bool,
+    capacity_reservation_id: str | None = None,
+    capacity_block_id: str | None = None,
+) -> str:
+    """How the stack's nodes are paid for, in one sentence."""
+    on_demand = plan.on_demand_usd_per_hour
+    if capacity_block_id is not None:
+        rate = plan.price.capacity_block_usd_per_hour
+        quoted = (
+            f"about ${rate * plan.nodes:.2f}/h for {plan.nodes} x {plan.instance.type} "
+            f"(infra/knowledge/data/prices.toml, {plan.price.region})"
+            if rate is not None
+            else "at the block's own rate"
+        )
+        return (
+            f"Capacity Block {capacity_block_id}: paid up front when bought, {quoted}, for "
+            "the whole block whether the nodes run or not; running them adds nothing, and EC2 "
+            "ends them with the block"
+        )
+    if capacity_reservation_id is not None:
+        return (
+            f"On-Demand Capacity Reservation {capacity_reservation_id}: ${on_demand:.2f}/h (the "
+            "on-demand rate) from the reservation's start until it is cancelled, used or not; "
+            "nodes running in it add nothing"
+        )
+    if spot:
+        return (
+            f"spot: about ${plan.spot_usd_per_hour:.2f}/h while the nodes run (the spot price "
+            "moves; interruptions stop them)"
+        )
+    return f"on-demand: ${on_demand:.2f}/h while the nodes run"

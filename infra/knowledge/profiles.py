@@ -15,7 +15,7 @@ from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
 from images.matrix import Matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import Catalog
-from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
 
 PROFILES_PATH = Path(__file__).parent / "data" / "profiles.toml"
 
@@ -40,9 +40,9 @@ class Profile:
     mapping: str  # why this instance answers the workload, and the trade-off
     variant: str = AUTO
     nodes: Annotated[StrictInt, Field(ge=1)] = 1
-    seed_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # the seed's quoted range
+    guide_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # the selection guide's range
 
-    @field_validator("seed_cny_per_hour")
+    @field_validator("guide_cny_per_hour")
     @classmethod
     def _ordered_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
         if value is not None and not 0 < value[0] <= value[1]:
@@ -100,10 +100,12 @@ def resolve_profile(
     catalog: Catalog | None = None,
     matrix: Matrix | None = None,
     today: datetime.date | None = None,
+    region: str = DEFAULT_PLAN_REGION,
 ) -> Plan:
-    """Resolve a named profile (default: the file's default) to a Plan.
+    """Resolve a named profile (default: the file's default) to a Plan priced for `region`.
 
-    Adds a warning when the AWS price falls outside the seed's CNY range.
+    Adds a warning when the AWS price falls outside the CNY range a GPU-cloud selection guide
+    quotes for the workload.
     """
     profiles = profiles if profiles is not None else load_profiles()
     profile = profiles.get(name if name is not None else profiles.default)
@@ -114,24 +116,25 @@ def resolve_profile(
         catalog=catalog,
         matrix=matrix,
         today=today,
+        region=region,
     )
-    comparison = seed_price_warning(profile, plan, profiles.exchange_rate)
+    comparison = guide_price_warning(profile, plan, profiles.exchange_rate)
     if comparison is None:
         return plan
     return dataclasses.replace(plan, warnings=(*plan.warnings, comparison))
 
 
-def seed_price_warning(profile: Profile, plan: Plan, rate: ExchangeRate) -> str | None:
-    """A sentence when the on-demand price is outside the seed's range, else None."""
-    if profile.seed_cny_per_hour is None:
+def guide_price_warning(profile: Profile, plan: Plan, rate: ExchangeRate) -> str | None:
+    """A sentence when the on-demand price is outside the selection guide's range, else None."""
+    if profile.guide_cny_per_hour is None:
         return None
-    low, high = profile.seed_cny_per_hour
+    low, high = profile.guide_cny_per_hour
     on_demand = rate.to_cny(plan.on_demand_usd_per_hour)
     spot = rate.to_cny(plan.spot_usd_per_hour)
     if low <= on_demand <= high:
         return None
     side = "above" if on_demand > high else "below"
     return (
-        f"on-demand {on_demand:.0f} CNY/h is {side} the seed's {low:g}-{high:g} CNY/h "
+        f"on-demand {on_demand:.0f} CNY/h is {side} the selection guide's {low:g}-{high:g} CNY/h "
         f"(spot {spot:.0f} CNY/h; at {rate.cny_per_usd} CNY/USD of {rate.as_of.isoformat()})"
     )

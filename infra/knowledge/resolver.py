@@ -17,14 +17,18 @@ Rules (docs/catalog.md explains them):
 from __future__ import annotations
 
 import datetime
+import re
 from dataclasses import dataclass
 
 from common.versions import version_key
 from images.matrix import CUDA13_OLDEST_ARCH, Matrix, MatrixError, Variant, arch_key, load_matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog
+from infra.knowledge.prices import InstancePrice
 
 AUTO = "auto"
+# The region a plan is priced for when no stack names one (`python -m infra plan --region`).
+DEFAULT_PLAN_REGION = "us-east-1"
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class Plan:
     warnings: tuple[str, ...]
     on_demand_usd_per_hour: float  # all nodes
     spot_usd_per_hour: float  # all nodes
+    price: InstancePrice  # per instance, in the plan's region
 
     @property
     def gpus(self) -> int:
@@ -53,8 +58,10 @@ def resolve(
     catalog: Catalog | None = None,
     matrix: Matrix | None = None,
     today: datetime.date | None = None,
+    region: str = DEFAULT_PLAN_REGION,
 ) -> Plan:
-    """Resolve an instance type, image variant (or "auto") and node count to a Plan.
+    """Resolve an instance type, image variant (or "auto") and node count to a Plan, priced
+    for `region`.
 
     Raises ConfigError with one sentence: what is wrong and what would work.
     """
@@ -64,6 +71,7 @@ def resolve(
     if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
         raise ConfigError(f"nodes must be a whole number of at least 1, got {nodes!r}")
     instance = catalog.instance(instance_type)
+    price = catalog.prices.price(region, instance_type)
 
     if variant == AUTO:
         chosen, ami = _newest_runnable(instance, catalog, matrix, today)
@@ -80,9 +88,10 @@ def resolve(
         ami=ami,
         nodes=nodes,
         image_tag=chosen.tag(matrix.release),
-        warnings=_warnings(instance, ami, nodes, today),
-        on_demand_usd_per_hour=nodes * instance.on_demand_usd_per_hour,
-        spot_usd_per_hour=nodes * instance.spot_usd_per_hour,
+        warnings=_warnings(instance, price, ami, nodes, today),
+        on_demand_usd_per_hour=nodes * price.on_demand_usd_per_hour,
+        spot_usd_per_hour=nodes * price.spot_usd_per_hour,
+        price=price,
     )
 
 
@@ -197,10 +206,21 @@ def _no_ami_message(
 
 
 def _warnings(
-    instance: Instance, ami: AmiFamily, nodes: int, today: datetime.date
+    instance: Instance, price: InstancePrice, ami: AmiFamily, nodes: int, today: datetime.date
 ) -> tuple[str, ...]:
     warnings = []
-    if ami.past_end_of_life(today):
+    family = re.match(r"[a-z]+\d", instance.type)
+    if ami.past_end_of_life(today) and family is not None and family[0] in ami.no_longer_supports:
+        # One line, first: no AMI AWS supports boots this GPU any more.
+        warnings.append(
+            f"no AMI that AWS supports boots {instance.type} any more: {ami.description} "
+            f"is the only family here with a driver for {instance.gpu_model} (driver "
+            f"{ami.driver_version} runs the image), but its last release no longer lists "
+            f"{family[0].upper()} and it is past end of life since "
+            f"{ami.end_of_life.isoformat()}; the stack boots it unsupported: move to a newer "
+            "GPU (g4dn, g5, g6 and later run the open-driver AMIs)"
+        )
+    elif ami.past_end_of_life(today):
         warnings.append(
             f"AMI family {ami.name} ({ami.os}) is past end of life since "
             f"{ami.end_of_life.isoformat()}: no security updates; it is the only AMI family "
@@ -215,14 +235,19 @@ def _warnings(
             "so gradient all-reduce between nodes will be slow; prefer an EFA type "
             "(e.g. p4d.24xlarge, g6e.12xlarge) for multi-node training"
         )
-    if instance.on_demand_upper_bound:
+    if price.on_demand_upper_bound:
         warnings.append(
             f"the on-demand price of {instance.type} predates AWS's June 2025 price cut "
             "(up to 45%): treat it as an upper bound"
         )
-    if instance.spot_estimated:
+    if price.on_demand_estimated:
         warnings.append(
-            f"the spot price of {instance.type} is an estimate (30% of on-demand), "
+            f"the on-demand price of {instance.type} in {price.region} is an estimate, "
+            "not an observed figure (infra/knowledge/data/prices.toml says how it was made)"
+        )
+    if price.spot_estimated:
+        warnings.append(
+            f"the spot price of {instance.type} in {price.region} is an estimate, "
             "not an observed figure"
         )
     return tuple(warnings)

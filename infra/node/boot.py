@@ -34,14 +34,21 @@ TRAIN_CONFIG_FILE = f"{ETC_DIR}/train.toml"
 AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
 DATA_DIR = f"{SCRATCH_DIR}/data"
 DONE_MARKER = f"{STATE_DIR}/job-done"
+GPU_METRICS_SCRIPT = f"{BIN_DIR}/gpu-metrics.sh"
+# Where the Deep Learning AMIs' dlami-nvme.service mounts the instance store (LVM over the
+# NVMe drives) before user data runs: DLAMI release notes, "nvme_location /opt/dlami/nvme"
+# (Base OSS Nvidia Driver GPU AMI, Ubuntu 22.04,
+# https://docs.aws.amazon.com/dlami/latest/devguide/appendix-ami-release-notes.html).
+DLAMI_NVME_DIR = "/opt/dlami/nvme"
 UNIT_NAME = "gpu-training.service"
 
 # EC2 rejects user data over 16 KB (RunInstances).
 MAX_USER_DATA_BYTES = 16 * 1024
 
-# What the EFA path needs in the container (reference/aws.md, AWS NCCL-on-EFA
-# setups). FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it
-# to 1 aborts on EFA devices without RDMA support.
+# What the EFA path needs in the container (EC2 User Guide, "Get started with EFA and NCCL",
+# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html).
+# FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it to 1 aborts on EFA
+# devices without RDMA support.
 EFA_ENVIRONMENT = {
     "FI_PROVIDER": "efa",
     "FI_EFA_FORK_SAFE": "1",
@@ -120,8 +127,20 @@ def render_template(name: str, values: dict[str, object]) -> str:
     for key, value in values.items():
         if not _SAFE_VALUE.match(str(value)):
             raise ValueError(f"boot value {key}={value!r} contains a quote, $, ` or newline")
-    return _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
+    text = _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
         {key: str(value) for key, value in values.items()}
+    )
+    return _without_comment_lines(text)
+
+
+def _without_comment_lines(text: str) -> str:
+    """The template without its whole-line comments (the shebang stays): they explain the
+    templates in this repository, and EC2 caps user data at 16 KB."""
+    lines = text.splitlines(keepends=True)
+    return "".join(
+        line
+        for index, line in enumerate(lines)
+        if not line.lstrip().startswith("#") or (index == 0 and line.startswith("#!"))
     )
 
 
@@ -135,7 +154,11 @@ def render_files(node: NodeBoot) -> dict[str, str]:
     files = {
         f"{BIN_DIR}/prepare-scratch.sh": render_template(
             "prepare-scratch.sh",
-            {"scratch_dir": SCRATCH_DIR, "instance_store_drives": node.instance_store_drives},
+            {
+                "scratch_dir": SCRATCH_DIR,
+                "dlami_nvme_dir": DLAMI_NVME_DIR,
+                "instance_store_drives": node.instance_store_drives,
+            },
         ),
         f"{BIN_DIR}/run-training.sh": render_template(
             "run-training.sh",
@@ -153,6 +176,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "data_dir": DATA_DIR,
                 "env_file": ENV_FILE,
                 "train_config_file": TRAIN_CONFIG_FILE if node.train_config is not None else "",
+                "gpu_metrics": GPU_METRICS_SCRIPT,
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
@@ -164,9 +188,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
             },
         ),
         ENV_FILE: _env_file(node.environment()),
-        f"{BIN_DIR}/start-gpu-metrics.sh": render_template(
-            "start-gpu-metrics.sh", {"agent_config": AGENT_CONFIG_FILE}
-        ),
+        GPU_METRICS_SCRIPT: render_template("gpu-metrics.sh", {"agent_config": AGENT_CONFIG_FILE}),
         # The idle alarm reads the metric this agent config publishes.
         AGENT_CONFIG_FILE: cloudwatch_agent_config(),
     }
@@ -204,7 +226,6 @@ def _cloud_config(node: NodeBoot) -> str:
             # --no-block: runcmd runs inside cloud-init's final stage; the unit
             # waits for docker and the network, and runs on every later boot too.
             ["systemctl", "enable", "--now", "--no-block", UNIT_NAME],
-            [f"{BIN_DIR}/start-gpu-metrics.sh"],
         ],
     }
     return "#cloud-config\n" + yaml.dump(

@@ -8,7 +8,7 @@ import yaml
 from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.knowledge.catalog import load_catalog
-from tests.support.infra import modified_catalog, run_cli
+from tests.support.infra import data_file_prices, modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,7 +32,7 @@ def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
     assert result.returncode == 0, result.stderr
     config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
     budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = data_file_prices("p4d.24xlarge", config["aws:region"])
     assert on_demand
     lines = result.stdout.splitlines()
     assert "stack file     Pulumi.a100x8.yaml" in lines
@@ -67,7 +67,7 @@ def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, cap
     assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
 
 
-def test_v100_profile_shows_eol_and_seed_range():
+def test_v100_profile_shows_eol_and_guide_range():
     result = run_cli("plan", "v100x1")
     assert result.returncode == 0, result.stderr
     assert "p3.2xlarge" in result.stdout and "base-proprietary-nvidia-driver" in result.stdout
@@ -109,12 +109,12 @@ def test_bad_input_is_one_line_exit_2(args, expected):
 
 def test_bad_catalog_file_is_one_line_exit_2(tmp_path):
     directory = modified_catalog(
-        tmp_path, "instances.toml", "on_demand_usd_per_hour = 3.06", "on_demand_usd_per_hour = -1"
+        tmp_path, "prices.toml", "on_demand_usd_per_hour = 3.06", "on_demand_usd_per_hour = -1"
     )
     result = run_cli("plan", "--catalog", str(directory))
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
-    assert "instance 'p3.2xlarge', field 'on_demand_usd_per_hour'" in result.stderr
+    assert "type 'p3.2xlarge', field 'on_demand_usd_per_hour'" in result.stderr
 
 
 def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
@@ -124,3 +124,28 @@ def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
     assert "variant 'cu128', field 'nccl'" in result.stderr
+
+
+def test_plan_prices_the_region_asked_for_and_refuses_one_without_prices():
+    prices = load_catalog().prices
+    ireland = run_cli("plan", "a100x8", "--region", "eu-west-1")
+    assert ireland.returncode == 0, ireland.stderr
+    eu = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert eu != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert any(
+        line.startswith(f"on-demand      ${eu:.2f}/h") for line in ireland.stdout.split("\n")
+    )
+    assert "prices         eu-west-1 (estimates), checked " in ireland.stdout
+    missing = run_cli("plan", "a100x8", "--region", "eu-west-3")
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
+    assert "'eu-west-3'" in missing.stderr and "eu-west-1, us-east-1, us-west-2" in missing.stderr
+
+
+def test_plan_prints_the_worst_case_overspend_beside_budget_and_runway():
+    result = run_cli("plan", "a100x8")
+    hourly = load_catalog().prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    # One 5-minute guard period plus a 60-second run, at the stack's full price.
+    bound = hourly * (5 + 1) / 60
+    lines = result.stdout.splitlines()
+    runway = next(i for i, line in enumerate(lines) if line.startswith("runway "))
+    assert lines[runway + 1].startswith(f"overspend      at most ${bound:,.2f} past the budget")

@@ -18,9 +18,11 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from infra.components.guardrails import Guardrails
+from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.config.guardrails import GuardrailConfig
-from infra.dryrun.run import REPO_ROOT, Recorded, run_stack_file
+from infra.config.stack_file import REPO_ROOT
+from infra.dryrun.mocks import Recorded
+from infra.dryrun.runner import run_stack_file
 from infra.knowledge.profiles import resolve_profile
 from tests.support.mock_runs import run_under_mocks
 
@@ -180,7 +182,7 @@ def test_the_guardrails_component_satisfies_the_budget_policy():
             metadata_options={"http_tokens": "required"},
         )
         config = GuardrailConfig(budget_usd=500, alert_emails=("ml@example.com",))
-        Guardrails("gpu", config, instance_ids=[node.id], plan=plan, cost_tag=("k", "v"))
+        Guardrails("gpu", GuardrailsArgs.from_settings(config, ("k", "v"))).watch([node.id])
 
     mocks, _ = run_under_mocks(guarded)
     assert evaluate(mocks.resources) == []

@@ -1,9 +1,11 @@
 """The pack started the way the Pulumi CLI starts a Python policy pack, spoken to over gRPC.
 
 `pulumi preview --policy-pack policy` runs `python -m pulumi.policy <engine> policy` in the pack's
-virtualenv and talks to the analyzer it serves; this test does the same, without the CLI.
+virtualenv and talks to the analyzer it serves; this test does the same, without the CLI, on a
+copy of the pack's folder alone: what `pulumi policy publish` uploads.
 """
 
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,17 +15,19 @@ import pytest
 from google.protobuf import empty_pb2, struct_pb2
 from pulumi.runtime.proto import analyzer_pb2, analyzer_pb2_grpc, plugin_pb2
 
-from infra.dryrun.run import REPO_ROOT
+from infra.config.stack_file import REPO_ROOT
 from tests.policy.test_pack import POLICIES
 
 MANDATORY = analyzer_pb2.EnforcementLevel.Value("MANDATORY")
 
 
 @pytest.fixture(scope="module")
-def analyzer() -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+def analyzer(tmp_path_factory) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    published = tmp_path_factory.mktemp("published")
+    shutil.copytree(REPO_ROOT / "policy", published / "policy")
     process = subprocess.Popen(
         [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "policy"],
-        cwd=REPO_ROOT,
+        cwd=published,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

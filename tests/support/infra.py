@@ -3,14 +3,16 @@
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from types import SimpleNamespace
 
 from infra.knowledge.catalog import CATALOG_DIR
 
 
 def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
     """A copy of the real catalog with the first `old` in `file` replaced by `new`."""
-    for name in ("instances.toml", "amis.toml"):
+    for name in ("instances.toml", "amis.toml", "prices.toml"):
         shutil.copy(CATALOG_DIR / name, tmp_path / name)
     text = (tmp_path / file).read_text()
     assert old in text, f"test fixture out of date: {old!r} not in {file}"
@@ -26,4 +28,17 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def data_file_prices(instance_type: str, region: str = "us-east-1") -> SimpleNamespace:
+    """One instance's $/h as prices.toml writes them (us-east-1: the mocks' region), read
+    without the loader: tests of what the stack charges compute their expectation from the
+    file, not from the code."""
+    table = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"][region]
+    entry = table[instance_type]
+    return SimpleNamespace(
+        on_demand_usd_per_hour=entry["on_demand_usd_per_hour"],
+        spot_usd_per_hour=entry["spot_usd_per_hour"],
+        capacity_block_usd_per_hour=entry.get("capacity_block_usd_per_hour"),
     )

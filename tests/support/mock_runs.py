@@ -1,4 +1,7 @@
-"""Run a piece of Pulumi program under the offline mocks and read what it registered."""
+"""Run a piece of Pulumi program under the offline mocks and read what it registered.
+
+The same runner as the offline plan (infra.dryrun.runner): one way of setting mocks.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +10,9 @@ from typing import Any
 
 import pulumi
 
-from infra.dryrun.run import PROJECT, Recorded, RecordingMocks
+from infra.dryrun.mocks import Recorded, RecordingMocks
+from infra.dryrun.runner import ProgramRun
+from infra.dryrun.runner import run_under_mocks as run_piece
 
 STACK = "test"
 
@@ -17,18 +22,8 @@ def run_under_mocks(
 ) -> tuple[RecordingMocks, Any]:
     """Run `program` until every resource it started is registered: (mocks, its return value)."""
     mocks = mocks if mocks is not None else RecordingMocks()
-    pulumi.runtime.set_all_config({"aws:region": mocks.region})
-    pulumi.runtime.reset_options(project=PROJECT, stack=STACK, preview=False)
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=STACK, preview=False)
-    result: list[Any] = []
-
-    @pulumi.runtime.test
-    def run() -> pulumi.Output:
-        result.append(program())
-        return pulumi.Output.from_input(None)
-
-    run()
-    return mocks, result[0]
+    _, result = run_piece(program, config={"aws:region": mocks.region}, mocks=mocks, stack=STACK)
+    return mocks, result
 
 
 def resolved(output: pulumi.Input[Any]) -> Any:
@@ -43,10 +38,12 @@ def resolved(output: pulumi.Input[Any]) -> Any:
     return values[0]
 
 
-def of_type(mocks: RecordingMocks, resource_type: str) -> list[Recorded]:
-    return [resource for resource in mocks.resources if resource.type == resource_type]
+def of_type(recorded: RecordingMocks | ProgramRun, resource_type: str) -> list[Recorded]:
+    return [resource for resource in recorded.resources if resource.type == resource_type]
 
 
-def one(mocks: RecordingMocks, resource_type: str) -> Recorded:
-    (resource,) = of_type(mocks, resource_type)
-    return resource
+def one(recorded: RecordingMocks | ProgramRun, resource_type: str) -> Recorded:
+    """The only resource of `resource_type` (fails the test when there are none or several)."""
+    found = of_type(recorded, resource_type)
+    assert len(found) == 1, f"expected one {resource_type}, found {len(found)}"
+    return found[0]

@@ -7,13 +7,16 @@ from typing import Any
 
 import yaml
 
-from infra.dryrun.run import ProgramRun, Recorded, RecordingMocks, run_program
+from infra.dryrun.mocks import Recorded, RecordingMocks
+from infra.dryrun.runner import ProgramRun, run_program
+from tests.support.mock_runs import of_type
 
 INSTANCE = "aws:ec2/instance:Instance"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
@@ -24,8 +27,14 @@ def run_stack(mocks: RecordingMocks | None = None, **config: Any) -> ProgramRun:
     return run_program({**BASE_CONFIG, **config}, stack="test", mocks=mocks)
 
 
+def training_log_group(run: ProgramRun) -> Recorded:
+    """The nodes' log group (the spend guard's function has its own)."""
+    (group,) = [r for r in of_type(run, LOG_GROUP) if not r.name.endswith("-spend-guard")]
+    return group
+
+
 def nodes_in_rank_order(run: ProgramRun) -> list[Recorded]:
-    return sorted(run.of_type(INSTANCE), key=lambda r: int(r.inputs["tags"]["gpu-node-rank"]))
+    return sorted(of_type(run, INSTANCE), key=lambda r: int(r.inputs["tags"]["gpu-node-rank"]))
 
 
 def boot_files(instance: Recorded) -> dict[str, str]:
@@ -44,5 +53,5 @@ def boot_env(instance: Recorded) -> dict[str, str]:
 
 def node_policy(run: ProgramRun) -> dict:
     """The instance role's inline policy, parsed from the JSON the role receives."""
-    (policy,) = [r for r in run.of_type(ROLE_POLICY) if r.name.endswith("-node")]
+    (policy,) = [r for r in of_type(run, ROLE_POLICY) if r.name.endswith("-node")]
     return json.loads(policy.inputs["policy"])

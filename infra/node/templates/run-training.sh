@@ -1,8 +1,10 @@
 #!/bin/bash
 # Start, or resume, the training container on this node. The gpu-training systemd
 # unit runs this on every boot and again after a failure. Exit codes are the
-# trainer's (docs/contracts.md section 3): 0 done, 2 bad configuration (systemd
-# does not retry), 75 interrupted and checkpointed (systemd starts it again).
+# trainer's (docs/contracts.md section 3): 0 done (the node then stops itself), 2 bad
+# configuration (systemd does not retry), 75 interrupted and checkpointed (systemd
+# starts it again). GPU metrics are published only while the container runs, so boot,
+# data sync and image pull never count as idle.
 # Rendered by infra/node/boot.py, which fills in the placeholders.
 set -euo pipefail
 
@@ -21,10 +23,14 @@ readonly STATE_DIR="@@state_dir@@"
 readonly ENV_FILE="@@env_file@@"
 readonly TRAIN_CONFIG_FILE="@@train_config_file@@"
 readonly DONE_MARKER="@@done_marker@@"
+readonly GPU_METRICS="@@gpu_metrics@@"
 readonly CONTAINER=gpu-training
 readonly PULL_RETRY_SECONDS=60
 
 log() { echo "gpu-stack: $*"; }
+
+# The agent's service comes back on every boot by itself: silence it until the job runs.
+"$GPU_METRICS" stop || log "could not stop the CloudWatch agent (see above)"
 
 # The AMI brings the kernel driver, the image only the CUDA user space: refuse to
 # start an image whose CUDA needs a newer driver than the one actually loaded.
@@ -97,12 +103,19 @@ if [ -n "$TRAIN_CONFIG_FILE" ]; then
   docker_args+=(--volume "$TRAIN_CONFIG_FILE:$TRAIN_CONFIG_FILE:ro")
 fi
 
+# Metrics failing must not stop training: the alarm on missing metrics reports it.
+"$GPU_METRICS" start || log "could not start the CloudWatch agent: the idle alarm sees no data"
 log "starting $IMAGE_URI as node $NODE_RANK"
 status=0
 docker run "${docker_args[@]}" "$IMAGE_URI" || status=$?
 log "training container exited with status $status"
 if [ "$status" -eq 0 ]; then
-  # Finished: later boots leave the job alone (the unit checks this marker).
+  # Finished: later boots leave the job alone (the unit checks this marker), and the node
+  # stops now rather than idling until the idle alarm. An OS shutdown stops an EBS-backed
+  # instance (its default instance-initiated shutdown behaviour: EC2 User Guide, "Change
+  # the instance initiated shutdown behavior"); the minute lets the logs reach CloudWatch.
   touch "$DONE_MARKER"
+  log "job finished: stopping this node in a minute"
+  shutdown -h +1 "gpu-stack: training finished" || log "could not schedule the stop (see above)"
 fi
 exit "$status"

@@ -1,10 +1,14 @@
-"""Node layout: EFA interfaces per AWS's multi-card guide, root device, multi-node wiring."""
+"""Nodes: root device, multi-node wiring."""
 
 from __future__ import annotations
 
-from infra.components.compute import interface_layout
-from infra.knowledge.catalog import load_catalog
-from infra.knowledge.resolver import resolve
+import pulumi
+import pytest
+
+from infra.dryrun.mocks import RecordingMocks
+from infra.dryrun.runner import PROJECT
+from tests.support.infra import data_file_prices
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     INSTANCE,
     LAUNCH_TEMPLATE,
@@ -14,72 +18,108 @@ from tests.support.stack_runs import (
 )
 
 
-def kinds(plan) -> list[tuple[int, int, str | None]]:
-    return [
-        (i.network_card_index, i.device_index, i.interface_type) for i in interface_layout(plan)
-    ]
-
-
-def test_single_node_gets_one_plain_interface_even_on_an_efa_type():
-    assert kinds(resolve("p4d.24xlarge", nodes=1)) == [(0, 0, None)]
-
-
-def test_p4d_multi_node_gets_four_efa_interfaces_one_per_card():
-    assert kinds(resolve("p4d.24xlarge", nodes=2)) == [
-        (0, 0, "efa"),
-        (1, 1, "efa"),
-        (2, 1, "efa"),
-        (3, 1, "efa"),
-    ]
-
-
-def test_p5_multi_node_gets_32_cards_with_efa_only_secondaries():
-    layout = kinds(resolve("p5.48xlarge", nodes=2))
-    assert len(layout) == 32
-    # The primary interface cannot be EFA-only: it carries the node's IP traffic.
-    assert layout[0] == (0, 0, "efa")
-    assert layout[1:] == [(card, 1, "efa-only") for card in range(1, 32)]
-
-
-def test_multi_node_without_efa_keeps_one_plain_interface():
-    assert kinds(resolve("p3.2xlarge", nodes=2)) == [(0, 0, None)]
-
-
-def test_only_families_documented_efa_only_get_efa_only_secondaries():
-    for instance in load_catalog().instances.values():
-        if instance.efa_interfaces < 2:
-            continue
-        layout = kinds(resolve(instance.type, nodes=2))
-        expected = "efa-only" if instance.type.startswith("p5") else "efa"
-        assert {kind for _, _, kind in layout[1:]} == {expected}, instance.type
-
-
 def test_root_volume_is_mapped_on_the_amis_root_device():
     # Both profiles boot Amazon Linux (2023 and 2), whose AMIs name the root /dev/xvda.
     for profile in ("a100x8", "v100x1"):
-        (root,) = run_stack(profile=profile).one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+        template = one(run_stack(profile=profile), LAUNCH_TEMPLATE)
+        (root,) = template.inputs["blockDeviceMappings"]
         assert root["deviceName"] == "/dev/xvda"
 
 
 def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
     run = run_stack(instanceType="p5.48xlarge", nodes=3)
-    interfaces = run.one(LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    interfaces = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
     assert len(interfaces) == 32
     assert sum(i["interfaceType"] == "efa-only" for i in interfaces) == 31
     # More than one interface: EC2 assigns no public address, so each node gets an Elastic IP.
     assert all("associatePublicIpAddress" not in i for i in interfaces)
     nodes = nodes_in_rank_order(run)
-    eips = run.of_type("aws:ec2/eip:Eip")
+    eips = of_type(run, "aws:ec2/eip:Eip")
     assert sorted(e.inputs["networkInterface"] for e in eips) == sorted(
         n.state["primaryNetworkInterfaceId"] for n in nodes
     )
     master = nodes[0].state["privateIp"]
     assert [boot_env(n)["TRAIN_MASTER_ADDR"] for n in nodes] == ["127.0.0.1", master, master]
     assert [boot_env(n)["TRAIN_NODE_RANK"] for n in nodes] == ["0", "1", "2"]
-    assert len(run.of_type(INSTANCE)) == 3
+    assert len(of_type(run, INSTANCE)) == 3
 
 
 def test_root_volume_size_follows_the_config():
     run = run_stack(rootVolumeGiB=1200)
-    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"]["volumeSize"] == 1200
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_a_node_is_replaced_delete_first_when_its_user_data_changes(spot):
+    run = run_stack(spot=spot)
+    (node,) = of_type(run, INSTANCE)
+    assert node.inputs["userDataReplaceOnChange"] is True
+    assert f"{node.type} {node.name}" in run.delete_before_replace
+
+
+def test_a_changed_training_config_changes_the_nodes_user_data(tmp_path):
+    """With replace-on-change, different user data is a new node that boots the new job."""
+    job = tmp_path / "job.toml"
+    job.write_text("[train]\nglobal_batch_size = 64\n")
+    first = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
+    job.write_text("[train]\nglobal_batch_size = 128\n")
+    second = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
+    assert first != second and "global_batch_size = 128" in second
+
+
+BLOCK = "cr-0123456789abcdef0"
+
+
+def test_a_capacity_block_node_launches_into_the_block_with_its_market_type():
+    run = run_stack(profile="a100x8", capacityBlockId=BLOCK)
+    (node,) = of_type(run, INSTANCE)
+    assert node.inputs["instanceMarketOptions"] == {"marketType": "capacity-block"}
+    assert node.inputs["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": BLOCK}
+    }
+    rate = data_file_prices("p4d.24xlarge").capacity_block_usd_per_hour
+    assert run.outputs["market"] == "capacity-block"
+    assert run.outputs["price_model"].startswith(f"Capacity Block {BLOCK}: paid up front")
+    assert f"about ${rate:.2f}/h for 1 x p4d.24xlarge" in run.outputs["price_model"]
+
+
+def test_a_capacity_reservation_node_targets_it_on_demand():
+    run = run_stack(profile="a100x8", capacityReservationId=BLOCK)
+    (node,) = of_type(run, INSTANCE)
+    assert "instanceMarketOptions" not in node.inputs
+    assert node.inputs["capacityReservationSpecification"] == {
+        "capacityReservationTarget": {"capacityReservationId": BLOCK}
+    }
+    on_demand = data_file_prices("p4d.24xlarge").on_demand_usd_per_hour
+    assert run.outputs["market"] == "on-demand"
+    assert f"${on_demand:.2f}/h (the on-demand rate)" in run.outputs["price_model"]
+
+
+def test_a_plain_node_targets_no_reservation():
+    (node,) = of_type(run_stack(), INSTANCE)
+    assert "capacityReservationSpecification" not in node.inputs
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"spot": True, "capacityBlockId": BLOCK},
+        {"spot": True, "capacityReservationId": BLOCK},
+        {"capacityBlockId": BLOCK, "capacityReservationId": BLOCK},
+    ],
+)
+def test_two_ways_to_buy_a_node_are_refused_before_any_resource(config):
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError, match="a node is bought one way only"):
+        run_stack(mocks=mocks, **config)
+    assert mocks.resources == []
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_everything_the_launch_template_creates_carries_the_cost_tag(spot):
+    run = run_stack(spot=spot)
+    template = one(run, LAUNCH_TEMPLATE).inputs
+    tagged = {spec["resourceType"]: spec["tags"] for spec in template["tagSpecifications"]}
+    assert set(tagged) == {"instance", "volume", "network-interface", "spot-instances-request"}
+    assert all(tags == {"gpu-stack": f"{PROJECT}-test"} for tags in tagged.values())

@@ -1,19 +1,21 @@
 import json
 import math
 
+import pulumi
 import pulumi_aws as aws
 import pytest
 
-from infra.components.guardrails import Guardrails
+from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.config.guardrails import GuardrailConfig
-from infra.dryrun.run import PLACEHOLDER_ACCOUNT as ACCOUNT
-from infra.dryrun.run import PLACEHOLDER_REGION as REGION
-from infra.dryrun.run import PROJECT, RecordingMocks
-from infra.errors import ConfigError
+from infra.dryrun.mocks import PLACEHOLDER_ACCOUNT as ACCOUNT
+from infra.dryrun.mocks import PLACEHOLDER_REGION as REGION
+from infra.dryrun.mocks import RecordingMocks
+from infra.dryrun.runner import PROJECT
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from infra.node.agent import GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 from tests.support.mock_runs import STACK, of_type, one, resolved, run_under_mocks
+from tests.support.stack_runs import run_stack
 
 PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
 EMAILS = ("ml@example.com", "ops@example.org")
@@ -29,7 +31,7 @@ TOPIC = "aws:sns/topic:Topic"
 TOPIC_POLICY = "aws:sns/topicPolicy:TopicPolicy"
 
 
-def guarded_stack(plan, config, *, spot=False):
+def guarded_stack(plan, config):
     """Instances for every node of `plan`, and the guardrails around them:
     (mocks, the Guardrails component, the instance ids)."""
 
@@ -39,13 +41,21 @@ def guarded_stack(plan, config, *, spot=False):
             for rank in range(plan.nodes)
         ]
         instance_ids = [node.id for node in nodes]
-        guardrails = Guardrails(
-            "gpu", config, instance_ids=instance_ids, plan=plan, cost_tag=COST_TAG, spot=spot
-        )
+        guardrails = Guardrails("gpu", GuardrailsArgs.from_settings(config, COST_TAG))
+        guardrails.watch(instance_ids)
         return guardrails, instance_ids
 
     mocks, (guardrails, instance_ids) = run_under_mocks(program)
     return mocks, guardrails, [resolved(instance_id) for instance_id in instance_ids]
+
+
+def stop_alarms(recorded):
+    """The alarms that stop an instance (idle, runtime): each watches one metric."""
+    return [alarm for alarm in of_type(recorded, ALARM) if "metricQueries" not in alarm.inputs]
+
+
+def silent_agent_alarms(recorded):
+    return [alarm for alarm in of_type(recorded, ALARM) if "metricQueries" in alarm.inputs]
 
 
 def budget_for(plan):
@@ -100,7 +110,7 @@ def test_every_profile_gets_budget_action_and_idle_alarms(profile):
         ("SNS", topic_arn),
     }
 
-    alarms = of_type(mocks, ALARM)
+    alarms = stop_alarms(mocks)
     assert len(alarms) == len(instance_ids) == plan.nodes
     assert [alarm.inputs["dimensions"] for alarm in alarms] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
@@ -141,7 +151,7 @@ def test_execution_role_is_trusted_by_budgets_and_stops_only_these_instances():
         f"arn:aws:ssm:{REGION}:*:automation-definition/AWS-StopEC2Instance:*"
     )
     assert "*" not in json.dumps(statements["StopTheseInstances"]["Resource"])
-    assert len(of_type(mocks, ALARM)) == 3
+    assert len(stop_alarms(mocks)) == 3
 
 
 def test_topic_accepts_budget_and_alarm_notifications_of_this_account_only():
@@ -164,7 +174,7 @@ def test_max_runtime_adds_a_stop_alarm_per_instance():
     plan = resolve("p4d.24xlarge", nodes=2)
     config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, max_runtime_hours=72)
     mocks, _, instance_ids = guarded_stack(plan, config)
-    runtime = [a.inputs for a in of_type(mocks, ALARM) if a.inputs["namespace"] == "AWS/EC2"]
+    runtime = [a.inputs for a in stop_alarms(mocks) if a.inputs["namespace"] == "AWS/EC2"]
     assert [alarm["dimensions"] for alarm in runtime] == [
         {"InstanceId": instance_id} for instance_id in instance_ids
     ]
@@ -181,7 +191,7 @@ def test_max_runtime_adds_a_stop_alarm_per_instance():
 def test_no_runtime_alarm_without_a_maximum():
     plan = resolve_profile("a100x8")
     mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=500, alert_emails=EMAILS))
-    assert {alarm.inputs["namespace"] for alarm in of_type(mocks, ALARM)} == {GPU_METRIC_NAMESPACE}
+    assert {alarm.inputs["namespace"] for alarm in stop_alarms(mocks)} == {GPU_METRIC_NAMESPACE}
 
 
 def test_daily_budget_and_custom_thresholds_reach_the_budget():
@@ -215,37 +225,18 @@ def test_without_alert_addresses_the_topic_is_the_only_subscriber():
 def test_costs_and_budget_name_are_outputs():
     plan = resolve_profile("a100x8")
     config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS)
-    _, guardrails, _ = guarded_stack(plan, config, spot=True)
+    _, guardrails, _ = guarded_stack(plan, config)
     assert resolved(guardrails.budget_name) == f"{PROJECT}-{STACK}"
     assert resolved(guardrails.alert_topic_arn).startswith(f"arn:aws:sns:{REGION}:")
-    assert guardrails.costs["market"] == "spot"
-    assert guardrails.costs["hourly_usd"] == 9.9
-    assert guardrails.costs["runway_hours"] == 50.5
 
 
-@pytest.mark.parametrize(
-    ("config", "message"),
-    [
-        (GuardrailConfig(budget_usd=20, alert_emails=EMAILS), "gpu:budgetUsd is 20, less than"),
-        (GuardrailConfig(budget_usd=500), "gpu:alertEmails is empty"),
-        (
-            GuardrailConfig(
-                budget_usd=500, alert_emails=EMAILS, allowed_instance_types=("p3.2xlarge",)
-            ),
-            "'p4d.24xlarge' is not in gpu:allowedInstanceTypes",
-        ),
-    ],
-)
-def test_refusals_come_before_any_resource(config, message):
-    plan = resolve_profile("a100x8")
-
-    def program():
-        Guardrails("gpu", config, instance_ids=["i-0"], plan=plan, cost_tag=COST_TAG)
-
+def test_an_instance_type_not_allowed_is_refused_before_any_resource():
     mocks = RecordingMocks()
-    with pytest.raises(ConfigError, match=message):
-        run_under_mocks(program, mocks)
-    assert mocks.resources == []  # not even the component
+    with pytest.raises(
+        pulumi.RunError, match=r"'p4d\.24xlarge' is not in gpu:allowedInstanceTypes"
+    ):
+        run_stack(mocks=mocks, profile="a100x8", allowedInstanceTypes=["p3.2xlarge"])
+    assert mocks.resources == []
 
 
 def test_budget_below_one_hour_allowed_with_the_override():
@@ -253,3 +244,60 @@ def test_budget_below_one_hour_allowed_with_the_override():
     config = GuardrailConfig(budget_usd=20, alert_emails=EMAILS, allow_budget_below_one_hour=True)
     mocks, _, _ = guarded_stack(plan, config)
     assert one(mocks, BUDGET).inputs["limitAmount"] == "20.00"
+
+
+def test_each_alert_address_subscribes_to_the_topic():
+    plan = resolve_profile("v100x1")
+    mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, alert_emails=EMAILS))
+    topic_arn = one(mocks, TOPIC).state["arn"]
+    subscriptions = of_type(mocks, "aws:sns/topicSubscription:TopicSubscription")
+    assert sorted((s.inputs["protocol"], s.inputs["endpoint"]) for s in subscriptions) == sorted(
+        ("email", email) for email in EMAILS
+    )
+    assert {s.inputs["topic"] for s in subscriptions} == {topic_arn}
+
+
+@pytest.mark.parametrize("spot", [False, True])
+def test_every_node_waits_for_the_budget_and_the_alert_topic(spot):
+    """A node that launches when its guardrails failed to create would run unwatched."""
+    run = run_stack(spot=spot)
+    (node,) = of_type(run, "aws:ec2/instance:Instance")
+    waits = set(run.depends_on[f"{node.type} {node.name}"])
+    budget, topic = one(run, BUDGET).name, one(run, TOPIC).name
+    subscriptions = {s.name for s in of_type(run, "aws:sns/topicSubscription:TopicSubscription")}
+    assert subscriptions and {budget, topic, *subscriptions} <= waits
+
+
+def test_each_node_has_its_alarms_and_the_budget_action_stops_it():
+    run = run_stack(maxRuntimeHours=8)
+    (node,) = of_type(run, "aws:ec2/instance:Instance")
+    alarms = stop_alarms(run)
+    assert len(alarms) == 2
+    assert all(alarm.inputs["dimensions"] == {"InstanceId": node.id} for alarm in alarms)
+    definition = one(run, ACTION).inputs["definition"]["ssmActionDefinition"]
+    assert definition["instanceIds"] == [node.id]
+
+
+def test_a_running_node_without_gpu_metrics_notifies_and_is_not_stopped():
+    """An agent that never reports would blind the idle alarm: someone hears of it."""
+    plan = resolve("p4d.24xlarge", nodes=2)
+    config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, idle_minutes=45)
+    mocks, _, instance_ids = guarded_stack(plan, config)
+    topic_arn = one(mocks, TOPIC).state["arn"]
+    alarms = [alarm.inputs for alarm in silent_agent_alarms(mocks)]
+    assert len(alarms) == 2
+    for alarm, instance_id in zip(alarms, instance_ids, strict=True):
+        assert alarm["alarmActions"] == [topic_arn]  # a notification, never the stop action
+        queries = {query["id"]: query for query in alarm["metricQueries"]}
+        running, gpu = queries["running"]["metric"], queries["gpu"]["metric"]
+        assert (running["namespace"], running["metricName"]) == ("AWS/EC2", "CPUUtilization")
+        assert running["dimensions"] == {"InstanceId": instance_id}
+        assert (gpu["namespace"], gpu["metricName"]) == (
+            GPU_METRIC_NAMESPACE,
+            GPU_UTILIZATION_METRIC,
+        )
+        assert gpu["dimensions"] == {"InstanceId": instance_id}
+        assert queries["silent"]["expression"] == "IF(running > 0 AND FILL(gpu, 0) == 0, 1, 0)"
+        assert [q["id"] for q in alarm["metricQueries"] if q.get("returnData")] == ["silent"]
+        assert gpu["period"] * alarm["evaluationPeriods"] == 45 * 60
+        assert alarm["treatMissingData"] == "notBreaching"  # stopped: no datapoint, no alarm

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infra.components.iam import SSM_MANAGED_POLICY, instance_policy
 from infra.config.schema import S3Uri
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import node_policy, run_stack
 
 BUCKET = "arn:aws:s3:::stack-checkpoints"
@@ -54,13 +55,13 @@ def test_training_data_is_read_only_under_its_prefix():
 
 def test_stack_role_trusts_ec2_and_carries_ssm_core():
     run = run_stack(dataS3Uri="s3://corpus/tokens")
-    role = next(r for r in run.of_type("aws:iam/role:Role") if r.name.endswith("-node"))
+    role = next(r for r in of_type(run, "aws:iam/role:Role") if r.name.endswith("-node"))
     assert '"Service": "ec2.amazonaws.com"' in role.inputs["assumeRolePolicy"]
-    attachments = run.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+    attachments = of_type(run, "aws:iam/rolePolicyAttachment:RolePolicyAttachment")
     assert [a.inputs["policyArn"] for a in attachments] == [SSM_MANAGED_POLICY]
-    profile = run.one("aws:iam/instanceProfile:InstanceProfile")
+    profile = one(run, "aws:iam/instanceProfile:InstanceProfile")
     assert profile.inputs["role"] == role.state["name"]
     statements = by_sid(node_policy(run))
     assert statements["TrainingDataRead"]["Resource"] == ["arn:aws:s3:::corpus/tokens/*"]
-    bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
+    bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
     assert statements["CheckpointObjects"]["Resource"] == [f"{bucket}/*"]

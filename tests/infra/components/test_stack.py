@@ -6,12 +6,16 @@ import json
 import subprocess
 from pathlib import Path
 
+import pulumi
 import pytest
 
+from infra.dryrun.runner import run_program
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
 from policy import rules
+from tests.support.infra import data_file_prices
+from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     BASE_CONFIG,
     LAUNCH_TEMPLATE,
@@ -22,6 +26,7 @@ from tests.support.stack_runs import (
     node_policy,
     nodes_in_rank_order,
     run_stack,
+    training_log_group,
 )
 from tests.support.tools import require_tool
 from training.contract import DEFAULT_MASTER_PORT
@@ -49,14 +54,14 @@ def case(request):
 
 def test_ami_is_the_resolvers_ssm_parameter(case):
     plan, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
+    template = one(run, LAUNCH_TEMPLATE).inputs
     assert template["imageId"] == f"resolve:ssm:{plan.ami.ssm_parameter}"
     assert template["instanceType"] == plan.instance.type
 
 
 def test_imdsv2_required_with_two_hops_for_containers(case):
     _, _, run = case
-    metadata = run.one(LAUNCH_TEMPLATE).inputs["metadataOptions"]
+    metadata = one(run, LAUNCH_TEMPLATE).inputs["metadataOptions"]
     assert metadata["httpTokens"] == "required"
     assert metadata["httpPutResponseHopLimit"] == 2
     assert metadata["httpEndpoint"] == "enabled"
@@ -64,7 +69,7 @@ def test_imdsv2_required_with_two_hops_for_containers(case):
 
 def test_root_volume_is_encrypted_gp3_and_sized(case):
     plan, _, run = case
-    (root,) = run.one(LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
+    (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"] == root["ebs"] | {
         "encrypted": "true",
         "volumeType": "gp3",
@@ -76,7 +81,7 @@ def test_root_volume_is_encrypted_gp3_and_sized(case):
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
     plan, _, run = case
-    ingress = run.one(SECURITY_GROUP).inputs.get("ingress", [])
+    ingress = one(run, SECURITY_GROUP).inputs.get("ingress", [])
     assert all(not rule.get("cidrBlocks") for rule in ingress)
     assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
     if plan.nodes > 1:
@@ -89,9 +94,9 @@ def test_no_inbound_from_the_internet_and_no_ssh(case):
 
 def test_efa_and_placement_group_only_for_multi_node(case):
     plan, _, run = case
-    template = run.one(LAUNCH_TEMPLATE).inputs
+    template = one(run, LAUNCH_TEMPLATE).inputs
     interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
-    groups = run.of_type(PLACEMENT_GROUP)
+    groups = of_type(run, PLACEMENT_GROUP)
     if plan.nodes == 1:
         assert groups == []
         assert "groupName" not in template["placement"]
@@ -114,10 +119,10 @@ def test_efa_and_placement_group_only_for_multi_node(case):
 
 def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
     plan, spot, run = case
-    template = run.one(LAUNCH_TEMPLATE)
+    template = one(run, LAUNCH_TEMPLATE)
     nodes = nodes_in_rank_order(run)
     assert len(nodes) == plan.nodes
-    assert run.of_type("aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
+    assert of_type(run, "aws:ec2/spotInstanceRequest:SpotInstanceRequest") == []
     for node in nodes:
         assert node.inputs["launchTemplate"]["id"] == template.id
         market = node.inputs.get("instanceMarketOptions")
@@ -159,9 +164,9 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case
 
 def test_instance_role_names_only_the_stacks_own_resources(case):
     _, _, run = case
-    bucket = run.one("aws:s3/bucket:Bucket").state["arn"]
-    repository = run.one("aws:ecr/repository:Repository").state["arn"]
-    log_group = run.one("aws:cloudwatch/logGroup:LogGroup").state["arn"]
+    bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
+    repository = one(run, "aws:ecr/repository:Repository").state["arn"]
+    log_group = training_log_group(run).state["arn"]
     own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
@@ -178,7 +183,7 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
 
 def test_every_aws_resource_uses_the_tagged_provider(case):
     _, _, run = case
-    (provider,) = run.of_type("pulumi:providers:aws")
+    (provider,) = of_type(run, "pulumi:providers:aws")
     # Provider inputs travel as JSON text.
     tags = json.loads(provider.inputs["defaultTags"])
     assert tags == {"tags": {"gpu-stack": "gpu-training-stack-test"}}
@@ -197,7 +202,7 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
     assert outputs["ssm_sessions"] == [
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
-    assert outputs["checkpoint_bucket"] == run.one("aws:s3/bucket:Bucket").state["bucket"]
+    assert outputs["checkpoint_bucket"] == one(run, "aws:s3/bucket:Bucket").state["bucket"]
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
         requests = [node.state["spotInstanceRequestId"] for node in nodes]
@@ -210,7 +215,7 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
 def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     plan, spot, run = case
     outputs = run.outputs
-    instance = load_catalog().instance(plan.instance.type)
+    instance = data_file_prices(plan.instance.type)
     on_demand = instance.on_demand_usd_per_hour * plan.nodes
     spot_price = instance.spot_usd_per_hour * plan.nodes
     hourly = spot_price if spot else on_demand
@@ -224,7 +229,7 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
 
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
-    spot_price = load_catalog().instance("p3.2xlarge").spot_usd_per_hour
+    spot_price = data_file_prices("p3.2xlarge").spot_usd_per_hour
     assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
     # The runway is what one period's budget buys: hours a day here.
     assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
@@ -312,3 +317,19 @@ def test_warnings_output_holds_the_plans_and_the_guardrails():
     assert not any(
         "alertEmails" in w for w in run_stack(alertEmails=["ml@company.io"]).outputs["warnings"]
     )
+
+
+def test_a_stack_is_priced_for_its_own_region():
+    prices = load_catalog().prices
+    run = run_program({**BASE_CONFIG, "profile": "v100x1"}, stack="test", aws_region="eu-west-1")
+    ireland = prices.price("eu-west-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p3.2xlarge").on_demand_usd_per_hour
+    assert run.outputs["on_demand_usd_per_hour"] == pytest.approx(ireland, abs=0.005)
+
+
+def test_a_region_without_prices_fails_preview_in_one_sentence():
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(BASE_CONFIG, stack="test", aws_region="eu-west-3")
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith("aws:region is 'eu-west-3': ")
+    assert "regions with prices: eu-west-1, us-east-1, us-west-2" in message

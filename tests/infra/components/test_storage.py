@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
+
 from infra.components.storage import NONCURRENT_VERSION_DAYS
 from infra.knowledge.profiles import resolve_profile
-from tests.support.stack_runs import run_stack
+from tests.support.mock_runs import one
+from tests.support.stack_runs import run_stack, training_log_group
 
 
 def test_checkpoint_bucket_is_private_encrypted_versioned_and_expires_old_versions():
     run = run_stack()
-    bucket = run.one("aws:s3/bucket:Bucket")
-    block = run.one("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
+    bucket = one(run, "aws:s3/bucket:Bucket")
+    block = one(run, "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock").inputs
     assert block["bucket"] == bucket.id
     for key in (
         "blockPublicAcls",
@@ -19,14 +22,15 @@ def test_checkpoint_bucket_is_private_encrypted_versioned_and_expires_old_versio
         "restrictPublicBuckets",
     ):
         assert block[key] is True, key
-    (rule,) = run.one(
-        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration"
+    (rule,) = one(
+        run,
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
     ).inputs["rules"]
     assert rule["applyServerSideEncryptionByDefault"]["sseAlgorithm"] == "AES256"
-    versioning = run.one("aws:s3/bucketVersioning:BucketVersioning").inputs
+    versioning = one(run, "aws:s3/bucketVersioning:BucketVersioning").inputs
     assert versioning["versioningConfiguration"]["status"] == "Enabled"
-    (lifecycle,) = run.one(
-        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+    (lifecycle,) = one(
+        run, "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
     ).inputs["rules"]
     assert lifecycle["status"] == "Enabled"
     assert lifecycle["noncurrentVersionExpiration"]["noncurrentDays"] == NONCURRENT_VERSION_DAYS
@@ -34,14 +38,14 @@ def test_checkpoint_bucket_is_private_encrypted_versioned_and_expires_old_versio
 
 
 def test_repository_scans_on_push_and_keeps_tags_immutable():
-    repository = run_stack().one("aws:ecr/repository:Repository").inputs
+    repository = one(run_stack(), "aws:ecr/repository:Repository").inputs
     assert repository["imageTagMutability"] == "IMMUTABLE"
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
 
 
 def test_log_group_per_stack_with_configured_retention():
     run = run_stack(logRetentionDays=14)
-    group = run.one("aws:cloudwatch/logGroup:LogGroup").inputs
+    group = training_log_group(run).inputs
     assert group["name"] == "/gpu-training/gpu-training-stack-test"
     assert group["retentionInDays"] == 14
     assert run.outputs["log_group"] == group["name"]
@@ -50,7 +54,49 @@ def test_log_group_per_stack_with_configured_retention():
 def test_image_tag_defaults_to_the_variant_release_tag_and_can_be_pinned():
     default = run_stack()
     assert default.outputs["image_uri"].endswith(f":{resolve_profile('a100x8').image_tag}")
-    repository = default.one("aws:ecr/repository:Repository").state["repositoryUrl"]
+    repository = one(default, "aws:ecr/repository:Repository").state["repositoryUrl"]
     assert default.outputs["image_uri"].startswith(repository + ":")
     pinned = run_stack(imageTag="my-experiment-7")
     assert pinned.outputs["image_uri"].endswith(":my-experiment-7")
+
+
+BUCKET = "aws:s3/bucket:Bucket"
+REPOSITORY = "aws:ecr/repository:Repository"
+
+
+def test_by_default_destroy_keeps_the_bucket_and_repository_as_they_are():
+    """S3 and ECR refuse to delete a bucket or repository with data: destroy leaves them."""
+    run = run_stack()
+    assert not one(run, BUCKET).inputs.get("forceDestroy")
+    assert not one(run, REPOSITORY).inputs.get("forceDelete")
+    kept = {r.name for r in run.resources if r.type.startswith(("aws:s3/", "aws:ecr/"))}
+    assert kept and kept <= run.retain_on_delete_names
+    bucket = one(run, BUCKET).state["bucket"]
+    assert run.outputs["kept_on_destroy"] == [
+        f"s3://{bucket}",
+        one(run, REPOSITORY).state["repositoryUrl"],
+    ]
+
+
+def test_delete_data_on_destroy_empties_bucket_and_repository():
+    run = run_stack(deleteDataOnDestroy=True)
+    assert one(run, BUCKET).inputs["forceDestroy"] is True
+    assert one(run, REPOSITORY).inputs["forceDelete"] is True
+    assert not run.retain_on_delete_names
+    assert run.outputs["kept_on_destroy"] == []
+
+
+def test_the_bucket_denies_every_request_without_tls():
+    run = run_stack()
+    policy = one(run, "aws:s3/bucketPolicy:BucketPolicy").inputs
+    bucket = one(run, BUCKET)
+    assert policy["bucket"] == bucket.id
+    (statement,) = json.loads(policy["policy"])["Statement"]
+    assert (statement["Effect"], statement["Principal"], statement["Action"]) == (
+        "Deny",
+        "*",
+        "s3:*",
+    )
+    arn = bucket.state["arn"]
+    assert statement["Resource"] == [arn, f"{arn}/*"]
+    assert statement["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}

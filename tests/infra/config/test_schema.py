@@ -9,8 +9,8 @@ import pulumi
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.config.schema import config_from_pulumi, load_stack_config, own_keys
-from infra.dryrun.run import RecordingMocks
+from infra.config.schema import load_stack_config, own_keys
+from infra.dryrun.mocks import RecordingMocks
 from infra.errors import ConfigError
 from tests.support.stack_runs import BASE_CONFIG, run_stack
 
@@ -81,7 +81,7 @@ def check_job(tmp_path: Path, toml: str, **config: str) -> None:
     job = tmp_path / "job.toml"
     job.write_text(toml)
     stack = load_stack_config({**BASE_CONFIG, **config, "trainConfig": str(job)})
-    stack.check_plan(stack.resolve_plan())
+    stack.check_plan(stack.resolve_plan("us-east-1"))
 
 
 @pytest.mark.parametrize("nodes", ["1", "2"])
@@ -168,12 +168,16 @@ def test_values_arrive_as_pulumi_strings_and_parse_strictly():
 
 def test_overrides_resolve_against_the_profile():
     # The instance type changes: the variant is chosen again for it.
-    v100 = load_stack_config({"instanceType": "p3.2xlarge", **BASE_CONFIG}).resolve_plan()
+    v100 = load_stack_config({"instanceType": "p3.2xlarge", **BASE_CONFIG}).resolve_plan(
+        "us-east-1"
+    )
     assert v100.instance.type == "p3.2xlarge" and v100.variant.name != "cu130"
     # Only the node count changes: the profile's instance and variant stay.
-    two = load_stack_config({"profile": "a100x8-80g", "nodes": "2", **BASE_CONFIG}).resolve_plan()
+    two = load_stack_config({"profile": "a100x8-80g", "nodes": "2", **BASE_CONFIG}).resolve_plan(
+        "us-east-1"
+    )
     assert (two.instance.type, two.nodes) == ("p4de.24xlarge", 2)
-    profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan()
+    profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan("us-east-1")
     assert two.variant == profile.variant
     assert two.on_demand_usd_per_hour == pytest.approx(2 * profile.on_demand_usd_per_hour)
 
@@ -182,13 +186,3 @@ def test_every_key_is_documented():
     doc = (Path(__file__).resolve().parents[3] / "docs" / "stack.md").read_text()
     for key in (*own_keys(), *GuardrailConfig.config_keys()):
         assert f"`gpu:{key}`" in doc, key
-
-
-def test_config_is_read_from_the_whole_namespace(monkeypatch):
-    # The Pulumi language host hands the stack's config over in PULUMI_CONFIG.
-    monkeypatch.setenv("PULUMI_CONFIG", '{"gpu:nodes": "2", "aws:region": "us-west-2"}')
-    pulumi.runtime.set_all_config({"gpu:spot": "true"})
-    try:
-        assert config_from_pulumi(pulumi.Config("gpu")) == {"nodes": "2", "spot": "true"}
-    finally:
-        pulumi.runtime.set_all_config({})

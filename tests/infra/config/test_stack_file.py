@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path
+from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
 
 
@@ -39,3 +39,15 @@ def test_bad_stack_file_is_one_line_naming_the_file(tmp_path, config, expected):
     with pytest.raises(ConfigError) as caught:
         load_stack_file(path)
     assert expected in str(caught.value) and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize("path", sorted(REPO_ROOT.glob("Pulumi.*.yaml")), ids=lambda p: p.name)
+def test_every_example_stack_stops_a_runaway_node_within_its_budget(path):
+    """A hung job keeps its GPUs busy, so only the runtime alarm stops it before the budget:
+    each example sets gpu:maxRuntimeHours, and one run that long fits in the budget."""
+    stack = load_stack_file(path)
+    hours = stack.guardrails.max_runtime_hours
+    assert hours is not None, f"{path.name} sets no gpu:maxRuntimeHours"
+    plan = stack.resolve_plan(stack_file_region(path))
+    hourly = plan.spot_usd_per_hour if stack.spot else plan.on_demand_usd_per_hour
+    assert hours * hourly <= stack.guardrails.budget_usd

@@ -9,10 +9,12 @@ import yaml
 
 from infra.cli import COMMANDS, main
 from infra.config.stack_file import stack_file_config
-from infra.dryrun.run import describe_run, run_stack_file, with_resources
+from infra.dryrun.plan_command import with_resources
+from infra.dryrun.report import describe_run
+from infra.dryrun.runner import run_stack_file
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.infra import run_cli
+from tests.support.infra import data_file_prices, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -63,7 +65,7 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     assert any(line.startswith(f"image variant  {plan.variant.name} (") for line in lines)
     # The costs, from the catalog's prices and the stack file's budget.
     budget = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]["gpu:budgetUsd"]
-    p4d = load_catalog().instance("p4d.24xlarge")
+    p4d = data_file_prices("p4d.24xlarge")
     on_demand, spot = p4d.on_demand_usd_per_hour, p4d.spot_usd_per_hour
     assert any(line.startswith(f"on-demand      ${on_demand:.2f}/h") for line in lines)
     assert any(line.startswith(f"spot           ${spot:.2f}/h") for line in lines)
@@ -73,7 +75,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
         f"runway         {budget / on_demand:.1f} h a month at full load on-demand "
         f"(on-demand {budget / on_demand:.1f} h, spot {budget / spot:.1f} h)"
     ) in lines
-    assert "longest run" not in out  # the stack file sets no gpu:maxRuntimeHours
+    hours = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"][
+        "gpu:maxRuntimeHours"
+    ]
+    assert (
+        f"longest run    ${hours * on_demand:,.2f} on-demand: gpu:maxRuntimeHours stops each "
+        f"node after {hours:g} h"
+    ) in lines
 
 
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
@@ -86,7 +94,7 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monk
     monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p3 = load_catalog().instance("p3.2xlarge")
+    p3 = data_file_prices("p3.2xlarge")
     on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
     # Two nodes is not the v100x1 profile: its description would not hold.
@@ -142,3 +150,27 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert result.returncode == 0, result.stderr
     (line,) = [line for line in result.stdout.splitlines() if "gpu:alertEmails" in line]
     assert line.startswith("warning ") and "you@example.com" in line
+
+
+def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch, capsys):
+    stack = tmp_path / "Pulumi.ireland.yaml"
+    stack.write_text(
+        "config:\n  aws:region: eu-west-1\n  gpu:profile: a100x8\n  gpu:budgetUsd: 2000\n"
+        "  gpu:alertEmails: [ml@example.com]\n"
+    )
+    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
+    assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
+    out = capsys.readouterr().out
+    prices = load_catalog().prices
+    ireland = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert ireland != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
+    assert f"market         on-demand: ${ireland:.2f}/h for the stack" in out.splitlines()
+    assert "prices         eu-west-1 (estimates)" in out
+
+
+def test_a_missing_stack_file_names_the_profiles_that_have_one():
+    result = run_cli("plan", "no-such-profile", "--resources")
+    assert result.returncode == 2
+    stack_files = REPO.glob("Pulumi.*.yaml")
+    for name in (path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in stack_files):
+        assert name in result.stderr

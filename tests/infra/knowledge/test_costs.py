@@ -1,9 +1,10 @@
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.knowledge.costs import DAYS_PER_MONTH, cost_summary, hourly_usd
+from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
+from tests.support.infra import data_file_prices
 
 PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
 
@@ -46,7 +47,7 @@ def test_daily_budget_is_shown_per_month_and_max_run_priced():
     config = GuardrailConfig(budget_usd=30, budget_period="DAILY", max_runtime_hours=8)
     summary = cost_summary(plan, config)
     assert summary["budget_period"] == "DAILY"
-    assert summary["monthly_budget_usd"] == round(30 * DAYS_PER_MONTH, 2)
+    assert summary["monthly_budget_usd"] == round(30 * 365 / 12, 2)  # an average month
     assert summary["runway_hours"] == 9.8  # 30 / 3.06: hours per day of full load
     assert summary["max_run_usd"] == 24.48
 
@@ -56,4 +57,12 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
     plan = resolve_profile(profile)
     summary = cost_summary(plan, GuardrailConfig(budget_usd=1000))
     assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
-    assert summary["runway_hours"] == round(1000 / hourly_usd(plan, spot=False), 1)
+    on_demand = data_file_prices(plan.instance.type).on_demand_usd_per_hour * plan.nodes
+    assert summary["runway_hours"] == round(1000 / on_demand, 1)
+
+
+def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
+    plan = resolve("p4d.24xlarge", nodes=2)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
+    # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
+    assert summary["worst_case_overspend_usd"] == round(2 * 32.7726 * 6 / 60, 2)

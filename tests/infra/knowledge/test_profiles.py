@@ -1,4 +1,4 @@
-"""The seed's profiles resolve to the intended instances, with prices beside the seed's range."""
+"""The profiles resolve to the intended instances, with prices beside the selection guide's."""
 
 import datetime
 from pathlib import Path
@@ -8,9 +8,9 @@ import pytest
 from infra.errors import ConfigError
 from infra.knowledge.profiles import (
     PROFILES_PATH,
+    guide_price_warning,
     load_profiles,
     resolve_profile,
-    seed_price_warning,
 )
 
 TODAY = datetime.date(2026, 11, 30)
@@ -25,7 +25,7 @@ def modified_profiles(tmp_path: Path, old: str, new: str) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("name", "instance_type", "gpus", "gpu_model", "seed"),
+    ("name", "instance_type", "gpus", "gpu_model", "guide"),
     [
         ("v100x1", "p3.2xlarge", 1, "V100", (8, 12)),
         ("a100x2", "g6e.12xlarge", 4, "L40S", (25, 35)),
@@ -33,7 +33,7 @@ def modified_profiles(tmp_path: Path, old: str, new: str) -> Path:
         ("a100x8", "p4d.24xlarge", 8, "A100", None),
     ],
 )
-def test_profiles_resolve_to_their_instances(name, instance_type, gpus, gpu_model, seed):
+def test_profiles_resolve_to_their_instances(name, instance_type, gpus, gpu_model, guide):
     profiles = load_profiles()
     plan = resolve_profile(name, today=TODAY)
     assert (plan.instance.type, plan.gpus, plan.instance.gpu_model) == (
@@ -41,7 +41,7 @@ def test_profiles_resolve_to_their_instances(name, instance_type, gpus, gpu_mode
         gpus,
         gpu_model,
     )
-    assert profiles.get(name).seed_cny_per_hour == seed
+    assert profiles.get(name).guide_cny_per_hour == guide
     assert profiles.get(name).mapping  # every profile says why it maps where it does
 
 
@@ -66,21 +66,21 @@ def test_a100x2_explains_that_aws_sells_no_two_a100_instance():
 def test_v100_profile_carries_the_end_of_life_warning_and_the_price_gap():
     plan = resolve_profile("v100x1", today=TODAY)
     assert any("past end of life" in warning for warning in plan.warnings)
-    # 3.06 USD/h x 7.10 = 21.7 CNY/h, above the seed's 8-12.
-    gap = [warning for warning in plan.warnings if "seed's 8-12 CNY/h" in warning]
+    # 3.06 USD/h x 7.10 = 21.7 CNY/h, above the guide's 8-12.
+    gap = [warning for warning in plan.warnings if "selection guide's 8-12 CNY/h" in warning]
     assert len(gap) == 1 and "22 CNY/h is above" in gap[0]
 
 
-def test_price_inside_the_seed_range_adds_no_warning():
+def test_price_inside_the_guide_range_adds_no_warning():
     profiles = load_profiles()
     profile = profiles.get("v100x1")
     plan = resolve_profile("v100x1", today=TODAY)
     rate = profiles.exchange_rate
     assert rate.to_cny(plan.on_demand_usd_per_hour) == pytest.approx(3.06 * rate.cny_per_usd)
     cheap = type(plan)(**{**plan.__dict__, "on_demand_usd_per_hour": 10 / rate.cny_per_usd})
-    assert seed_price_warning(profile, cheap, rate) is None
+    assert guide_price_warning(profile, cheap, rate) is None
     dear = type(plan)(**{**plan.__dict__, "on_demand_usd_per_hour": 5 / rate.cny_per_usd})
-    assert "below the seed's 8-12 CNY/h" in seed_price_warning(profile, dear, rate)
+    assert "below the selection guide's 8-12 CNY/h" in guide_price_warning(profile, dear, rate)
 
 
 def test_exchange_rate_has_date_and_source():
@@ -102,9 +102,9 @@ def test_unknown_profile_names_the_known_ones():
             ["profile 'v100x1'", "field 'instance_typ'", "unknown key"],
         ),
         (
-            "seed_cny_per_hour = [8, 12]",
-            "seed_cny_per_hour = [12, 8]",
-            ["profile 'v100x1'", "field 'seed_cny_per_hour'", "low <= high"],
+            "guide_cny_per_hour = [8, 12]",
+            "guide_cny_per_hour = [12, 8]",
+            ["profile 'v100x1'", "field 'guide_cny_per_hour'", "low <= high"],
         ),
         ('default = "a100x8"', 'default = "a100x16"', ["'default'", "a100x16", "v100x1"]),
         ("cny_per_usd = 7.10", "cny_per_usd = -7.10", ["exchange_rate", "field 'cny_per_usd'"]),

@@ -1,12 +1,13 @@
 """The resolver over every catalog instance x image variant, and its rules one by one."""
 
 import datetime
+import tomllib
 
 import pytest
 
 from images.matrix import load_matrix
 from infra.errors import ConfigError
-from infra.knowledge.catalog import load_catalog
+from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.resolver import resolve
 from tests.support.infra import modified_catalog
 
@@ -64,8 +65,10 @@ def test_every_instance_and_variant_resolves_or_explains(instance_type, variant_
     assert wheels_run_on(variant.compute_capabilities, instance.compute_capability)
     assert instance.compute_capability in plan.ami.compute_capabilities
     assert versions(plan.ami.driver_version) >= versions(variant.min_driver)
-    assert plan.on_demand_usd_per_hour == pytest.approx(nodes * instance.on_demand_usd_per_hour)
-    assert plan.spot_usd_per_hour == pytest.approx(nodes * instance.spot_usd_per_hour)
+    price = CATALOG.prices.price("us-east-1", instance_type)  # a plan without a region's
+    assert plan.price == price
+    assert plan.on_demand_usd_per_hour == pytest.approx(nodes * price.on_demand_usd_per_hour)
+    assert plan.spot_usd_per_hour == pytest.approx(nodes * price.spot_usd_per_hour)
     assert plan.gpus == nodes * instance.gpu_count
     tag = f"{MATRIX.release}-torch{variant.torch}-{variant.name}-py{variant.python}"
     assert plan.image_tag == tag
@@ -119,6 +122,17 @@ def test_p3_plan_warns_that_amazon_linux_2_is_past_end_of_life():
     assert plan.ami.os == "Amazon Linux 2"
     eol = [w for w in plan.warnings if "past end of life" in w]
     assert len(eol) == 1 and "2026-06-30" in eol[0] and "Amazon Linux 2" in eol[0]
+
+
+def test_a_v100_plan_says_in_one_line_that_no_supported_ami_remains():
+    """The last AL2 proprietary-driver DLAMI (amis.toml: no_longer_supports) lists no P3."""
+    amis = tomllib.loads((CATALOG_DIR / "amis.toml").read_text())["ami"]
+    (family,) = [name for name, ami in amis.items() if "p3" in ami.get("no_longer_supports", [])]
+    plan = resolve("p3.2xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    assert plan.ami.name == family
+    first = plan.warnings[0]
+    assert first.startswith("no AMI that AWS supports boots p3.2xlarge any more: ")
+    assert "no longer lists P3" in first and "2026-06-30" in first and "\n" not in first
 
 
 def test_end_of_life_is_computed_against_the_given_day():

@@ -115,7 +115,7 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
         "Restart=on-failure",
         "RestartPreventExitStatus=2",
         "WantedBy=multi-user.target",
-        "ExecStartPre=/opt/gpu-stack/prepare-scratch.sh",
+        "ExecStartPre=-/opt/gpu-stack/prepare-scratch.sh",  # "-": scratch never stops the job
         "ExecStart=/opt/gpu-stack/run-training.sh",
         "ConditionPathExists=!/var/lib/gpu-stack/job-done",
     ):
@@ -196,6 +196,9 @@ fi
 if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
 """
 # Records the call and makes the directories: chown to the image's user needs root.
+FAKE_RECORDER = """#!/bin/bash
+echo "$(basename "$0") $*" >> "$CALLS/host"
+"""
 FAKE_INSTALL = """#!/bin/bash
 echo "$*" >> "$CALLS/install"
 for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done
@@ -215,9 +218,18 @@ def run_training_script(
     """Render run-training.sh with its state and scratch under tmp_path, run it with stand-ins."""
     root = tmp_path / "node"
     script = render_files(boot)[f"{userdata.BIN_DIR}/run-training.sh"]
-    for directory in (userdata.STATE_DIR, userdata.SCRATCH_DIR, userdata.ETC_DIR):
+    for directory in (
+        userdata.STATE_DIR,
+        userdata.SCRATCH_DIR,
+        userdata.ETC_DIR,
+        userdata.BIN_DIR,
+    ):
         script = script.replace(directory, f"{root}{directory}")
     script = script.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
+    metrics = root / userdata.GPU_METRICS_SCRIPT.lstrip("/")
+    metrics.parent.mkdir(parents=True)
+    metrics.write_text(FAKE_RECORDER)
+    metrics.chmod(stat.S_IRWXU)
     path = tmp_path / "run-training.sh"
     path.write_text(script)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -228,6 +240,7 @@ def run_training_script(
         "aws": FAKE_AWS,
         "docker": FAKE_DOCKER,
         "install": FAKE_INSTALL,
+        "shutdown": FAKE_RECORDER,
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(body)
@@ -411,10 +424,34 @@ def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
     assert not (root / "var/lib/gpu-stack/job-done").exists()
 
 
-def test_finished_job_is_marked_done_so_later_boots_leave_it(tmp_path):
-    result, _, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
+def host_calls(calls: Path) -> list[str]:
+    return (calls / "host").read_text().splitlines() if (calls / "host").exists() else []
+
+
+def test_finished_job_is_marked_done_and_stops_the_node(tmp_path):
+    result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
     assert result.returncode == 0
     assert (root / "var/lib/gpu-stack/job-done").exists()
+    assert "shutdown -h +1 gpu-stack: training finished" in host_calls(calls)
+
+
+@pytest.mark.parametrize("exit_code", [1, 2, 75])
+def test_an_unfinished_job_leaves_the_node_running(tmp_path, exit_code):
+    result, calls, _ = run_training_script(
+        tmp_path, node(), driver="595.91.07", exit_code=exit_code
+    )
+    assert result.returncode == exit_code
+    assert not any(line.startswith("shutdown") for line in host_calls(calls))
+
+
+def test_gpu_metrics_stop_during_sync_and_pull_and_start_right_before_the_job(tmp_path):
+    """Boot, data sync and image pull publish no GPU metrics, so they never read as idle."""
+    result, calls, _ = run_training_script(tmp_path, node(), driver="595.91.07")
+    assert result.returncode == 0, result.stderr
+    metrics = [line for line in host_calls(calls) if line.startswith("gpu-metrics.sh")]
+    assert metrics == ["gpu-metrics.sh stop", "gpu-metrics.sh start"]
+    docker = (calls / "docker").read_text().splitlines()
+    assert docker[-1] == "run" and "pull" in docker  # the job started after the pull
 
 
 FAKE_RAID_TOOL = """#!/bin/bash

@@ -1,7 +1,8 @@
 #!/bin/bash
-# Publish GPU utilisation to CloudWatch once a minute: the guardrails' idle alarm
-# stops the nodes when it stays low. The agent runs as its own systemd service, so
-# after this first start it comes back on every boot by itself.
+# Start or stop publishing GPU utilisation to CloudWatch (once a minute): the guardrails'
+# idle alarm stops the node when it stays low. run-training.sh starts it right before the
+# training container and stops it at its own start, so only a running job is measured.
+# Usage: gpu-metrics.sh start|stop
 # Rendered by infra/node/boot.py, which fills in the placeholders.
 set -euo pipefail
 
@@ -10,6 +11,18 @@ readonly AGENT_CTL=/opt/aws/amazon-cloudwatch-agent/bin/amazon-cloudwatch-agent-
 readonly UBUNTU_PACKAGE=https://amazoncloudwatch-agent.s3.amazonaws.com/ubuntu/amd64/latest/amazon-cloudwatch-agent.deb
 
 log() { echo "gpu-stack metrics: $*"; }
+
+case "${1:-}" in
+  stop)
+    if [ -x "$AGENT_CTL" ]; then "$AGENT_CTL" -a stop -m ec2; fi
+    exit 0
+    ;;
+  start) ;;
+  *)
+    echo "usage: $0 start|stop" >&2
+    exit 64
+    ;;
+esac
 
 if [ ! -x "$AGENT_CTL" ]; then
   log "installing the CloudWatch agent"

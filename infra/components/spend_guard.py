@@ -1,0 +1,257 @@
+"""The spend guard around one stack: its ledger table, its function, its role and its schedule.
+
+The function (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES, counts the
+running time of every instance carrying the stack's cost tag at the prices of the stack's region,
+keeps the period's spend in the ledger table, notifies the alert topic at each threshold and
+stops the stack's instances at the budget. Billing data plays no part, so it acts within minutes
+where AWS Budgets acts within hours.
+
+AWS behaviour the resources rely on (mocks accept anything):
+- Lambda's Python runtimes include boto3, so the code ships as a plain archive of
+  infra/functions/ ("Lambda runtimes", docs.aws.amazon.com/lambda/latest/dg/lambda-runtimes.html).
+- ec2:StopInstances honours `aws:ResourceTag/<key>`; the Describe actions take no resource-level
+  permission, only "*" ("Actions, resources, and condition keys for Amazon EC2",
+  docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).
+- EventBridge Scheduler invokes a Lambda target as a role it may assume, which needs
+  lambda:InvokeFunction ("Set up the execution role", docs.aws.amazon.com/scheduler/latest/
+  UserGuide/setting-up.html#setting-up-execution-role).
+- The alert topic's policy names only AWS services; the function publishes as an identity of the
+  same account, which its own IAM policy allows (same-account access needs either policy:
+  "Policy evaluation logic", docs.aws.amazon.com/IAM/latest/UserGuide/
+  reference_policies_evaluation-logic.html).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config.guardrails import GuardrailConfig
+from infra.functions.ledger import PERIOD_KEY
+from infra.functions.settings import GuardSettings
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.resolver import Plan
+
+FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
+HANDLER = "infra.functions.spend_guard.handler"
+RUNTIME = "python3.12"
+LOG_RETENTION_DAYS = 30
+LAMBDA_PRINCIPAL = "lambda.amazonaws.com"
+SCHEDULER_PRINCIPAL = "scheduler.amazonaws.com"
+
+
+@dataclass(frozen=True)
+class SpendGuardArgs:
+    plan: Plan  # its region picks the prices the function counts with
+    guardrails: GuardrailConfig  # budget, period and alert thresholds
+    cost_tag: tuple[str, str]  # (key, value) on every instance of the stack
+    alert_topic_arn: pulumi.Input[str]
+
+
+class SpendGuard(pulumi.ComponentResource):
+    """A ledger of the stack's EC2 spend, kept every few minutes, that stops it at the budget."""
+
+    def __init__(
+        self, name: str, args: SpendGuardArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpu:infra:SpendGuard", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        lookup = pulumi.InvokeOutputOptions(parent=self)
+        region = aws.get_region_output(opts=lookup).region
+        caller = aws.get_caller_identity_output(opts=lookup)
+        account = caller.account_id
+        partition = caller.arn.apply(lambda arn: arn.split(":")[1])
+        tags = dict([args.cost_tag])
+
+        self.ledger = aws.dynamodb.Table(
+            f"{name}-spend-ledger",
+            billing_mode="PAY_PER_REQUEST",
+            hash_key=PERIOD_KEY,
+            attributes=[aws.dynamodb.TableAttributeArgs(name=PERIOD_KEY, type="S")],
+            point_in_time_recovery=aws.dynamodb.TablePointInTimeRecoveryArgs(enabled=True),
+            tags=tags,
+            opts=child,
+        )
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-spend-guard", retention_in_days=LOG_RETENTION_DAYS, tags=tags, opts=child
+        )
+        role = aws.iam.Role(
+            f"{name}-spend-guard",
+            description="Lets the spend guard read EC2, keep its ledger, alert and stop the stack",
+            assume_role_policy=account.apply(
+                lambda acct: json.dumps(_trust(LAMBDA_PRINCIPAL, acct))
+            ),
+            tags=tags,
+            opts=child,
+        )
+        role_policy = aws.iam.RolePolicy(
+            f"{name}-spend-guard",
+            role=role.id,
+            policy=pulumi.Output.all(
+                partition, region, account, self.ledger.arn, args.alert_topic_arn, log_group.arn
+            ).apply(lambda values: json.dumps(guard_policy(*values, cost_tag=args.cost_tag))),
+            opts=child,
+        )
+        prices = {
+            instance_type: price.by_market()
+            for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
+        }
+        environment = pulumi.Output.all(self.ledger.name, args.alert_topic_arn).apply(
+            lambda values: GuardSettings(
+                table=values[0],
+                topic_arn=values[1],
+                cost_tag=args.cost_tag,
+                budget_usd=args.guardrails.budget_usd,
+                budget_period=args.guardrails.budget_period,
+                thresholds_percent=args.guardrails.actual_thresholds_percent,
+                region=args.plan.price.region,
+                prices=prices,
+            ).to_environment()
+        )
+        self.function = aws.lambda_.Function(
+            f"{name}-spend-guard",
+            description="Counts the stack's EC2 spend and stops it at the budget",
+            runtime=RUNTIME,
+            handler=HANDLER,
+            code=function_archive(),
+            role=role.arn,
+            timeout=SPEND_GUARD_TIMEOUT_SECONDS,
+            memory_size=256,
+            environment=aws.lambda_.FunctionEnvironmentArgs(variables=environment),
+            logging_config=aws.lambda_.FunctionLoggingConfigArgs(
+                log_format="Text", log_group=log_group.name
+            ),
+            tags=tags,
+            # Its first run must be able to read, write and stop.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[role_policy]),
+        )
+        schedule_role = aws.iam.Role(
+            f"{name}-spend-guard-schedule",
+            description="Lets EventBridge Scheduler run the spend guard",
+            assume_role_policy=account.apply(
+                lambda acct: json.dumps(_trust(SCHEDULER_PRINCIPAL, acct))
+            ),
+            tags=tags,
+            opts=child,
+        )
+        schedule_policy = aws.iam.RolePolicy(
+            f"{name}-spend-guard-schedule",
+            role=schedule_role.id,
+            policy=self.function.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": arn}
+                        ],
+                    }
+                )
+            ),
+            opts=child,
+        )
+        self.schedule = aws.scheduler.Schedule(
+            f"{name}-spend-guard",
+            description=f"Runs the spend guard every {SPEND_GUARD_PERIOD_MINUTES} minutes",
+            schedule_expression=f"rate({SPEND_GUARD_PERIOD_MINUTES} minutes)",
+            flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+            target=aws.scheduler.ScheduleTargetArgs(
+                arn=self.function.arn,
+                role_arn=schedule_role.arn,
+                # A run older than one period is superseded by the next one.
+                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(
+                    maximum_event_age_in_seconds=SPEND_GUARD_PERIOD_MINUTES * 60,
+                    maximum_retry_attempts=2,
+                ),
+            ),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[schedule_policy]),
+        )
+
+        self.ledger_table_name = self.ledger.name
+        self.register_outputs(
+            {
+                "ledgerTableName": self.ledger.name,
+                "functionName": self.function.name,
+                "scheduleName": self.schedule.name,
+            }
+        )
+
+
+def function_archive() -> pulumi.AssetArchive:
+    """infra/functions/ under its package path, so the handler imports as it does here."""
+    return pulumi.AssetArchive(
+        {
+            "infra/__init__.py": pulumi.StringAsset(""),
+            "infra/functions": pulumi.FileArchive(str(FUNCTIONS_DIR)),
+        }
+    )
+
+
+def guard_policy(
+    partition: str,
+    region: str,
+    account: str,
+    table_arn: str,
+    topic_arn: str,
+    log_group_arn: str,
+    *,
+    cost_tag: tuple[str, str],
+) -> dict[str, Any]:
+    """Stop only instances carrying the stack's tag; read EC2; its own table, topic and logs."""
+    tag_key, tag_value = cost_tag
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "StopTheStacksInstances",
+                "Effect": "Allow",
+                "Action": "ec2:StopInstances",
+                "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
+                "Condition": {"StringEquals": {f"aws:ResourceTag/{tag_key}": tag_value}},
+            },
+            {
+                "Sid": "ReadInstancesAndSpotPrices",
+                "Effect": "Allow",
+                "Action": ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"],
+                "Resource": "*",
+            },
+            {
+                "Sid": "KeepTheLedger",
+                "Effect": "Allow",
+                "Action": ["dynamodb:GetItem", "dynamodb:PutItem"],
+                "Resource": table_arn,
+            },
+            {
+                "Sid": "Alert",
+                "Effect": "Allow",
+                "Action": "sns:Publish",
+                "Resource": topic_arn,
+            },
+            {
+                "Sid": "WriteItsLogs",
+                "Effect": "Allow",
+                "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+                "Resource": f"{log_group_arn}:*",
+            },
+        ],
+    }
+
+
+def _trust(service: str, account: str) -> dict[str, Any]:
+    """Only `service`, acting for this account, may assume the role."""
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Principal": {"Service": service},
+                "Action": "sts:AssumeRole",
+                "Condition": {"StringEquals": {"aws:SourceAccount": account}},
+            }
+        ],
+    }

@@ -1,0 +1,100 @@
+"""The spend ledger: one DynamoDB item per budget period, written by the spend guard.
+
+`read_ledger` is also what the command line uses to show a stack's spend. Every write is
+conditional on the item's `version` (docs.aws.amazon.com/amazondynamodb/latest/developerguide/
+Expressions.ConditionExpressions.html): two invocations that raced, or a retried one, cannot
+both add the same minutes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+PERIOD_KEY = "period"  # the table's partition key (a string)
+
+
+@dataclass(frozen=True)
+class Ledger:
+    """What a stack spent in one budget period, up to `accounted_until`.
+
+    `running` lists the instances that were running at `accounted_until`: an instance among
+    them found restarted later was stopped at a time EC2 no longer says, and is counted as
+    running through the gap (counting too much, never too little).
+    """
+
+    period: str  # "2026-12" for a monthly budget, "2026-12-01" for a daily one
+    spent_usd: float
+    budget_usd: float
+    stopped: bool
+    notified_thresholds: tuple[float, ...]
+    updated_at: str  # ISO 8601, UTC
+    accounted_until: str = ""  # ISO 8601, UTC: spend before this instant is in spent_usd
+    version: int = 0  # 0: not yet written
+    running: tuple[str, ...] = ()
+    stop_reason: str = ""
+
+    @property
+    def accounted_until_time(self) -> datetime.datetime:
+        return datetime.datetime.fromisoformat(self.accounted_until)
+
+
+def _number(value: float) -> str:
+    """Plain decimal text: DynamoDB numbers are strings, and 1e-05 is not plain."""
+    return f"{value:.10f}".rstrip("0").rstrip(".")
+
+
+def to_item(ledger: Ledger) -> dict[str, Any]:
+    item: dict[str, Any] = {
+        PERIOD_KEY: {"S": ledger.period},
+        "spent_usd": {"N": _number(ledger.spent_usd)},
+        "budget_usd": {"N": _number(ledger.budget_usd)},
+        "stopped": {"BOOL": ledger.stopped},
+        "notified_thresholds": {"L": [{"N": _number(t)} for t in ledger.notified_thresholds]},
+        "updated_at": {"S": ledger.updated_at},
+        "accounted_until": {"S": ledger.accounted_until},
+        "version": {"N": str(ledger.version)},
+        "running": {"L": [{"S": instance_id} for instance_id in ledger.running]},
+        "stop_reason": {"S": ledger.stop_reason},
+    }
+    return item
+
+
+def from_item(item: dict[str, Any]) -> Ledger:
+    return Ledger(
+        period=item[PERIOD_KEY]["S"],
+        spent_usd=float(item["spent_usd"]["N"]),
+        budget_usd=float(item["budget_usd"]["N"]),
+        stopped=item["stopped"]["BOOL"],
+        notified_thresholds=tuple(float(t["N"]) for t in item["notified_thresholds"]["L"]),
+        updated_at=item["updated_at"]["S"],
+        accounted_until=item["accounted_until"]["S"],
+        version=int(item["version"]["N"]),
+        running=tuple(entry["S"] for entry in item["running"]["L"]),
+        stop_reason=item["stop_reason"]["S"],
+    )
+
+
+def read_ledger(dynamodb_client: Any, table_name: str, period: str) -> Ledger | None:
+    """The period's ledger, or None before the guard's first write in that period."""
+    response = dynamodb_client.get_item(
+        TableName=table_name, Key={PERIOD_KEY: {"S": period}}, ConsistentRead=True
+    )
+    item = response.get("Item")
+    return from_item(item) if item else None
+
+
+def write_ledger(dynamodb_client: Any, table_name: str, ledger: Ledger, *, after: int) -> None:
+    """Store `ledger` if the stored item is still at version `after` (0: none stored yet).
+
+    Raises the client's ConditionalCheckFailedException when another write came first.
+    """
+    if after == 0:
+        condition = {"ConditionExpression": f"attribute_not_exists({PERIOD_KEY})"}
+    else:
+        condition = {
+            "ConditionExpression": "version = :after",
+            "ExpressionAttributeValues": {":after": {"N": str(after)}},
+        }
+    dynamodb_client.put_item(TableName=table_name, Item=to_item(ledger), **condition)

@@ -1,0 +1,95 @@
+"""What the spend guard is told through its Lambda environment: one copy of that contract.
+
+The Pulumi component writes it (`to_environment`), the handler reads it (`from_environment`).
+Lambda caps a function's environment at 4 KB (Lambda quotas:
+docs.aws.amazon.com/lambda/latest/dg/gettingstarted-limits.html), so prices go as compact JSON
+for the stack's region only.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MARKETS = ("on-demand", "spot", "capacity-block")
+PERIODS = ("MONTHLY", "DAILY")
+
+_KEYS = {
+    "table": "LEDGER_TABLE",
+    "topic_arn": "ALERT_TOPIC_ARN",
+    "cost_tag": "COST_TAG",
+    "budget_usd": "BUDGET_USD",
+    "budget_period": "BUDGET_PERIOD",
+    "thresholds_percent": "THRESHOLDS_PERCENT",
+    "region": "PRICE_REGION",
+    "prices": "PRICES_USD_PER_HOUR",
+}
+
+
+class SettingsError(ValueError):
+    """The function's environment is incomplete or malformed."""
+
+
+@dataclass(frozen=True)
+class GuardSettings:
+    """`prices` maps instance type -> market (MARKETS) -> $/h per instance, for `region`."""
+
+    table: str
+    topic_arn: str
+    cost_tag: tuple[str, str]  # (key, value) every instance of the stack carries
+    budget_usd: float
+    budget_period: str
+    thresholds_percent: tuple[float, ...]
+    region: str
+    prices: Mapping[str, Mapping[str, float]]
+
+    def __post_init__(self) -> None:
+        if self.budget_period not in PERIODS:
+            raise SettingsError(f"budget period {self.budget_period!r} is not one of {PERIODS}")
+        if not self.budget_usd > 0:
+            raise SettingsError(f"budget {self.budget_usd!r} is not above 0 USD")
+        for instance_type, by_market in self.prices.items():
+            for market, price in by_market.items():
+                if market not in MARKETS or not price > 0:
+                    raise SettingsError(f"price {instance_type} {market} = {price!r} is invalid")
+
+    def price(self, instance_type: str, market: str) -> float | None:
+        return self.prices.get(instance_type, {}).get(market)
+
+    def to_environment(self) -> dict[str, str]:
+        values = {
+            "table": self.table,
+            "topic_arn": self.topic_arn,
+            "cost_tag": "=".join(self.cost_tag),
+            "budget_usd": repr(float(self.budget_usd)),
+            "budget_period": self.budget_period,
+            "thresholds_percent": ",".join(f"{t:g}" for t in self.thresholds_percent),
+            "region": self.region,
+            "prices": json.dumps(self.prices, separators=(",", ":"), sort_keys=True),
+        }
+        return {_KEYS[name]: value for name, value in values.items()}
+
+    @classmethod
+    def from_environment(cls, environ: Mapping[str, str]) -> GuardSettings:
+        missing = [key for key in _KEYS.values() if key not in environ]
+        if missing:
+            raise SettingsError(f"the function's environment lacks {', '.join(missing)}")
+        raw = {name: environ[key] for name, key in _KEYS.items()}
+        tag_key, sep, tag_value = raw["cost_tag"].partition("=")
+        if not sep or not tag_key or not tag_value:
+            raise SettingsError(f"COST_TAG {raw['cost_tag']!r} is not KEY=VALUE")
+        try:
+            thresholds = tuple(float(t) for t in raw["thresholds_percent"].split(",") if t)
+            return cls(
+                table=raw["table"],
+                topic_arn=raw["topic_arn"],
+                cost_tag=(tag_key, tag_value),
+                budget_usd=float(raw["budget_usd"]),
+                budget_period=raw["budget_period"],
+                thresholds_percent=thresholds,
+                region=raw["region"],
+                prices=json.loads(raw["prices"]),
+            )
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise SettingsError(f"the function's environment is malformed: {exc}") from None

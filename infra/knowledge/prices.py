@@ -1,0 +1,122 @@
+"""Prices per AWS region: infra/knowledge/data/prices.toml loaded into checked, frozen records.
+
+The stack's region (aws:region) picks its table. A region or an instance type without a price
+is refused in one sentence naming the regions that have prices: a stack is never priced with
+another region's figures. `python -m infra prices --refresh` rewrites the file from AWS's APIs
+(infra/knowledge/price_refresh.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, StrictBool, StrictFloat
+from pydantic.dataclasses import dataclass
+
+from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from infra.errors import ConfigError
+
+PRICES_FILE = "prices.toml"
+Usd = Annotated[StrictFloat, Field(gt=0)]
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class PriceSources:
+    on_demand: str
+    spot: str
+    capacity_block: str | None = None
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class InstancePrice:
+    """$/h of one instance of a type in one region, per market."""
+
+    region: str
+    instance_type: str
+    on_demand_usd_per_hour: Usd
+    spot_usd_per_hour: Usd
+    on_demand_upper_bound: StrictBool  # figure predates the June 2025 P-family price cut
+    on_demand_estimated: StrictBool  # not observed for this region: see sources.on_demand
+    spot_estimated: StrictBool  # not observed for this region: see sources.spot
+    checked: datetime.date
+    sources: PriceSources
+    capacity_block_usd_per_hour: Usd | None = None
+
+    @property
+    def estimated(self) -> bool:
+        return self.on_demand_estimated or self.spot_estimated
+
+    def by_market(self) -> dict[str, float]:
+        """market -> $/h, in the spend guard's market names (infra/functions/settings.py)."""
+        markets = {"on-demand": self.on_demand_usd_per_hour, "spot": self.spot_usd_per_hour}
+        if self.capacity_block_usd_per_hour is not None:
+            markets["capacity-block"] = self.capacity_block_usd_per_hour
+        return markets
+
+
+@dataclasses.dataclass(frozen=True)
+class PriceTable:
+    regions: dict[str, dict[str, InstancePrice]] = field(hash=False)  # region -> type -> price
+
+    def region(self, region: str) -> dict[str, InstancePrice]:
+        try:
+            return self.regions[region]
+        except KeyError:
+            raise ConfigError(
+                f"the catalog has no prices for region {region!r} (regions with prices: "
+                f"{', '.join(sorted(self.regions))}); deploy to one of those, or add "
+                f"{region}'s prices to infra/knowledge/data/{PRICES_FILE} with "
+                f"`python -m infra prices --refresh --region {region}`"
+            ) from None
+
+    def price(self, region: str, instance_type: str) -> InstancePrice:
+        prices = self.region(region)
+        try:
+            return prices[instance_type]
+        except KeyError:
+            elsewhere = sorted(r for r, table in self.regions.items() if instance_type in table)
+            raise ConfigError(
+                f"the catalog has no price for {instance_type} in {region} (AWS may not offer "
+                f"it there; priced in {', '.join(elsewhere) or 'no region'}); pick another "
+                f"instance type or region, or add its price to "
+                f"infra/knowledge/data/{PRICES_FILE}"
+            ) from None
+
+
+def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
+    """Read and check prices.toml; every type priced must be a catalog instance type."""
+    raw = read_toml(path, ConfigError)
+    check_keys(raw, {"region"}, where=path.name, error=ConfigError)
+    regions: dict[str, dict[str, InstancePrice]] = {}
+    for region, table in raw.get("region", {}).items():
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path.name}: region '{region}': expected a table of types")
+        regions[region] = {}
+        for instance_type, entry in table.items():
+            where = f"{path.name}: region '{region}', type '{instance_type}'"
+            if instance_type not in instance_types:
+                raise ConfigError(
+                    f"{where}: not an instance type of instances.toml "
+                    f"(known: {', '.join(sorted(instance_types))})"
+                )
+            if not isinstance(entry, dict):
+                raise ConfigError(f"{where}: expected a table, got {entry!r}")
+            price = build_record(
+                InstancePrice,
+                {"region": region, "instance_type": instance_type, **entry},
+                where=where,
+                error=ConfigError,
+            )
+            if price.spot_usd_per_hour > price.on_demand_usd_per_hour:
+                raise ConfigError(
+                    f"{where}, field 'spot_usd_per_hour': {price.spot_usd_per_hour} is above "
+                    f"on_demand_usd_per_hour {price.on_demand_usd_per_hour}; spot is never dearer"
+                )
+            regions[region][instance_type] = price
+    if not regions:
+        raise ConfigError(f'{path.name}: no [region."REGION"."TYPE"] tables')
+    return PriceTable(regions=regions)

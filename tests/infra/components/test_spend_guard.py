@@ -1,0 +1,131 @@
+"""The SpendGuard component under mocks, in the real program, for every profile."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
+from infra.functions.settings import GuardSettings
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.profiles import load_profiles, resolve_profile
+from tests.support.mock_runs import of_type, one
+from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
+
+FUNCTION = "aws:lambda/function:Function"
+SCHEDULE = "aws:scheduler/schedule:Schedule"
+TABLE = "aws:dynamodb/table:Table"
+TOPIC = "aws:sns/topic:Topic"
+ROLE = "aws:iam/role:Role"
+COST_TAG = ("gpu-stack", "gpu-training-stack-test")
+LAMBDA_ENVIRONMENT_BYTES = 4096  # Lambda quotas: 4 KB of environment variables
+
+
+def policy(run, suffix: str) -> dict:
+    (found,) = [r for r in of_type(run, ROLE_POLICY) if r.name.endswith(suffix)]
+    return json.loads(found.inputs["policy"])
+
+
+@pytest.fixture(scope="module", params=sorted(load_profiles().profiles))
+def profile_run(request):
+    return request.param, run_stack(profile=request.param)
+
+
+def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(profile_run):
+    profile, run = profile_run
+    function = one(run, FUNCTION).inputs
+    assert (function["runtime"], function["handler"]) == (
+        "python3.12",
+        "infra.functions.spend_guard.handler",
+    )
+    assert function["timeout"] == 60
+    variables = function["environment"]["variables"]
+    assert sum(len(k) + len(v) for k, v in variables.items()) < LAMBDA_ENVIRONMENT_BYTES
+    settings = GuardSettings.from_environment(variables)
+    assert settings.table == one(run, TABLE).state["name"]
+    assert settings.topic_arn == one(run, TOPIC).state["arn"]
+    assert settings.cost_tag == COST_TAG
+    assert (settings.budget_usd, settings.budget_period) == (BASE_CONFIG["budgetUsd"], "MONTHLY")
+    assert settings.thresholds_percent == (50.0, 80.0, 100.0)
+    plan = resolve_profile(profile)
+    price = load_catalog().prices.price("us-east-1", plan.instance.type)
+    assert settings.region == "us-east-1"
+    assert settings.price(plan.instance.type, "on-demand") == price.on_demand_usd_per_hour
+    assert settings.price(plan.instance.type, "spot") == price.spot_usd_per_hour
+
+
+def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profile_run):
+    _, run = profile_run
+    schedule = one(run, SCHEDULE).inputs
+    assert schedule["scheduleExpression"] == "rate(5 minutes)"
+    assert schedule["flexibleTimeWindow"] == {"mode": "OFF"}
+    function_arn = one(run, FUNCTION).state["arn"]
+    assert schedule["target"]["arn"] == function_arn
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard-schedule")]
+    assert schedule["target"]["roleArn"] == role.state["arn"]
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert [s["Principal"]["Service"] for s in trust] == ["scheduler.amazonaws.com"]
+    assert policy(run, "-spend-guard-schedule")["Statement"] == [
+        {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": function_arn}
+    ]
+
+
+def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_own(profile_run):
+    _, run = profile_run
+    statements = {s["Sid"]: s for s in policy(run, "-spend-guard")["Statement"]}
+    stop = statements["StopTheStacksInstances"]
+    assert stop["Action"] == "ec2:StopInstances"
+    assert stop["Condition"] == {"StringEquals": {"aws:ResourceTag/gpu-stack": COST_TAG[1]}}
+    # The only EC2 action that changes anything is the stop; nothing terminates or starts.
+    mutating = [
+        action
+        for s in statements.values()
+        for action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
+        if action.startswith("ec2:") and not action.startswith("ec2:Describe")
+    ]
+    assert mutating == ["ec2:StopInstances"]
+    assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
+    assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]
+    (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard")]
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"]
+    assert [s["Principal"]["Service"] for s in trust] == ["lambda.amazonaws.com"]
+
+
+def test_the_ledger_table_is_keyed_by_period(profile_run):
+    _, run = profile_run
+    table = one(run, TABLE).inputs
+    assert table["hashKey"] == "period" and table["billingMode"] == "PAY_PER_REQUEST"
+    assert table["attributes"] == [{"name": "period", "type": "S"}]
+    assert run.outputs["spend_ledger_table"] == one(run, TABLE).state["name"]
+
+
+def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
+    run = run_stack(profile="v100x1", **{"aws:region": "eu-west-1"})
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
+    ireland = load_catalog().prices.region("eu-west-1")
+    assert settings.region == "eu-west-1"
+    assert set(settings.prices) == set(ireland)
+    assert settings.price("p3.2xlarge", "on-demand") == ireland["p3.2xlarge"].on_demand_usd_per_hour
+
+
+def test_the_archive_holds_the_function_package_and_imports_on_its_own(tmp_path):
+    archive = function_archive()
+    assert set(archive.assets) == {"infra/__init__.py", "infra/functions"}
+    assert archive.assets["infra/functions"].path == str(FUNCTIONS_DIR)
+    # Lay the archive out as Lambda unpacks it and import the handler from there alone.
+    (tmp_path / "infra").mkdir()
+    (tmp_path / "infra" / "__init__.py").write_text("")
+    shutil.copytree(FUNCTIONS_DIR, tmp_path / "infra" / "functions")
+    probe = (
+        "import infra.functions.spend_guard as guard, sys; "
+        "assert guard.__file__.startswith(sys.argv[1]), guard.__file__; "
+        "heavy = ('infra.knowledge', 'pulumi', 'pydantic'); "
+        "assert not any(m.startswith(heavy) for m in sys.modules)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path)], cwd=tmp_path, check=True, timeout=60
+    )

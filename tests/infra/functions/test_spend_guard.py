@@ -1,0 +1,335 @@
+"""The spend guard against moto's EC2, DynamoDB and SNS (delivered to SQS), on a simulated clock."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+from botocore.exceptions import ClientError
+
+from infra.functions.ledger import read_ledger
+from infra.functions.settings import GuardSettings, SettingsError
+from infra.functions.spend_guard import handler, market, run_guard, running_hours
+from tests.infra.functions.world import COST_TAG, PRICES, World, notices
+
+SCHEDULE = datetime.timedelta(minutes=5)
+MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
+THRESHOLDS = (50.0, 80.0, 100.0)
+
+
+def settings(topic_arn: str, budget: float, prices=PRICES) -> GuardSettings:
+    return GuardSettings(
+        table="ledger",
+        topic_arn=topic_arn,
+        cost_tag=COST_TAG,
+        budget_usd=budget,
+        budget_period="MONTHLY",
+        thresholds_percent=THRESHOLDS,
+        region="us-east-1",
+        prices=prices,
+    )
+
+
+@pytest.fixture
+def topic(aws):
+    """The alert topic with an SQS queue subscribed, so a test reads what was published."""
+    arn = aws["sns"].create_topic(Name="alerts")["TopicArn"]
+    queue_url = aws["sqs"].create_queue(QueueName="alerts")["QueueUrl"]
+    queue_arn = aws["sqs"].get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    aws["sns"].subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn)
+    return arn, queue_url
+
+
+def guard(aws, world: World, config: GuardSettings, **clients):
+    outcome = run_guard(
+        config,
+        ec2=aws["ec2"],
+        dynamodb=aws["dynamodb"],
+        sns=clients.get("sns", aws["sns"]),
+        now=world.now,
+    )
+    world.sync()
+    return outcome
+
+
+def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topic):
+    topic_arn, queue = topic
+    budget = 3000.0
+    config = settings(topic_arn, budget)
+    world = World(aws["ec2"], MONDAY)
+    # What happens when, in minutes since Monday 00:00 (between the guard's runs, mostly).
+    on_demand, spot = world.launch(), world.launch(spot=True)
+    stranger = world.launch(tagged=False)  # not the stack's: never counted, never stopped
+    script = {
+        123: lambda: world.stop(on_demand),
+        600: lambda: world.start(on_demand),
+        1207: lambda: world.interrupt(spot),
+        1230: lambda: script_state.update(replacement=world.launch(spot=True)),
+        1802: lambda: script_state.update(dynamic=world.launch()),  # e.g. a Slurm node
+        2401: lambda: world.terminate(script_state["dynamic"]),
+    }
+    script_state: dict[str, str] = {}
+    stop_run = None
+    worst_gap = 0.0  # the largest |ledger - true spend| seen after any run
+    for minute in range(0, 7 * 24 * 60 + 1):
+        if minute in script:
+            script[minute]()
+        if minute % 5 == 0:
+            hourly_before = world.hourly()
+            outcome = guard(aws, world, config)
+            ledger = outcome.ledger
+            # Counted from EC2's facts, the ledger tracks the true spend within one run's worth.
+            gap = ledger.spent_usd - world.spend()
+            assert gap >= -1e-6, f"undercounted by ${-gap:.4f} at minute {minute}"
+            worst_gap = max(worst_gap, gap)
+            if ledger.stopped and stop_run is None:
+                stop_run = minute
+                # Within this one run every running instance of the stack was stopped.
+                assert world.running_ids() == set()
+                assert set(outcome.stopped_instances) == {on_demand, script_state["replacement"]}
+                assert ledger.spent_usd >= budget
+                overspend = world.spend() - budget
+                assert overspend <= hourly_before * SCHEDULE.total_seconds() / 3600 + 1e-6
+            elif stop_run is not None:
+                assert outcome.stopped_instances == ()  # nothing runs: nothing to stop
+                assert ledger.spent_usd == pytest.approx(world.spend() + gap, abs=1e-6)
+        world.advance(minutes=1)
+    subjects = notices(aws["sqs"], queue)
+
+    assert stop_run is not None, "the budget was never reached"
+    # Over the whole week the stack ran past its budget by at most one period of its price.
+    full_price = PRICES["p4d.24xlarge"]["on-demand"] + PRICES["p4d.24xlarge"]["spot"]
+    assert world.spend() - budget <= full_price * SCHEDULE.total_seconds() / 3600
+    # Every interval was dated except the spot interruption: off by at most one run of it.
+    assert worst_gap <= PRICES["p4d.24xlarge"]["spot"] * SCHEDULE.total_seconds() / 3600 + 1e-6
+    assert sorted(subjects) == sorted(
+        [f"{COST_TAG[1]}: spend passed {t:g}% of its budget" for t in THRESHOLDS]
+        + [f"{COST_TAG[1]}: spend guard stopped 2 instance(s)"]
+    )
+    assert world.running_ids(tagged=False) == {stranger}
+
+
+def test_instances_started_after_the_stop_are_stopped_until_the_budget_is_raised(aws, topic):
+    topic_arn, _ = topic
+    world = World(aws["ec2"], MONDAY)
+    node = world.launch()
+    world.advance(hours=2)
+    outcome = guard(aws, world, settings(topic_arn, 50.0))
+    assert outcome.stopped_instances == (node,) and outcome.ledger.stopped
+    world.advance(minutes=5)
+    again = guard(aws, world, settings(topic_arn, 50.0))  # nothing runs: nothing changes
+    assert again.stopped_instances == () and again.notices == ()
+    assert again.ledger.spent_usd == outcome.ledger.spent_usd
+    world.advance(minutes=3)
+    world.start(node)  # someone starts it again
+    world.advance(minutes=2)
+    restarted = guard(aws, world, settings(topic_arn, 50.0))
+    assert restarted.stopped_instances == (node,)
+    assert restarted.ledger.spent_usd == pytest.approx(world.spend())
+    world.advance(minutes=3)
+    world.start(node)
+    world.advance(minutes=2)
+    raised = guard(aws, world, settings(topic_arn, 500.0))
+    assert not raised.ledger.stopped and raised.stopped_instances == ()
+    assert world.running_ids() == {node}
+    assert raised.ledger.budget_usd == 500.0
+    # Thresholds are of the new budget: none of them is passed yet, so each will notify again.
+    assert raised.ledger.notified_thresholds == ()
+
+
+def test_a_run_that_crashed_after_writing_the_ledger_is_not_counted_twice(aws, topic):
+    topic_arn, queue = topic
+    config = settings(topic_arn, 100.0)
+    world = World(aws["ec2"], MONDAY)
+    world.launch()
+    guard(aws, world, config)
+    world.advance(hours=1, minutes=40)  # past 50% of the budget: a notice is due
+
+    class Crashing:
+        def publish(self, **kwargs):
+            raise ConnectionError("the function timed out while publishing")
+
+    with pytest.raises(ConnectionError):
+        guard(aws, world, config, sns=Crashing())
+    written = read_ledger(aws["dynamodb"], "ledger", "2026-12")
+    assert written.spent_usd == pytest.approx(world.spend())
+    assert written.notified_thresholds == ()  # its notice never went out
+
+    retried = guard(aws, world, config)  # the same instant again: no time to add
+    assert retried.ledger.spent_usd == pytest.approx(world.spend())
+    world.advance(minutes=5)
+    later = guard(aws, world, config)
+    assert later.ledger.spent_usd == pytest.approx(world.spend())
+    assert later.ledger.notified_thresholds == (50.0,)
+    assert notices(aws["sqs"], queue) == [f"{COST_TAG[1]}: spend passed 50% of its budget"]
+
+
+def test_a_run_that_lost_the_race_for_the_ledger_accounts_again_on_top(aws, topic):
+    topic_arn, _ = topic
+    config = settings(topic_arn, 10_000.0)
+    world = World(aws["ec2"], MONDAY)
+    world.launch()
+    world.advance(hours=1)
+
+    class RacedDynamoDB:
+        """Lets another run write first, right after this one read the ledger."""
+
+        def __init__(self, real):
+            self.real, self.raced = real, False
+
+        def get_item(self, **kwargs):
+            item = self.real.get_item(**kwargs)
+            if not self.raced:
+                self.raced = True
+                run_guard(config, ec2=aws["ec2"], dynamodb=self.real, sns=aws["sns"], now=world.now)
+            return item
+
+        def put_item(self, **kwargs):
+            return self.real.put_item(**kwargs)
+
+    outcome = run_guard(
+        config, ec2=aws["ec2"], dynamodb=RacedDynamoDB(aws["dynamodb"]), sns=aws["sns"],
+        now=world.now,
+    )  # fmt: skip
+    assert outcome.ledger.spent_usd == pytest.approx(world.spend())
+    assert outcome.ledger.version == 2
+
+
+def test_an_instance_without_a_price_stops_the_stack_and_says_why(aws, topic):
+    topic_arn, queue = topic
+    world = World(aws["ec2"], MONDAY)
+    priced, unpriced = world.launch(), world.launch("g5.xlarge")
+    world.advance(minutes=30)
+    outcome = guard(aws, world, settings(topic_arn, 10_000.0))
+    assert set(outcome.stopped_instances) == {priced, unpriced}
+    assert world.running_ids() == set()
+    reason = outcome.ledger.stop_reason
+    assert "no price in us-east-1 for g5.xlarge (on-demand" in reason and unpriced in reason
+    # The priced instance is counted; the unpriced one is not passed off as free spend.
+    assert outcome.ledger.spent_usd == pytest.approx(0.5 * PRICES["p4d.24xlarge"]["on-demand"])
+    assert notices(aws["sqs"], queue) == [f"{COST_TAG[1]}: spend guard stopped 2 instance(s)"]
+
+
+def test_a_new_period_starts_a_new_ledger(aws, topic):
+    topic_arn, _ = topic
+    config = settings(topic_arn, 10_000.0)
+    world = World(aws["ec2"], datetime.datetime(2026, 12, 31, 23, 0, tzinfo=datetime.UTC))
+    world.launch()
+    guard(aws, world, config)
+    world.advance(hours=2)
+    january = guard(aws, world, config).ledger
+    assert january.period == "2027-01"
+    assert january.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])  # one hour
+    assert read_ledger(aws["dynamodb"], "ledger", "2026-12").spent_usd == 0.0
+    assert read_ledger(aws["dynamodb"], "ledger", "2026-11") is None  # never written
+
+
+# EC2's description of an instance, as DescribeInstances returns it, for the pure rules.
+def described(state: str, launched: str, reason: str = "", lifecycle: str | None = None):
+    instance = {
+        "InstanceId": "i-1",
+        "State": {"Name": state},
+        "LaunchTime": datetime.datetime.fromisoformat(launched),
+        "StateTransitionReason": reason,
+    }
+    if lifecycle:
+        instance["InstanceLifecycle"] = lifecycle
+    return instance
+
+
+USER_STOP = "User initiated (2026-12-07 {} GMT)"
+SINCE = datetime.datetime(2026, 12, 7, 10, 0, tzinfo=datetime.UTC)
+NOW = SINCE + datetime.timedelta(minutes=5)
+
+
+@pytest.mark.parametrize(
+    ("instance", "was_running", "minutes"),
+    [
+        (described("running", "2026-12-07T08:00:00+00:00"), True, 5),
+        (described("running", "2026-12-07T10:02:00+00:00"), False, 3),
+        # restarted within the window: the gap before the restart counts (its stop is undated)
+        (described("running", "2026-12-07T10:02:00+00:00"), True, 5),
+        (
+            described("stopped", "2026-12-07T08:00:00+00:00", USER_STOP.format("10:01:30")),
+            True, 1.5,
+        ),
+        (described("terminated", "2026-12-07T08:00:00+00:00", "Service initiated"), True, 5),
+        # an undated end of an instance not running at the window's start: counted before
+        (described("terminated", "2026-12-07T08:00:00+00:00", "Service initiated"), False, 0),
+        (described("pending", "2026-12-07T10:04:00+00:00"), False, 0),
+        (
+            described("stopped", "2026-12-07T08:00:00+00:00", USER_STOP.format("09:00:00")),
+            False, 0,
+        ),
+    ],
+)  # fmt: skip
+def test_running_time_within_a_window(instance, was_running, minutes):
+    assert running_hours(instance, SINCE, NOW, was_running=was_running) * 60 == pytest.approx(
+        minutes
+    )
+
+
+def test_market_follows_the_instance_lifecycle():
+    assert market(described("running", "2026-12-07T08:00:00+00:00")) == "on-demand"
+    assert market(described("running", "2026-12-07T08:00:00+00:00", lifecycle="spot")) == "spot"
+    block = described("running", "2026-12-07T08:00:00+00:00", lifecycle="capacity-block")
+    assert market(block) == "capacity-block"
+
+
+def test_the_lambda_entry_point_reads_its_environment_and_runs_on_the_real_clock(
+    aws, topic, endpoint, monkeypatch
+):
+    topic_arn, _ = topic
+    for key, value in settings(topic_arn, 10_000.0).to_environment().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    world = World(aws["ec2"], datetime.datetime.now(datetime.UTC))
+    node = world.launch()
+    summary = handler({}, None)
+    assert summary["period"] == datetime.datetime.now(datetime.UTC).strftime("%Y-%m")
+    assert summary["stopped"] is False and summary["stopped_instances"] == []
+    assert read_ledger(aws["dynamodb"], "ledger", summary["period"]).running == (node,)
+
+
+def test_settings_travel_through_the_environment_and_a_broken_one_is_named():
+    config = settings("arn:aws:sns:us-east-1:123456789012:alerts", 250.0)
+    assert GuardSettings.from_environment(config.to_environment()) == config
+    broken = {**config.to_environment(), "COST_TAG": "gpu-stack"}
+    with pytest.raises(SettingsError, match="COST_TAG 'gpu-stack' is not KEY=VALUE"):
+        GuardSettings.from_environment(broken)
+    with pytest.raises(SettingsError, match="lacks LEDGER_TABLE"):
+        GuardSettings.from_environment({})
+
+
+def test_an_instance_ec2_will_not_stop_does_not_keep_the_others_running(aws, topic):
+    topic_arn, queue = topic
+    world = World(aws["ec2"], MONDAY)
+    stubborn, other = world.launch(), world.launch()
+
+    class Refusing:
+        """EC2 refusing the stop of one instance, as for a one-time spot instance."""
+
+        def __getattr__(self, name):
+            return getattr(aws["ec2"], name)
+
+        def stop_instances(self, InstanceIds):
+            if stubborn in InstanceIds:
+                error = {"Error": {"Code": "UnsupportedOperation", "Message": "one-time spot"}}
+                raise ClientError(error, "StopInstances")
+            return aws["ec2"].stop_instances(InstanceIds=InstanceIds)
+
+    world.advance(hours=2)
+    outcome = run_guard(
+        settings(topic_arn, 50.0), ec2=Refusing(), dynamodb=aws["dynamodb"], sns=aws["sns"],
+        now=world.now,
+    )  # fmt: skip
+    world.sync()
+    assert outcome.stopped_instances == (other,)
+    assert outcome.unstoppable == (f"{stubborn} (UnsupportedOperation)",)
+    assert world.running_ids() == {stubborn}
+    assert f"{COST_TAG[1]}: spend guard could not stop 1 instance(s)" in notices(aws["sqs"], queue)

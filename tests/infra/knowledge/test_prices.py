@@ -1,0 +1,91 @@
+"""prices.toml: prices per region, checked on load; a region or type without one is refused."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
+from tests.support.infra import modified_catalog
+
+
+def test_each_required_region_prices_the_catalog_types_and_says_where_from():
+    catalog = load_catalog()
+    prices = catalog.prices
+    assert set(prices.regions) >= {"us-east-1", "us-west-2", "eu-west-1"}
+    assert set(prices.region("us-east-1")) == set(catalog.instances)
+    p4d = prices.price("us-east-1", "p4d.24xlarge")
+    assert p4d.on_demand_usd_per_hour == pytest.approx(32.7726) and p4d.on_demand_upper_bound
+    assert p4d.by_market() == {"on-demand": 32.7726, "spot": 9.9, "capacity-block": 14.75}
+    for region, table in prices.regions.items():
+        for instance_type, price in table.items():
+            assert (price.region, price.instance_type) == (region, instance_type)
+            assert 0 < price.spot_usd_per_hour <= price.on_demand_usd_per_hour
+            sources = [price.sources.on_demand, price.sources.spot]
+            # Public sources only, and every estimate says it is one.
+            assert all(source and "reference/" not in source for source in sources)
+            assert price.on_demand_estimated == sources[0].startswith("estimate")
+            assert price.spot_estimated == sources[1].startswith("estimate")
+
+
+def test_a_region_is_priced_with_its_own_figures():
+    prices = load_catalog().prices
+    ireland = prices.price("eu-west-1", "p4d.24xlarge")
+    virginia = prices.price("us-east-1", "p4d.24xlarge")
+    assert ireland.on_demand_usd_per_hour != virginia.on_demand_usd_per_hour
+    assert ireland.on_demand_estimated
+
+
+def test_a_region_without_prices_is_refused_naming_the_regions_that_have_them():
+    with pytest.raises(ConfigError) as caught:
+        load_catalog().prices.region("eu-west-3")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "'eu-west-3'" in message and "eu-west-1, us-east-1, us-west-2" in message
+
+
+def test_a_type_a_region_does_not_price_is_refused():
+    with pytest.raises(ConfigError, match=r"no price for p4de\.24xlarge in eu-west-1.*us-east-1"):
+        load_catalog().prices.price("eu-west-1", "p4de.24xlarge")
+
+
+P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd_per_hour = 0.75'
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        pytest.param(
+            P3, P3.replace("= 3.06", "= -3.06"),
+            ["region 'us-east-1', type 'p3.2xlarge'", "field 'on_demand_usd_per_hour'", "-3.06"],
+            id="negative-price",
+        ),
+        pytest.param(
+            P3, P3.replace("= 3.06", '= "3.06"'),
+            ["field 'on_demand_usd_per_hour'", "'3.06'"],
+            id="price-as-text",
+        ),
+        pytest.param(
+            P3, P3.replace("= 0.75", "= 4.0"),
+            ["field 'spot_usd_per_hour'", "4.0", "3.06", "never dearer"],
+            id="spot-above-on-demand",
+        ),
+        pytest.param(
+            P3, P3 + "\nspto = 1.0",
+            ["type 'p3.2xlarge'", "field 'spto'", "unknown"],
+            id="unknown-field",
+        ),
+        pytest.param(
+            '[region."us-east-1"."p3.2xlarge"]', '[region."us-east-1"."p3.3xlarge"]',
+            ["type 'p3.3xlarge'", "not an instance type of instances.toml"],
+            id="type-not-in-catalog",
+        ),
+    ],
+)  # fmt: skip
+def test_a_bad_price_is_rejected_naming_region_type_and_field(tmp_path, old, new, expected):
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(modified_catalog(tmp_path, "prices.toml", old, new))
+    message = str(caught.value)
+    assert "\n" not in message
+    for part in expected:
+        assert part in message

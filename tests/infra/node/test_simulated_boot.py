@@ -1,0 +1,177 @@
+"""A node's boot, as systemd runs the rendered unit, on a simulated host.
+
+The host is a temporary root holding every file the user data writes, with stand-ins for
+the system's tools on PATH (mdadm, mount, mountpoint, docker, aws, nvidia-smi, shutdown...)
+that record how they were called. Three hosts: a Deep Learning AMI whose dlami-nvme.service
+has already mounted the instance store at /opt/dlami/nvme (there `mdadm --create` would fail
+"Device or resource busy"), one with raw instance-store drives, and one whose mdadm fails.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import stat
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from infra.node import boot as userdata
+from infra.node.boot import NodeBoot, render_files
+
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
+
+# One script for every tool: it records its name and arguments and behaves as the host says.
+FAKE_TOOL = r"""#!/bin/bash
+tool=$(basename "$0")
+echo "$tool $*" >> "$CALLS"
+case "$tool" in
+  nvidia-smi) for _ in 1 2 3 4 5 6 7 8; do echo 595.91.07; done ;;
+  aws) if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi ;;
+  docker)
+    if [ "$1" = login ]; then cat > /dev/null; fi
+    if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then echo 1000:1000; fi
+    ;;
+  install) for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done ;;
+  mountpoint) case ":$MOUNTED:" in *":$2:"*) exit 0 ;; *) exit 1 ;; esac ;;
+  mdadm)
+    if [ -n "$MDADM_BUSY" ] && [ "$1" = --create ]; then
+      echo "mdadm: cannot open ${*: -1}: Device or resource busy" >&2
+      exit 1
+    fi
+    [ "$1" != --assemble ]
+    ;;
+  blkid) exit 2 ;;
+  df) printf 'Size\n 7.0T\n' ;;
+esac
+"""
+TOOLS = (
+    "nvidia-smi", "aws", "docker", "install", "shutdown", "mdadm", "blkid", "mkfs.ext4",
+    "mount", "mountpoint", "df", "gpu-metrics.sh",
+)  # fmt: skip
+
+
+@dataclass
+class Host:
+    root: Path
+    calls: Path
+    env: dict[str, str]
+
+    def path(self, node_path: str) -> Path:
+        return self.root / node_path.lstrip("/")
+
+    def called(self) -> list[str]:
+        return self.calls.read_text().splitlines() if self.calls.exists() else []
+
+
+def simulated_host(tmp_path: Path, boot: NodeBoot, *, drives: int = 0, **env: str) -> Host:
+    """Write the node's files under tmp_path/root, with the node's paths moved there."""
+    root, bin_dir = tmp_path / "root", tmp_path / "bin"
+    moved = (
+        userdata.BIN_DIR,
+        userdata.ETC_DIR,
+        userdata.STATE_DIR,
+        userdata.SCRATCH_DIR,
+        userdata.DLAMI_NVME_DIR,
+    )
+    for node_path, content in render_files(boot).items():
+        for directory in moved:  # a node path, not the tail of another (/dev/md/scratch)
+            content = re.sub(rf"(?<![\w/]){re.escape(directory)}", f"{root}{directory}", content)
+        content = content.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={root}/sys/block")
+        content = content.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
+        target = root / node_path.lstrip("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(content)
+        target.chmod(stat.S_IRWXU)
+    models = {"nvme0n1": "Amazon Elastic Block Store"}  # the root volume
+    models |= {f"nvme{i}n1": "Amazon EC2 NVMe Instance Storage" for i in range(1, drives + 1)}
+    for device, model in models.items():
+        (root / "sys/block" / device / "device").mkdir(parents=True)
+        (root / "sys/block" / device / "device/model").write_text(model + "\n")
+    bin_dir.mkdir()
+    for tool in TOOLS:
+        (bin_dir / tool).write_text(FAKE_TOOL)
+        (bin_dir / tool).chmod(stat.S_IRWXU)
+    # The metrics script is the node's own: the stand-in replaces it in the node's bin dir.
+    (root / userdata.GPU_METRICS_SCRIPT.lstrip("/")).write_text(FAKE_TOOL)
+    calls = tmp_path / "calls"
+    return Host(root, calls, {"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), **env})
+
+
+def start_unit(host: Host) -> subprocess.CompletedProcess:
+    """Start gpu-training.service as systemd would: each ExecStartPre (a "-" prefix ignores its
+    failure), then ExecStart if they passed."""
+    unit = host.path(f"/etc/systemd/system/{userdata.UNIT_NAME}").read_text().splitlines()
+    steps = [
+        line.split("=", 1) for line in unit if line.startswith(("ExecStartPre=", "ExecStart="))
+    ]
+    assert [key for key, _ in steps][-1] == "ExecStart"
+    for key, command in steps:
+        tolerant = command.startswith("-")
+        argv = shlex.split(command.removeprefix("-"))
+        result = subprocess.run(argv, env=host.env, capture_output=True, text=True, timeout=60)
+        if result.returncode != 0 and not (key == "ExecStartPre" and tolerant):
+            return result
+    return result
+
+
+def p4d_node() -> NodeBoot:
+    return NodeBoot(
+        image_uri=IMAGE,
+        region="us-east-1",
+        log_group="/gpu-training/stack",
+        min_driver="580.65.06",
+        nnodes=1,
+        node_rank=0,
+        master_addr="127.0.0.1",
+        checkpoint_s3_uri="s3://stack-checkpoints/checkpoints",
+        instance_store_drives=8,
+        efa=False,
+    )
+
+
+def test_on_a_dlami_with_its_nvme_mount_the_job_uses_it_and_reaches_docker_run(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8)
+    dlami = host.path(userdata.DLAMI_NVME_DIR)
+    dlami.mkdir(parents=True)
+    host.env["MOUNTED"] = str(dlami)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = host.called()
+    assert f"mount --bind {dlami} {host.path(userdata.SCRATCH_DIR)}" in calls
+    assert not any(line.startswith(("mdadm", "mkfs")) for line in calls)
+    assert any(line.startswith("docker run --name gpu-training") for line in calls)
+
+
+def test_with_raw_drives_scratch_is_assembled_before_the_job(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = host.called()
+    drives = " ".join(f"/dev/nvme{i}n1" for i in range(1, 9))
+    create = f"mdadm --create /dev/md/scratch --run --force --level=0 --raid-devices=8 {drives}"
+    mount = f"mount -o noatime /dev/md/scratch {host.path(userdata.SCRATCH_DIR)}"
+    job = next(i for i, line in enumerate(calls) if line.startswith("docker run --name"))
+    assert calls.index(create) < calls.index(mount) < job
+
+
+def test_a_failing_mdadm_still_trains_on_the_root_volume(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, MDADM_BUSY="1")
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = host.called()
+    assert any(line.startswith("mdadm --create") for line in calls)
+    assert not any(line.startswith(("mkfs", "mount -o")) for line in calls)
+    assert any(line.startswith("docker run --name gpu-training") for line in calls)
+
+
+def test_the_unit_waits_for_the_amis_nvme_setup_and_the_fabric_manager():
+    unit = render_files(p4d_node())[f"/etc/systemd/system/{userdata.UNIT_NAME}"]
+    (after,) = [line for line in unit.splitlines() if line.startswith("After=")]
+    assert {"dlami-nvme.service", "nvidia-fabricmanager.service", "docker.service"} <= set(
+        after.removeprefix("After=").split()
+    )
+    # Ordering only: a Wants= or Requires= on them would fail where the AMI has neither.
+    assert "dlami-nvme" not in "".join(
+        line for line in unit.splitlines() if line.startswith(("Wants=", "Requires="))
+    )

@@ -1,0 +1,38 @@
+"""moto's real AWS HTTP API in this process, on a free loopback port, for boto3 clients."""
+
+from __future__ import annotations
+
+import logging
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import boto3
+from moto.server import ThreadedMotoServer
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"  # the account moto answers for by default
+FAKE_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
+
+
+@contextmanager
+def moto_server() -> Iterator[str]:
+    """A ThreadedMotoServer on 127.0.0.1, port chosen by the OS; yields its URL, then stops."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    try:
+        yield f"http://{host}:{port}"
+    finally:
+        server.stop()
+
+
+def client(endpoint: str, service: str, region: str = REGION) -> Any:
+    return boto3.client(service, endpoint_url=endpoint, region_name=region, **FAKE_CREDENTIALS)
+
+
+def reset(endpoint: str) -> None:
+    """Forget every resource the server holds (moto's reset API), between tests."""
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
