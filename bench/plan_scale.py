@@ -1,4 +1,4 @@
-"""Plan scale: seconds to evaluate the Pulumi program under mocks (infra/dryrun/, as
+"""Plan scale: seconds to evaluate the Pulumi program under mocks (infra/dryrun/runner.py, as
 `python -m infra plan a100x8 --resources` runs it), and how that grows with gpu:nodes.
 
 The stack file Pulumi.a100x8.yaml is run as is, then with gpu:nodes = 1, 2, 4, 8, 16 (EC2
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bench.measure import interleaved, median, metric, timed
 from infra.config.stack_file import stack_file_config, stack_file_path
-from infra.dryrun.run import run_program, run_stack_file
+from infra.dryrun.runner import run_program, run_stack_file
 
 TITLE = "Plan scale"
 STACK = "a100x8"
