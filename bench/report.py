@@ -20,6 +20,10 @@ def write(out: Path, index: dict, results: list[dict]) -> Path:
         f"Run: {'quick' if index['quick'] else 'full'}, finished {index['finished_at']}. "
         "Each figure is a ratio against a baseline measured in the same run (interleaved "
         "rounds, medians); absolute figures on a shared machine are noisy.",
+        *(
+            f"Run again alone: {name} ({why})."
+            for name, why in index.get("rerun_alone", {}).items()
+        ),
         "",
         *_TABLE_HEAD,
     ]
