@@ -91,5 +91,8 @@ def run_ranks(module: str, ranks: int, args: list[str], *, timeout: float = 600)
         command, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
     )
     if result.returncode != 0:
-        raise RuntimeError(f"{module} on {ranks} ranks failed:\n{result.stderr[-3000:]}")
+        # torchrun ends stderr with its own banner: name the workers' error first.
+        named = [line for line in result.stderr.splitlines() if "Error" in line]
+        first = named[0].strip() if named else f"exit {result.returncode}"
+        raise RuntimeError(f"{module} on {ranks} ranks failed: {first}\n{result.stderr[-3000:]}")
     return result
