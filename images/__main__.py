@@ -3,9 +3,9 @@
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
-  python -m images lock <variant> [--python PYTHON] [--find-links DIR]
+  python -m images lock <variant> [--find-links DIR]
   python -m images wheelhouse <variant> DIR [--find-links DIR]
-  python -m images workflow [--check]
+  python -m images ci-matrix
   python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
 
 Bad input prints one line and exits 2; a failed build or smoke run exits 1.
@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, locks, smoke, workflow
+from images import base, builder, ci_matrix, locks, smoke
 from images.build_args import build_args, git_revision, source_url, utc_now
 from images.matrix import MatrixError, load_matrix
 
@@ -96,14 +96,8 @@ def _parser() -> argparse.ArgumentParser:
         "--find-links",
         type=_existing_dir,
         metavar="DIR",
-        help="local wheels (the cpu variant's torch wheel when its index is unreachable)",
-    )
-    lock.add_argument(
-        "--python",
-        type=Path,
-        metavar="PYTHON",
-        help="an interpreter of the variant's Python version to resolve for "
-        "(default: this one if it matches, else python<version> on PATH)",
+        help="local wheels: a torch build that is not on PyPI (the cpu variant's), when "
+        "its index is unreachable",
     )
 
     house = commands.add_parser("wheelhouse", help="download a lock's files for offline builds")
@@ -116,8 +110,7 @@ def _parser() -> argparse.ArgumentParser:
         help="local wheels (the torch wheel when its index is unreachable)",
     )
 
-    flow = commands.add_parser("workflow", help="write .github/workflows/images.yml")
-    flow.add_argument("--check", action="store_true", help="fail if the committed file drifted")
+    commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
     run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
     run.add_argument("variant")
@@ -133,13 +126,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _run(options: argparse.Namespace) -> int:
     matrix = load_matrix()
-    if options.command == "workflow":
-        return workflow.main(matrix, check=options.check)
+    if options.command == "ci-matrix":
+        print(ci_matrix.render(matrix))
+        return 0
     variant = matrix.variant(options.variant)
     if options.command == "build-args":
         values = build_args(
+            matrix,
             variant,
-            matrix.release,
             revision=git_revision(),
             created=utc_now(),
             source_url=source_url(),
@@ -149,16 +143,16 @@ def _run(options: argparse.Namespace) -> int:
         print("\n".join(base.bootstrap_base(variant, options.storage_driver)))
     elif options.command == "lock":
         path = locks.lock_path(variant)
-        text = locks.make_lock(variant, matrix.wheels(variant), options.find_links, options.python)
+        text = locks.make_lock(matrix, variant, options.find_links)
         path.write_text(text)
         print(path)
     elif options.command == "wheelhouse":
-        locks.fill_wheelhouse(variant, options.dest.resolve(), options.find_links)
+        locks.fill_wheelhouse(matrix, variant, options.dest.resolve(), options.find_links)
         print(options.dest)
     elif options.command == "build":
         request = builder.make_request(
+            matrix,
             variant,
-            matrix.release,
             revision=git_revision(),
             created=utc_now(),
             source_url=source_url(),

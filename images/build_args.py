@@ -7,7 +7,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from images.matrix import Variant
+from images.matrix import Matrix, Variant
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
@@ -15,35 +15,14 @@ DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
 # The image repository every variant is pushed to; the tag carries the variant.
 IMAGE_NAME = "gpu-training-stack"
 
-# DeepSpeed ops the trainer uses, compiled at build time so that no job spends minutes
-# compiling them at start (the image has no compiler). Keyed by DeepSpeed accelerator:
-# DS_BUILD_<KEY> turns the build on; the value is the op's name in `ds_report`.
-# CPU_ADAM serves ZeRO-Offload; on CPU, DeepSpeed's comm backend loads SHM_COMM at init.
-DEEPSPEED_OPS = {
-    "cuda": {"FUSED_ADAM": "fused_adam", "CPU_ADAM": "cpu_adam"},
-    "cpu": {"SHM_COMM": "deepspeed_shm_comm"},
-}
 
-
-def accelerator(variant: Variant) -> str:
-    """DeepSpeed's accelerator: set explicitly, as a CI builder has no GPU to detect."""
-    return "cuda" if variant.cuda else "cpu"
-
-
-# nvcc from CUDA 13 on refuses the Volta arch (sm_70), which the wheels may still list.
-_NVCC_DROPPED_ARCHES = {13: ("7.0",)}
-
-
-def torch_cuda_arch_list(variant: Variant) -> str:
+def torch_cuda_arch_list(variant: Variant, nvcc_refuses: tuple[str, ...] = ()) -> str:
     """TORCH_CUDA_ARCH_LIST for the ops build: the wheels' arches nvcc can still target.
 
     The last arch also gets PTX so that newer GPUs can JIT the ops instead of failing.
     """
-    if variant.cuda is None:
-        return ""
-    dropped = _NVCC_DROPPED_ARCHES.get(int(variant.cuda.split(".")[0]), ())
-    arches = [cc for cc in variant.compute_capabilities if cc not in dropped]
-    if not arches:
+    arches = [cc for cc in variant.compute_capabilities if cc not in nvcc_refuses]
+    if variant.cuda is None or not arches:
         return ""
     return " ".join([*arches[:-1], f"{arches[-1]}+PTX"])
 
@@ -56,12 +35,13 @@ def nvidia_require_cuda(variant: Variant) -> str:
 
 
 def build_args(
-    variant: Variant, release: str, *, revision: str, created: str, source_url: str
+    matrix: Matrix, variant: Variant, *, revision: str, created: str, source_url: str
 ) -> dict[str, str]:
     """Every ARG the Dockerfile declares, for this variant (pins also become image labels)."""
+    toolkit = matrix.cuda_major(variant)
     return {
         "VARIANT": variant.name,
-        "IMAGE_VERSION": variant.tag(release),
+        "IMAGE_VERSION": variant.tag(matrix.release),
         "REVISION": revision,
         "CREATED": created,
         "SOURCE_URL": source_url,
@@ -74,9 +54,16 @@ def build_args(
         "CUDNN_VERSION": variant.cudnn or "",
         "NCCL_VERSION": variant.nccl or "",
         "COMPUTE_CAPABILITIES": ",".join(variant.compute_capabilities),
-        "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list(variant),
-        "DS_ACCELERATOR": accelerator(variant),
-        "DEEPSPEED_OPS": " ".join(DEEPSPEED_OPS[accelerator(variant)]),
+        "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list(
+            variant, toolkit.nvcc_refuses if toolkit else ()
+        ),
+        "DS_ACCELERATOR": variant.accelerator,
+        "DEEPSPEED_OPS": " ".join(matrix.ops(variant)),
+        # EFA and its NCCL plugin serve GPUs only: the cpu image carries neither.
+        "EFA_INSTALLER_VERSION": matrix.efa.installer if variant.cuda else "",
+        "AWS_OFI_NCCL_VERSION": matrix.efa.aws_ofi_nccl if variant.cuda else "",
+        # NCCL then loads libnccl-net-ofi.so, the aws-ofi-nccl plugin (image_check.py).
+        "NCCL_NET_PLUGIN": "ofi" if variant.cuda else "",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(variant),
         # "void" keeps the toolkit from injecting GPUs into an image that cannot use them.
         "NVIDIA_VISIBLE_DEVICES": "all" if variant.cuda else "void",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from images import locks
 from images.build_args import DOCKERFILE, IMAGE_NAME, REPO_ROOT, build_args
-from images.matrix import Variant
+from images.matrix import Matrix, Variant
 
 # Where a buildah build sees the CA bundle it is given (pip then trusts it).
 CA_BUNDLE_IN_BUILD = "/run/build-ca-bundle.crt"
@@ -75,16 +75,17 @@ def _check_options(request: BuildRequest) -> None:
 
 
 def make_request(
+    matrix: Matrix,
     variant: Variant,
-    release: str,
     *,
     revision: str,
     created: str,
     source_url: str,
     **options,
 ) -> BuildRequest:
-    args = build_args(variant, release, revision=revision, created=created, source_url=source_url)
-    request = BuildRequest(variant=variant, release=release, args=args, **options)
+    locks.check_lock(matrix, variant)  # before any layer is built
+    args = build_args(matrix, variant, revision=revision, created=created, source_url=source_url)
+    request = BuildRequest(variant=variant, release=matrix.release, args=args, **options)
     _check_options(request)
     return request
 
@@ -164,17 +165,8 @@ def commands(request: BuildRequest, engine: str) -> list[list[str]]:
     return [buildah_argv(request, engine), *buildah_push_argvs(request, engine)]
 
 
-def check_lock(variant: Variant) -> None:
-    """Refuse a lock the image cannot be built from, before any layer is built."""
-    lock = locks.read_lock(locks.lock_path(variant))
-    if lock.incomplete or lock.unhashed:
-        reasons = " ".join(lock.incomplete) or f"unhashed: {', '.join(lock.unhashed)}."
-        raise BuildError(f"images/locks/{variant.name}.txt is incomplete: {reasons}")
-
-
 def build(request: BuildRequest, engine: str | None = None) -> tuple[str, ...]:
     """Build (and push) the image; return its tags."""
-    check_lock(request.variant)
     engine = engine or detect_engine()
     for argv in commands(request, engine):
         print("+", shlex.join(argv), flush=True)

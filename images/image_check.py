@@ -1,16 +1,19 @@
 """Runs INSIDE a built image: do the versions it carries equal what the matrix says?
 
   docker run --rm -i IMAGE python - --torch 2.13.0 --deepspeed 0.19.8 \\
-      [--cuda 12.6 --cudnn 9.10.2.21 --nccl 2.29.3 | --cuda none] [--op fused_adam ...] \\
-      < images/image_check.py
+      [--cuda 13.0 --cudnn 9.20.0.48 --nccl 2.29.7 --net-plugin ofi | --cuda none] \\
+      [--op fused_adam ...] < images/image_check.py
 
-Needs no GPU: it reads the versions the libraries were built with. Prints what it found;
-exits 1 naming every mismatch. Standalone on purpose (the image has no `images` package).
+Needs no GPU: it reads the versions the libraries were built with, and loads the NCCL
+network plugin the way NCCL does (by NCCL_NET_PLUGIN). Prints what it found; exits 1
+naming every mismatch. Standalone on purpose (the image has no `images` package).
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import os
 import sys
 
 
@@ -46,6 +49,45 @@ def found_versions() -> tuple[dict[str, str], dict[str, bool]]:
     return found, dict(installed_ops)
 
 
+# The plugin API versions NCCL looks for, newest first (NCCL's src/plugin/net.cc).
+NET_PLUGIN_SYMBOLS = [f"ncclNetPlugin_v{n}" for n in range(11, 1, -1)]
+
+
+def net_plugin_library(env: dict[str, str]) -> str:
+    """The library NCCL dlopens for its network plugin: NCCL_NET_PLUGIN=<name> means
+    libnccl-net-<name>.so (a value that names a .so is used as it is); unset, libnccl-net.so."""
+    name = env.get("NCCL_NET_PLUGIN", "")
+    if not name:
+        return "libnccl-net.so"
+    return name if name.endswith(".so") or "/" in name else f"libnccl-net-{name}.so"
+
+
+def _loaded_path(basename: str) -> str:
+    """Where the dynamic loader found `basename` (this process's memory map)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            path = line.split()[-1]
+            if os.path.basename(path) == basename or path.endswith(f"/{basename}"):
+                return path
+    return basename
+
+
+def net_plugin_problems(expected: str, env: dict[str, str]) -> list[str]:
+    """Load the plugin NCCL would load; report it, or why NCCL would fall back to sockets."""
+    library = net_plugin_library(env)
+    if f"libnccl-net-{expected}.so" != os.path.basename(library):
+        return [f"NCCL would load {library}, not the {expected!r} plugin (NCCL_NET_PLUGIN)"]
+    try:
+        handle = ctypes.CDLL(library)
+    except OSError as error:
+        return [f"NCCL net plugin {library} cannot be loaded: {error}"]
+    symbol = next((s for s in NET_PLUGIN_SYMBOLS if hasattr(handle, s)), None)
+    if symbol is None:
+        return [f"{library} exports no ncclNetPlugin_v* symbol: not an NCCL net plugin"]
+    print(f"NCCL net plugin: {_loaded_path(os.path.basename(library))} ({symbol})")
+    return []
+
+
 def mismatches(
     expected: dict[str, str | None], found: dict[str, str], ops: dict[str, bool], want_ops
 ) -> list[str]:
@@ -73,6 +115,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cuda", help='"none": torch must be a CPU build')
     parser.add_argument("--cudnn")
     parser.add_argument("--nccl")
+    parser.add_argument(
+        "--net-plugin",
+        default="none",
+        help='the NCCL net plugin NCCL must load (e.g. "ofi"); "none": skip (no NCCL)',
+    )
     parser.add_argument("--op", action="append", default=[], help="op that must be pre-built")
     args = parser.parse_args(argv)
     found, ops = found_versions()
@@ -82,6 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     expected = {k: getattr(args, k) for k in ("torch", "deepspeed", "cuda", "cudnn", "nccl")}
     problems = mismatches(expected, found, ops, args.op)
+    if args.net_plugin == "none":
+        print("NCCL net plugin: not checked (a CPU image trains over gloo; it has no NCCL)")
+    else:
+        problems += net_plugin_problems(args.net_plugin, dict(os.environ))
     for problem in problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
     return 1 if problems else 0

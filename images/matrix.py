@@ -25,14 +25,6 @@ from common.versions import dotted_version, version_key
 
 MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 
-# CUDA 13.0 removed Maxwell, Pascal and Volta (sm_50-sm_72): Turing (7.5) is its oldest arch.
-CUDA13_OLDEST_ARCH = "7.5"
-
-# The Python each base OS maintains: its system python3. The image installs
-# python<version> (and -venv, -dev) with apt, so a variant's Python must be this one.
-# [packages.debian.org bookworm python3 3.11.2; packages.ubuntu.com jammy python3 3.10.6,
-#  noble python3 3.12.3; on jammy python3.11 is a universe package frozen at an early 3.11.0 build]
-SYSTEM_PYTHON = {"bookworm": "3.11", "ubuntu22.04": "3.10", "ubuntu24.04": "3.12"}
 _BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
 
 _NAME = re.compile(r"^[a-z0-9]+$")
@@ -62,7 +54,7 @@ def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
 class TorchWheels:
-    """What one torch release ships in one wheel variant (cu126, cu130, cpu...)."""
+    """What one torch release ships in one wheel variant (cu128, cu130, cpu...)."""
 
     source: str
     compute_capabilities: tuple[str, ...] = ()
@@ -72,6 +64,48 @@ class TorchWheels:
     pypi_default: bool = False
 
     _check_capabilities = field_validator("compute_capabilities")(_capabilities)
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class BaseOs:
+    """What a base OS maintains: its system python3, and its glibc (the wheels' platform)."""
+
+    python: str
+    glibc: str
+    source: str
+
+    _check_versions = field_validator("python", "glibc")(dotted_version)
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class CudaMajor:
+    """What one CUDA major's toolkit supports: its oldest GPU arch, the arches nvcc refuses."""
+
+    oldest_arch: str
+    source: str
+    nvcc_refuses: tuple[str, ...] = ()
+
+    _check_oldest = field_validator("oldest_arch")(check_capability)
+    _check_refused = field_validator("nvcc_refuses")(_capabilities)
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class DeepSpeedOps:
+    """DeepSpeed ops pre-built for one accelerator: DS_BUILD_<KEY> -> name in `ds_report`."""
+
+    ops: dict[str, str]
+    source: str
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class Efa:
+    """The EFA installer and aws-ofi-nccl releases every CUDA image carries."""
+
+    installer: str
+    aws_ofi_nccl: str
+    source: str
+
+    _check_versions = field_validator("installer", "aws_ofi_nccl")(dotted_version)
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -106,6 +140,11 @@ class Variant:
         return value
 
     @property
+    def accelerator(self) -> str:
+        """DeepSpeed's accelerator: set explicitly, as a CI builder has no GPU to detect."""
+        return "cuda" if self.cuda else "cpu"
+
+    @property
     def wheel_variant(self) -> str:
         """The torch wheel variant this image installs: the last part of torch_index."""
         return self.torch_index.rstrip("/").rsplit("/", 1)[-1]
@@ -131,11 +170,16 @@ class Variant:
 
 @dataclasses.dataclass(frozen=True)
 class Matrix:
-    """All variants (oldest CUDA first, cpu first of all) and the image release."""
+    """All variants (oldest CUDA first, cpu first of all), the image release, and the
+    toolchain facts every variant is checked against."""
 
     release: str
     variants: tuple[Variant, ...]
     torch_wheels: dict[str, dict[str, TorchWheels]] = field(hash=False)
+    base_os: dict[str, BaseOs] = field(hash=False)
+    cuda_majors: dict[str, CudaMajor] = field(hash=False)
+    deepspeed_ops: dict[str, DeepSpeedOps] = field(hash=False)
+    efa: Efa
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -151,31 +195,65 @@ class Matrix:
         """What the variant's torch build ships (the loader checked that it is known)."""
         return self.torch_wheels[variant.torch][variant.wheel_variant]
 
+    def os_of(self, variant: Variant) -> BaseOs:
+        """The base OS of the variant's images (the loader checked that it is known)."""
+        return self.base_os[_BASE_OS.search(variant.base_runtime)[0]]
+
+    def cuda_major(self, variant: Variant) -> CudaMajor | None:
+        """The toolkit facts for the variant's CUDA major (None: cpu, or none recorded)."""
+        return self.cuda_majors.get(variant.cuda.split(".")[0]) if variant.cuda else None
+
+    def ops(self, variant: Variant) -> dict[str, str]:
+        """The DeepSpeed ops the variant's image pre-builds: DS_BUILD_<KEY> -> op name."""
+        return self.deepspeed_ops[variant.accelerator].ops
+
+
+_TABLES = {"release", "variant", "torch_wheels", "base_os", "cuda_major", "deepspeed_ops", "efa"}
+
 
 def load_matrix(path: Path | str | None = None) -> Matrix:
     """Load and check images/matrix.toml (or `path`); raise MatrixError in one line."""
     path = Path(path) if path is not None else MATRIX_PATH
     raw = read_toml(path, MatrixError)
     where = path.name
-    check_keys(raw, {"release", "variant", "torch_wheels"}, where=where, error=MatrixError)
+    check_keys(raw, _TABLES, where=where, error=MatrixError)
     release = raw.get("release")
     if not isinstance(release, str) or not release:
         raise MatrixError(f"{where}: key 'release' must be a version string, got {release!r}")
 
     wheels = _load_torch_wheels(raw.get("torch_wheels", {}), where)
+    facts = {
+        "base_os": _load_table(BaseOs, raw, "base_os", where),
+        "cuda_majors": _load_table(CudaMajor, raw, "cuda_major", where),
+        "deepspeed_ops": _load_table(DeepSpeedOps, raw, "deepspeed_ops", where),
+        "efa": build_record(Efa, raw.get("efa"), where=f"{where}: [efa]", error=MatrixError),
+    }
     variants: list[Variant] = []
     for index, table in enumerate(raw.get("variant", [])):
         label = table.get("name", f"#{index + 1}") if isinstance(table, dict) else f"#{index + 1}"
         variant = build_record(
             Variant, table, where=f"{where}: variant '{label}'", error=MatrixError
         )
-        _check_variant(variant, wheels, f"{where}: variant '{variant.name}'")
         variants.append(variant)
     if not variants:
         raise MatrixError(f"{where}: no [[variant]] tables")
-    _check_unique(variants, where)
     variants.sort(key=lambda v: version_key(v.cuda) if v.cuda else ())
-    return Matrix(release=release, variants=tuple(variants), torch_wheels=wheels)
+    matrix = Matrix(release=release, variants=tuple(variants), torch_wheels=wheels, **facts)
+    for variant in variants:
+        _check_variant(variant, matrix, f"{where}: variant '{variant.name}'")
+    _check_unique(variants, where)
+    return matrix
+
+
+def _load_table(cls, raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """A TOML table of named records, e.g. [base_os.bookworm] -> {"bookworm": BaseOs}."""
+    tables = raw.get(key)
+    if not isinstance(tables, dict) or not tables:
+        raise MatrixError(f"{where}: needs [{key}.<name>] tables")
+    return {
+        name: build_record(cls, table, where=f"{where}: [{key}.{name}]", error=MatrixError)
+        for name, table in tables.items()
+    }
 
 
 def _load_torch_wheels(raw: Any, where: str) -> dict[str, dict[str, TorchWheels]]:
@@ -197,17 +275,19 @@ def _load_torch_wheels(raw: Any, where: str) -> dict[str, dict[str, TorchWheels]
     return releases
 
 
-def _check_variant(v: Variant, wheels: dict[str, dict[str, TorchWheels]], where: str) -> None:
+def _check_variant(v: Variant, matrix: Matrix, where: str) -> None:
     def fail(field_name: str, problem: str) -> MatrixError:
         return MatrixError(f"{where}, field '{field_name}': {problem}")
 
     _check_bases(v, fail)
-    _check_python(v, fail)
+    _check_python(v, matrix.base_os, fail)
     _check_cuda_fields(v, fail)
+    if v.accelerator not in matrix.deepspeed_ops:
+        raise fail("cuda", f"no [deepspeed_ops.{v.accelerator}] table says which ops to pre-build")
 
-    release = wheels.get(v.torch)
+    release = matrix.torch_wheels.get(v.torch)
     if release is None:
-        known = ", ".join(wheels) or "none"
+        known = ", ".join(matrix.torch_wheels) or "none"
         raise fail("torch", f"no torch_wheels facts for torch {v.torch} (known: {known})")
     facts = release.get(v.wheel_variant)
     if facts is None:
@@ -222,13 +302,14 @@ def _check_variant(v: Variant, wheels: dict[str, dict[str, TorchWheels]], where:
             raise fail(name, f"{have} disagrees with torch {v.torch} {v.wheel_variant} ({want})")
 
     # Checked before the arch list so the message names the real cause.
-    if v.cuda and version_key(v.cuda) >= (13,):
-        too_old = [c for c in v.compute_capabilities if arch_key(c) < arch_key(CUDA13_OLDEST_ARCH)]
+    toolkit = matrix.cuda_major(v)
+    if toolkit is not None:
+        too_old = [c for c in v.compute_capabilities if arch_key(c) < arch_key(toolkit.oldest_arch)]
         if too_old:
             raise fail(
                 "compute_capabilities",
-                f"CUDA {v.cuda} cannot build for {', '.join(too_old)} "
-                "(CUDA 13 dropped Maxwell, Pascal and Volta); Volta needs a cu126 variant",
+                f"CUDA {v.cuda} cannot build for {', '.join(too_old)} (its oldest arch is "
+                f"{toolkit.oldest_arch}); a Volta GPU needs a CUDA 12 variant",
             )
     if v.compute_capabilities != facts.compute_capabilities:
         raise fail(
@@ -278,17 +359,17 @@ def _check_bases(v: Variant, fail) -> None:
             raise fail(name, f"{image} carries CUDA {match.group(1)}, the variant says {v.cuda}")
 
 
-def _check_python(v: Variant, fail) -> None:
+def _check_python(v: Variant, base_os: dict[str, BaseOs], fail) -> None:
     systems = []
     for name in ("base_build", "base_runtime"):
         found = _BASE_OS.search(getattr(v, name))
-        if found is None or found[0] not in SYSTEM_PYTHON:
-            known = ", ".join(SYSTEM_PYTHON)
+        if found is None or found[0] not in base_os:
+            known = ", ".join(base_os)
             raise fail(name, f"{getattr(v, name)}: no known system Python for its OS ({known})")
         systems.append(found[0])
     if systems[0] != systems[1]:
         raise fail("base_runtime", f"runs {systems[1]}, base_build {systems[0]}: one OS for both")
-    expected = SYSTEM_PYTHON[systems[0]]
+    expected = base_os[systems[0]].python
     if v.python != expected:
         raise fail(
             "python",

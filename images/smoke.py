@@ -4,9 +4,12 @@ No Docker engine is needed (and `podman run` may not work where this runs): a wo
 container of the image runs, with the image's own entrypoint and command,
 (1) image_check.py, which compares the versions inside with the matrix; (2) a short
 2-rank ZeRO-2 job whose checkpoints and metrics land in host folders: it must exit 0,
-its loss must fall and a committed checkpoint must exist; (3) a long job stopped with
-SIGTERM sent to the entrypoint (tini, PID 1 under `docker run`), which must checkpoint
-and exit 75. The image's config (labels, env, user, entrypoint) is checked too.
+its loss must fall, a committed checkpoint must exist, and no DeepSpeed op may have been
+compiled at run time (TORCH_EXTENSIONS_DIR stays empty); (3) the trainer started the way
+Pyxis/Enroot starts it: as another uid than the image's USER, without the ENTRYPOINT,
+with a HOME that does not exist; (4) a long job stopped with SIGTERM sent to the
+entrypoint (tini, PID 1 under `docker run`), which must checkpoint and exit 75. The
+image's config (labels, env, user, entrypoint) is checked too.
 """
 
 from __future__ import annotations
@@ -22,11 +25,14 @@ from pathlib import Path
 
 from images.base import buildah_command
 from images.build_args import IMAGE_NAME
+from images.ci_matrix import expectations
 from images.matrix import Matrix, Variant
-from images.workflow import expectations
+from training.contract import ExitCode
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
 TRAINER_UID = 1000  # the image's non-root user
+# Enroot runs the container as the user who called srun, whatever the image's USER says.
+SLURM_USER_UID = 4242
 # A short job: ZeRO-2, a checkpoint midway and at the end, a loss logged every step.
 TRAINING_OVERRIDES = (
     "zero.stage=2",
@@ -146,14 +152,19 @@ class SmokeContainer:
         subprocess.run([*self.buildah, "rm", name], capture_output=True, check=False)
         _buildah(storage_driver, "from", "--name", name, "--pull-never", image)
 
-    def argv(self, command: list[str], mounts: dict[Path, str], env: dict[str, str]) -> list[str]:
+    def argv(
+        self, command: list[str], mounts: dict[Path, str], env: dict[str, str], user: str = ""
+    ) -> list[str]:
         argv = [*self.buildah, "run", "--isolation", "chroot", "--network", "host"]
+        argv += ["--user", user] if user else []
         argv += [arg for host, inside in mounts.items() for arg in ("-v", f"{host}:{inside}")]
         argv += [arg for key, value in env.items() for arg in ("-e", f"{key}={value}")]
         return [*argv, self.name, "--", *command]
 
-    def run(self, command: list[str], mounts: dict[Path, str], env: dict[str, str]) -> int:
-        argv = self.argv(command, mounts, env)
+    def run(
+        self, command: list[str], mounts: dict[Path, str], env: dict[str, str], user: str = ""
+    ) -> int:
+        argv = self.argv(command, mounts, env, user)
         print("+", shlex.join(argv), flush=True)
         return subprocess.run(argv, check=False).returncode
 
@@ -161,31 +172,55 @@ class SmokeContainer:
         subprocess.run([*self.buildah, "rm", self.name], capture_output=True, check=False)
 
 
-def _job_folders(root: Path) -> tuple[Path, Path]:
-    """(checkpoints, outputs) for one job, writable by the image's user."""
-    checkpoints, outputs = root / "checkpoints", root / "out"
-    for folder in (checkpoints, outputs):
+def _job_folders(root: Path, *names: str, uid: int = TRAINER_UID) -> list[Path]:
+    """Host folders for one job (checkpoints, outputs, ...), writable by `uid`."""
+    folders = [root / name for name in names]
+    for folder in folders:
         folder.mkdir(parents=True)
-        shutil.chown(folder, TRAINER_UID, TRAINER_UID)
-    return checkpoints, outputs
+        os.chown(folder, uid, uid)
+    return folders
 
 
 def check_training(container: SmokeContainer, root: Path) -> list[str]:
-    """The image's default command, 2 ranks, ZeRO-2: exit 0, loss falls, checkpoint committed."""
-    checkpoints, outputs = _job_folders(root)
+    """The image's default command, 2 ranks, ZeRO-2: exit 0, loss falls, checkpoint committed,
+    and no op compiled at run time (every op the first step loads was built into the image)."""
+    checkpoints, outputs, extensions = _job_folders(root, "checkpoints", "out", "extensions")
     overrides = [arg for item in TRAINING_OVERRIDES for arg in ("--set", item)]
     code = container.run(
         [*container.entrypoint, *overrides],
-        {checkpoints: "/checkpoints", outputs: "/smoke/out"},
-        JOB_ENV,
+        {checkpoints: "/checkpoints", outputs: "/smoke/out", extensions: "/smoke/extensions"},
+        {**JOB_ENV, "TORCH_EXTENSIONS_DIR": "/smoke/extensions"},
     )
-    problems = [] if code == 0 else [f"the training job exited {code}, expected 0"]
+    problems = [] if code == ExitCode.DONE else [f"the training job exited {code}, expected 0"]
+    compiled = sorted(path.name for path in extensions.iterdir())
+    if compiled:
+        problems.append(f"DeepSpeed compiled {', '.join(compiled)} at run time: pre-build it")
     return problems + run_problems(outputs, checkpoints)
+
+
+def check_as_slurm_starts_it(container: SmokeContainer, root: Path) -> list[str]:
+    """`srun --container-image=... python -m training`: Pyxis runs no ENTRYPOINT by default,
+    Enroot runs the command as the calling user, and HOME is that user's host folder."""
+    checkpoints, outputs = _job_folders(root, "checkpoints", "out", uid=SLURM_USER_UID)
+    overrides = ["--set", "train.steps=2", "--set", "checkpoint.every_steps=2"]
+    env = {**JOB_ENV, "TRAIN_NPROC_PER_NODE": "1", "HOME": "/home/not-in-the-image"}
+    code = container.run(
+        ["python", "-m", "training", *overrides],
+        {checkpoints: "/checkpoints", outputs: "/smoke/out"},
+        env,
+        user=f"{SLURM_USER_UID}:{SLURM_USER_UID}",
+    )
+    problems = (
+        [] if code == ExitCode.DONE else [f"as uid {SLURM_USER_UID}, no entrypoint: exit {code}"]
+    )
+    if not list(checkpoints.rglob(COMMIT_MARKER)):
+        problems.append(f"as uid {SLURM_USER_UID} without the entrypoint: no committed checkpoint")
+    return problems
 
 
 def check_interrupt(container: SmokeContainer, root: Path, timeout: float = 300) -> list[str]:
     """SIGTERM to the entrypoint (what `docker stop` does) must end in a checkpoint and exit 75."""
-    checkpoints, outputs = _job_folders(root)
+    checkpoints, outputs = _job_folders(root, "checkpoints", "out")
     overrides = ["--set", "train.steps=1000000", "--set", "logging.every_steps=1"]
     argv = container.argv(
         [*container.entrypoint, *overrides],
@@ -212,7 +247,10 @@ def check_interrupt(container: SmokeContainer, root: Path, timeout: float = 300)
         if job.poll() is None:
             job.kill()
             job.wait()
-    problems = [] if code == 75 else [f"after SIGTERM the job exited {code}, expected 75"]
+    expected = ExitCode.INTERRUPTED
+    problems = (
+        [] if code == expected else [f"after SIGTERM the job exited {code}, expected {expected}"]
+    )
     if not list(checkpoints.rglob(COMMIT_MARKER)):
         problems.append("after SIGTERM no committed checkpoint exists")
     return problems
@@ -232,10 +270,11 @@ def main(matrix: Matrix, variant: Variant, storage_driver: str | None, workdir: 
     shutil.copy(IMAGE_CHECK, workdir / IMAGE_CHECK.name)
     container = SmokeContainer(image, storage_driver, f"smoke-{variant.name}", config)
     try:
-        check = ["python", f"/smoke/{IMAGE_CHECK.name}", *expectations(variant)]
+        check = ["python", f"/smoke/{IMAGE_CHECK.name}", *expectations(matrix, variant)]
         if container.run(check, {workdir: "/smoke"}, {}) != 0:
             problems.append("image_check.py found versions that differ from the matrix (above)")
         problems += check_training(container, workdir / "train")
+        problems += check_as_slurm_starts_it(container, workdir / "slurm")
         problems += check_interrupt(container, workdir / "interrupt")
     finally:
         container.remove()
@@ -245,5 +284,6 @@ def main(matrix: Matrix, variant: Variant, storage_driver: str | None, workdir: 
         raise SmokeError("; ".join(problems))
     print(
         f"smoke {variant.name}: OK (versions, image config, 2-rank ZeRO-2 job with a committed "
-        "checkpoint, SIGTERM through the entrypoint -> checkpoint and exit 75)"
+        "checkpoint and no op compiled at run time, a job as another uid without the "
+        "entrypoint, SIGTERM through the entrypoint -> checkpoint and exit 75)"
     )

@@ -40,7 +40,7 @@ stage "bootstrap Debian base" \
 stage "build cpu image" \
     "$PYTHON" -m images build cpu --engine buildah --storage-driver "$STORAGE_DRIVER" \
     --wheelhouse "$WHEELHOUSE" "${ca_args[@]}"
-stage "smoke: versions, 2-rank ZeRO-2 job, SIGTERM -> exit 75, in the image" \
+stage "smoke: versions, 2-rank ZeRO-2 job without op builds, Slurm-style run, SIGTERM -> 75" \
     "$PYTHON" -m images smoke cpu --storage-driver "$STORAGE_DRIVER" --workdir "$WORKDIR"
 # Earlier builds' images lose their tag to this one: drop them, keep the new image.
 buildah --storage-driver "$STORAGE_DRIVER" rmi --prune >/dev/null || true

@@ -20,8 +20,7 @@ import datetime
 import re
 from dataclasses import dataclass
 
-from common.versions import version_key
-from images.matrix import CUDA13_OLDEST_ARCH, Matrix, MatrixError, Variant, arch_key, load_matrix
+from images.matrix import Matrix, MatrixError, Variant, arch_key, load_matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog
 from infra.knowledge.prices import InstancePrice
@@ -148,9 +147,10 @@ def _check_gpu_runs(
     if variant.runs_on(instance.compute_capability):
         return
     arch = f"sm_{instance.compute_capability.replace('.', '')}"
-    cuda13_dropped = arch_key(instance.compute_capability) < arch_key(CUDA13_OLDEST_ARCH)
-    if version_key(variant.cuda) >= (13,) and cuda13_dropped:
-        reason = f"CUDA 13 dropped {instance.gpu_model}'s architecture ({arch})"
+    toolkit = matrix.cuda_major(variant)
+    if toolkit and arch_key(instance.compute_capability) < arch_key(toolkit.oldest_arch):
+        major = variant.cuda.split(".")[0]
+        reason = f"CUDA {major} dropped {instance.gpu_model}'s architecture ({arch})"
     else:
         reason = (
             f"{variant.name}'s torch wheels carry no kernels for {instance.gpu_model} ({arch}; "

@@ -13,8 +13,8 @@ DOCKERFILE_TEXT = DOCKERFILE.read_text()
 
 def args_for(variant):
     return build_args(
+        MATRIX,
         variant,
-        MATRIX.release,
         revision="abc123",
         created="2026-01-01T00:00:00Z",
         source_url="https://example.invalid/repo",
@@ -61,6 +61,7 @@ def test_cuda_variants_require_their_cuda_and_driver(variant):
 def test_arch_list_is_the_wheels_arches_less_what_nvcc_refuses(variant):
     arches = args_for(variant)["TORCH_CUDA_ARCH_LIST"].replace("+PTX", "").split()
     major = int(variant.cuda.split(".")[0])
+    # nvcc 13 refuses compute_70 (CUDA 13.0 release notes): written here, not read from the matrix.
     expected = [cc for cc in variant.compute_capabilities if not (major >= 13 and cc == "7.0")]
     assert arches == expected
     assert args_for(variant)["TORCH_CUDA_ARCH_LIST"].endswith("+PTX")
@@ -69,14 +70,18 @@ def test_arch_list_is_the_wheels_arches_less_what_nvcc_refuses(variant):
 def test_cuda_13_drops_volta_even_when_the_matrix_lists_it():
     cuda13 = next(v for v in VARIANTS if v.cuda)
     variant = dataclasses.replace(cuda13, cuda="13.0", compute_capabilities=("7.0", "7.5", "9.0"))
-    assert torch_cuda_arch_list(variant) == "7.5 9.0+PTX"
-    cuda12 = dataclasses.replace(variant, cuda="12.6")
-    assert torch_cuda_arch_list(cuda12) == "7.0 7.5 9.0+PTX"
+    args = build_args(MATRIX, variant, revision="r", created="c", source_url="s")
+    assert args["TORCH_CUDA_ARCH_LIST"] == "7.5 9.0+PTX"
+    cuda12 = dataclasses.replace(variant, cuda="12.8")
+    args = build_args(MATRIX, cuda12, revision="r", created="c", source_url="s")
+    assert args["TORCH_CUDA_ARCH_LIST"] == "7.0 7.5 9.0+PTX"
+    assert torch_cuda_arch_list(cuda12, ("7.5",)) == "7.0 9.0+PTX"
 
 
 def test_cpu_variant_builds_only_the_cpu_comm_op_and_asks_for_no_gpu():
     args = args_for(MATRIX.variant("cpu"))
     assert args["DEEPSPEED_OPS"] == "SHM_COMM"
+    assert args["EFA_INSTALLER_VERSION"] == args["AWS_OFI_NCCL_VERSION"] == ""
     assert args["DS_ACCELERATOR"] == "cpu"
     assert args["TORCH_CUDA_ARCH_LIST"] == ""
     assert args["NVIDIA_REQUIRE_CUDA"] == ""
@@ -89,3 +94,11 @@ def test_runtime_stage_carries_labels_for_every_pin():
         assert f"org.opencontainers.image.{key}=" in runtime
     for pin in ("torch", "deepspeed", "cuda", "cudnn", "nccl", "python", "min-driver"):
         assert f"org.gpu-training-stack.{pin}=" in runtime
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v.cuda], ids=lambda v: v.name)
+def test_cuda_variants_carry_efa_at_the_matrix_pins(variant):
+    args = args_for(variant)
+    assert args["EFA_INSTALLER_VERSION"] == MATRIX.efa.installer
+    assert args["AWS_OFI_NCCL_VERSION"] == MATRIX.efa.aws_ofi_nccl
+    assert args["NCCL_NET_PLUGIN"] == "ofi"  # NCCL then loads libnccl-net-ofi.so

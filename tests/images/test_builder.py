@@ -14,7 +14,7 @@ CUDA = next(v for v in MATRIX.variants if v.cuda)
 
 def request(variant=CPU, **options):
     return builder.make_request(
-        variant, MATRIX.release, revision="r1", created="c1", source_url="s1", **options
+        MATRIX, variant, revision="r1", created="c1", source_url="s1", **options
     )
 
 
@@ -32,7 +32,7 @@ def test_docker_loads_one_local_tag_with_every_build_arg():
     assert pairs(argv, "--tag") == [f"{IMAGE_NAME}:{CUDA.tag(MATRIX.release)}"]
     args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
     assert args["BASE_BUILD"] == CUDA.base_build
-    assert args["TORCH_INDEX_URL"] == CUDA.torch_index
+    assert args["TORCH_INDEX_URL"] == ""  # PyPI's default torch is this variant's build
     assert "CA_BUNDLE" not in args
     assert "--cache-from" not in argv
 
@@ -61,21 +61,17 @@ def test_docker_reads_a_cache_without_writing_it_unless_asked():
     assert "--cache-to" not in argv
 
 
-def test_a_lock_that_takes_torch_from_pypi_builds_without_the_torch_index(tmp_path, monkeypatch):
+def test_only_a_torch_build_off_pypi_brings_its_index():
     cu130 = MATRIX.variant("cu130")
     args = dict(
         item.split("=", 1) for item in pairs(builder.docker_argv(request(cu130)), "--build-arg")
     )
     assert args["TORCH_INDEX_URL"] == ""  # committed lock: PyPI's torch==2.13.0, the cu130 build
-    # The same variant locked from its own index (torch==2.13.0+cu130) needs that index.
-    (tmp_path / "cu130.txt").write_text(
-        "torch==2.13.0+cu130 \\\n    --hash=sha256:" + "a" * 64 + "\n"
-    )
-    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
+    # The cpu lock pins torch==2.13.0+cpu, which only PyTorch's cpu index serves.
     args = dict(
-        item.split("=", 1) for item in pairs(builder.docker_argv(request(cu130)), "--build-arg")
+        item.split("=", 1) for item in pairs(builder.docker_argv(request(CPU)), "--build-arg")
     )
-    assert args["TORCH_INDEX_URL"] == cu130.torch_index
+    assert args["TORCH_INDEX_URL"] == CPU.torch_index == "https://download.pytorch.org/whl/cpu"
 
 
 def test_wheelhouse_is_a_build_context_and_replaces_the_torch_index(tmp_path):
@@ -159,24 +155,13 @@ def test_no_engine_is_a_clear_error(tmp_path, monkeypatch):
         builder.detect_engine()
 
 
-def test_incomplete_lock_is_refused_before_building(tmp_path, monkeypatch):
-    lock = tmp_path / f"{CUDA.name}.txt"
-    lock.write_text(
-        f"{locks.INCOMPLETE_MARKER} the torch index was unreachable\n"
-        f"torch=={CUDA.torch}+{CUDA.name}\n"
-    )
+def test_a_lock_that_is_not_the_matrix_is_refused_before_building(tmp_path, monkeypatch):
+    text = locks.lock_path(CPU).read_text()
+    (tmp_path / "cpu.txt").write_text(text.replace("numpy==", "numpy==0.0.0\nunused==", 1))
     monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
-    with pytest.raises(builder.BuildError, match="incomplete: the torch index was unreachable"):
-        builder.build(request(CUDA), engine="buildah")
-
-
-def test_unhashed_lock_line_is_refused(tmp_path, monkeypatch):
-    (tmp_path / "cpu.txt").write_text(
-        "torch==2.13.0+cpu \\\n    --hash=sha256:" + "a" * 64 + "\nnumpy==2.4.6\n"
-    )
-    monkeypatch.setattr(locks, "LOCKS_DIR", tmp_path)
-    with pytest.raises(builder.BuildError, match=r"unhashed: numpy==2\.4\.6"):
-        builder.check_lock(CPU)
+    monkeypatch.setattr(locks, "REPO_ROOT", tmp_path)
+    with pytest.raises(locks.LockError, match=r"pins without a hash: numpy==0\.0\.0"):
+        request(CPU)
 
 
 def test_failed_engine_run_raises_build_failed(tmp_path, monkeypatch):

@@ -1,8 +1,10 @@
+import json
 import subprocess
 import sys
 
 import pytest
 
+from images import locks
 from images.__main__ import main
 from images.build_args import IMAGE_NAME, REPO_ROOT
 from images.matrix import load_matrix
@@ -59,15 +61,17 @@ def test_missing_wheelhouse_is_a_usage_error():
     assert "'/nonexistent/wheels' is not a directory" in result.stderr
 
 
-def test_workflow_check_passes_on_the_committed_file():
+def test_ci_matrix_prints_one_json_line_for_the_workflow():
     result = subprocess.run(
-        [sys.executable, "-m", "images", "workflow", "--check"],
+        [sys.executable, "-m", "images", "ci-matrix"],
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == 1  # one $GITHUB_OUTPUT line
+    assert [e["variant"] for e in json.loads(result.stdout)["include"]] == ["cpu", "cu128", "cu130"]
 
 
 def test_cache_write_without_a_cache_is_a_usage_error(capsys):
@@ -77,9 +81,9 @@ def test_cache_write_without_a_cache_is_a_usage_error(capsys):
     assert "--cache-write needs --cache REF" in capsys.readouterr().err
 
 
-def test_lock_with_an_interpreter_that_does_not_run_is_one_line_and_exit_2(capsys, tmp_path):
-    missing = tmp_path / "python3.12"
-    assert main(["lock", "cu130", "--python", str(missing)]) == 2
+def test_lock_whose_torch_is_nowhere_reachable_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setattr(locks, "index_reachable", lambda url: False)
+    assert main(["lock", "cpu"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and str(missing) in err and "--python" in err
+    assert err.startswith("error: torch==2.13.0+cpu is not reachable")
     assert len(err.strip().splitlines()) == 1

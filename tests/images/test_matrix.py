@@ -27,14 +27,14 @@ def load_error(path: Path) -> str:
 
 def test_real_matrix_loads_with_the_required_variants():
     matrix = load_matrix()
-    assert matrix.names == ("cpu", "cu126", "cu128", "cu130")  # oldest CUDA first
-    cpu, cu126, cu128, cu130 = matrix.variants
+    assert matrix.names == ("cpu", "cu128", "cu130")  # oldest CUDA first
+    cpu, cu128, cu130 = matrix.variants
     assert cpu.cuda is None and cpu.torch == "2.13.0" and cpu.min_driver is None
     assert cpu.base_runtime == cpu.base_build == "debian:bookworm-slim"
-    assert "7.0" in cu126.compute_capabilities and cu126.torch == "2.13.0"
+    assert "7.0" in cu128.compute_capabilities  # V100 (p3) runs cu128
     assert "7.0" not in cu130.compute_capabilities and cu130.cuda == "13.0"
     assert cu128.torch == "2.10.0" and cu128.torch_index.endswith("/cu128")
-    for variant in (cu126, cu128, cu130):
+    for variant in (cu128, cu130):
         assert "-cudnn" not in variant.base_runtime
         assert variant.base_runtime.split("-")[1] in ("base", "runtime")
         assert "-devel-" in variant.base_build
@@ -44,8 +44,8 @@ def test_real_matrix_loads_with_the_required_variants():
 
 def test_tag_and_lookup():
     matrix = load_matrix()
-    assert matrix.variant("cu126").tag("1.2.0") == "1.2.0-torch2.13.0-cu126-py3.12"
-    with pytest.raises(MatrixError, match=r"unknown image variant 'cu999'.*cu126"):
+    assert matrix.variant("cu128").tag("1.2.0") == "1.2.0-torch2.10.0-cu128-py3.12"
+    with pytest.raises(MatrixError, match=r"unknown image variant 'cu999'.*cu128"):
         matrix.variant("cu999")
 
 
@@ -59,14 +59,16 @@ def test_cu130_arch_compatibility_is_same_major_lower_minor(capability, runs):
 
 
 def test_a_newer_major_does_not_run_older_major_cubins():
-    assert load_matrix().variant("cu126").runs_on("10.0") is False  # cu126 stops at 9.0
+    # cu128 carries 10.0 and 12.0 but no 11.x: a 11.0 GPU cannot run sm_10x cubins.
+    assert load_matrix().variant("cu128").runs_on("11.0") is False
+    assert load_matrix().variant("cu128").runs_on("10.3") is True
 
 
 BAD_MATRICES = [
     pytest.param(
-        'cudnn = "9.10.2.21"\nnccl = "2.29.7"',
-        'cudnm = "9.10.2.21"\nnccl = "2.29.7"',
-        ["variant 'cu126'", "field 'cudnm'", "unknown key"],
+        'cudnn = "9.10.2.21"\nnccl = "2.27.5"',
+        'cudnm = "9.10.2.21"\nnccl = "2.27.5"',
+        ["variant 'cu128'", "field 'cudnm'", "unknown key"],
         id="misspelt-key",
     ),
     pytest.param(
@@ -90,19 +92,19 @@ BAD_MATRICES = [
     pytest.param(
         'compute_capabilities = ["7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]',
         'compute_capabilities = ["7.0", "7.5", "8.0", "8.6", "9.0", "10.0", "12.0"]',
-        ["variant 'cu130'", "field 'compute_capabilities'", "7.0", "cu126"],
+        ["variant 'cu130'", "field 'compute_capabilities'", "7.0", "oldest arch is 7.5"],
         id="cuda13-claims-volta",
     ),
     pytest.param(
+        'name = "cu130"',
         'name = "cu128"',
-        'name = "cu126"',
-        ["variant 'cu126'", "field 'name'", "duplicate"],
+        ["variant 'cu128'", "field 'name'", "duplicate"],
         id="duplicate-name",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu24.04"',
-        'base_runtime = "nvidia/cuda:12.6.3-cudnn-runtime-ubuntu24.04"',
-        ["variant 'cu126'", "field 'base_runtime'", "-cudnn-", "-base"],
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04"',
+        ["variant 'cu128'", "field 'base_runtime'", "-cudnn-", "-base"],
         id="cudnn-runtime-base",
     ),
     pytest.param(
@@ -132,13 +134,13 @@ BAD_MATRICES = [
     pytest.param(
         'python = "3.12"',
         'python = "3.11"',
-        ["variant 'cu126'", "field 'python'", "3.11", "ubuntu24.04", "3.12"],
+        ["variant 'cu128'", "field 'python'", "3.11", "ubuntu24.04", "3.12"],
         id="python-not-the-base-os-system-python",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu24.04"',
-        'base_runtime = "nvidia/cuda:12.6.3-base-ubuntu22.04"',
-        ["variant 'cu126'", "field 'base_runtime'", "ubuntu22.04", "one OS"],
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu22.04"',
+        ["variant 'cu128'", "field 'base_runtime'", "ubuntu22.04", "one OS"],
         id="build-and-runtime-on-different-os",
     ),
     pytest.param(
@@ -174,6 +176,43 @@ def test_unknown_top_level_key_and_bad_toml(tmp_path):
     assert "unknown key 'relaese'" in load_error(path)
     path = write_modified(tmp_path, 'release = "0.1.0"', 'release = "0.1.0')
     assert "not valid TOML" in load_error(path)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        (
+            '[base_os."ubuntu24.04"]\npython = "3.12"',
+            '[base_os."ubuntu24.04"]\npython = "3.13"',
+            ["variant 'cu128'", "field 'python'", "3.12", "ubuntu24.04's system Python (3.13)"],
+        ),
+        ('glibc = "2.36"', 'glibc = "two"', ["[base_os.bookworm]", "glibc", "two"]),
+        (
+            'oldest_arch = "7.5"',
+            'oldest_arch = "8.0"',
+            ["variant 'cu130'", "compute_capabilities", "7.5", "oldest arch is 8.0"],
+        ),
+        (
+            "[deepspeed_ops.cpu]",
+            "[deepspeed_ops.cpuu]",
+            ["variant 'cpu'", "no [deepspeed_ops.cpu] table"],
+        ),
+        ('aws_ofi_nccl = "1.17.1"', 'aws_ofi_nccl = "latest"', ["[efa]", "aws_ofi_nccl", "latest"]),
+    ],
+)
+def test_toolchain_facts_are_data_checked_like_variants(tmp_path, old, new, expected):
+    message = load_error(write_modified(tmp_path, old, new))
+    for part in expected:
+        assert part in message
+
+
+def test_toolchain_facts_load_with_their_sources():
+    matrix = load_matrix()
+    assert matrix.os_of(matrix.variant("cpu")).python == "3.11"
+    assert matrix.cuda_major(matrix.variant("cu130")).nvcc_refuses == ("7.0",)
+    assert matrix.cuda_major(matrix.variant("cu128")) is None  # CUDA 12 refuses none of its arches
+    assert matrix.ops(matrix.variant("cpu")) == {"SHM_COMM": "deepspeed_shm_comm"}
+    assert all(table.source for table in [*matrix.base_os.values(), matrix.efa])
 
 
 def test_missing_file(tmp_path):

@@ -84,6 +84,43 @@ def test_missing_metrics_is_a_problem(tmp_path):
     ]
 
 
+class ScriptedContainer:
+    """Stands in for buildah: "runs" a job by writing what a real one leaves in its mounts."""
+
+    def __init__(self, compiles: str = ""):
+        self.entrypoint = ["/usr/bin/tini", "-s", "--", "python", "-m", "training"]
+        self.compiles, self.calls = compiles, []
+
+    def run(self, command, mounts, env, user=""):
+        self.calls.append((command, env, user))
+        inside = {where: host for host, where in mounts.items()}
+        lines = [json.dumps({"step": 1, "loss": 4.8}), json.dumps({"step": 2, "loss": 3.9})]
+        (inside["/smoke/out"] / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+        (inside["/checkpoints"] / "step_00000002").mkdir()
+        (inside["/checkpoints"] / "step_00000002" / smoke.COMMIT_MARKER).write_text("{}")
+        if self.compiles:
+            (inside[env["TORCH_EXTENSIONS_DIR"]] / self.compiles).mkdir()
+        return 0
+
+
+def test_training_check_fails_when_an_op_is_compiled_at_run_time(tmp_path):
+    assert smoke.check_training(ScriptedContainer(), tmp_path / "a") == []
+    compiling = ScriptedContainer(compiles="deepspeed_shm_comm")
+    problems = smoke.check_training(compiling, tmp_path / "b")
+    assert problems == ["DeepSpeed compiled deepspeed_shm_comm at run time: pre-build it"]
+    ((_, env, _),) = compiling.calls
+    assert env["TORCH_EXTENSIONS_DIR"] == "/smoke/extensions"
+
+
+def test_slurm_check_runs_as_another_user_without_the_entrypoint(tmp_path):
+    container = ScriptedContainer()
+    assert smoke.check_as_slurm_starts_it(container, tmp_path) == []
+    ((command, env, user),) = container.calls
+    assert command[:3] == ["python", "-m", "training"]  # no tini: Pyxis skips ENTRYPOINT
+    assert user == "4242:4242" and not env["HOME"].startswith("/home/trainer")
+    assert (tmp_path / "checkpoints").stat().st_uid == 4242
+
+
 @pytest.mark.image
 @pytest.mark.slow
 @pytest.mark.timeout(1500)

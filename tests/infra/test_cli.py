@@ -75,11 +75,11 @@ def test_v100_profile_shows_eol_and_guide_range():
 
 
 def test_instance_variant_nodes_instead_of_a_profile():
-    result = run_cli("plan", "--instance", "g5.xlarge", "--variant", "cu126", "--nodes", "2")
+    result = run_cli("plan", "--instance", "g5.xlarge", "--variant", "cu128", "--nodes", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "2 x g5.xlarge" in out and "$2.01/h" in out and "$0.60/h" in out
-    assert "cu126" in out and "no EFA" in out
+    assert "cu128" in out and "no EFA" in out
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_MARKER = "commit.json"
+# DeepSpeed copies these beside every ZeRO save; they import huggingface_hub, which the
+# trainer does not install, so they cannot run: `python -m training export` converts.
+DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 POINTER_NAME = "latest_committed"
 UNIVERSAL_DIR = "universal"
 _TAG_RE = re.compile(r"^step_(\d{8,})$")
@@ -122,6 +125,7 @@ class Checkpointer:
 
         saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
         engine.save_checkpoint(str(self.root), tag=tag, client_state=saved_state, save_latest=False)
+        self._on_writers(self._drop_recovery_scripts)
         _barrier()  # every rank's files are written before any is listed
         files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir)))
         record = {
@@ -311,6 +315,10 @@ class Checkpointer:
         write_atomically(out / COMMIT_MARKER, json.dumps(record, indent=1).encode())
 
     # ------------------------------------------------------ who does file work
+
+    def _drop_recovery_scripts(self) -> None:
+        for name in DEEPSPEED_RECOVERY_SCRIPTS:
+            (self.root / name).unlink(missing_ok=True)
 
     def _on_writers(self, work: Callable[[], T]) -> list[T]:
         """Run ``work`` on the ranks that touch files; every rank gets all their results."""

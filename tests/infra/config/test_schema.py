@@ -29,7 +29,7 @@ BAD_VALUES = [
     ({"imageVariant": "cu999"}, ["gpu:imageVariant", "'cu999'", "cu130"]),
     (
         {"instanceType": "p3.2xlarge", "imageVariant": "cu130"},
-        ["gpu:imageVariant", "'cu130'", "V100", "cu126"],
+        ["gpu:imageVariant", "'cu130'", "V100", "cu128"],
     ),
     ({"logRetentionDays": "31"}, ["gpu:logRetentionDays", "'31'", "30", "365"]),
     ({"rootVolumeGiB": "20"}, ["gpu:rootVolumeGiB", "'20'", "at least 100"]),

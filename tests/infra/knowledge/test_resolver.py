@@ -32,9 +32,9 @@ def wheels_run_on(capabilities: tuple[str, ...], gpu: str) -> bool:
 def expected_failure(instance, variant) -> list[str] | None:
     """What the error must say for a pair that must not resolve, or None if it must resolve."""
     if variant.cuda is None:
-        return ["'cpu' has no CUDA", instance.type, "'cu126'"]
+        return ["'cpu' has no CUDA", instance.type, "'cu128'"]
     if instance.compute_capability == "7.0" and versions(variant.cuda)[0] >= 13:
-        return ["CUDA 13 dropped", "sm_70", "'cu126'"]
+        return ["CUDA 13 dropped", "sm_70", "'cu128'"]
     return None
 
 
@@ -104,21 +104,21 @@ def test_auto_known_answers(instance_type, variant_name, ami_name):
     assert (plan.variant.name, plan.ami.name) == (variant_name, ami_name)
 
 
-def test_volta_with_cuda13_names_cu126():
+def test_volta_with_cuda13_names_cu128():
     with pytest.raises(
-        ConfigError, match=r"CUDA 13 dropped V100's architecture \(sm_70\).*'cu126'"
+        ConfigError, match=r"CUDA 13 dropped V100's architecture \(sm_70\).*'cu128'"
     ):
         resolve("p3.2xlarge", "cu130", catalog=CATALOG, matrix=MATRIX, today=TODAY)
 
 
-def test_l40s_sm89_runs_the_sm86_kernels_of_cu126():
-    assert "8.9" not in MATRIX.variant("cu126").compute_capabilities
-    plan = resolve("g6e.xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=TODAY)
-    assert plan.variant.name == "cu126"
+def test_l40s_sm89_runs_the_sm86_kernels_of_cu128():
+    assert "8.9" not in MATRIX.variant("cu128").compute_capabilities
+    plan = resolve("g6e.xlarge", "cu128", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    assert plan.variant.name == "cu128"
 
 
 def test_p3_plan_warns_that_amazon_linux_2_is_past_end_of_life():
-    plan = resolve("p3.2xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    plan = resolve("p3.2xlarge", "cu128", catalog=CATALOG, matrix=MATRIX, today=TODAY)
     assert plan.ami.os == "Amazon Linux 2"
     eol = [w for w in plan.warnings if "past end of life" in w]
     assert len(eol) == 1 and "2026-06-30" in eol[0] and "Amazon Linux 2" in eol[0]
@@ -128,7 +128,7 @@ def test_a_v100_plan_says_in_one_line_that_no_supported_ami_remains():
     """The last AL2 proprietary-driver DLAMI (amis.toml: no_longer_supports) lists no P3."""
     amis = tomllib.loads((CATALOG_DIR / "amis.toml").read_text())["ami"]
     (family,) = [name for name, ami in amis.items() if "p3" in ami.get("no_longer_supports", [])]
-    plan = resolve("p3.2xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    plan = resolve("p3.2xlarge", "cu128", catalog=CATALOG, matrix=MATRIX, today=TODAY)
     assert plan.ami.name == family
     first = plan.warnings[0]
     assert first.startswith("no AMI that AWS supports boots p3.2xlarge any more: ")
@@ -137,7 +137,7 @@ def test_a_v100_plan_says_in_one_line_that_no_supported_ami_remains():
 
 def test_end_of_life_is_computed_against_the_given_day():
     before = resolve(
-        "p3.2xlarge", "cu126", catalog=CATALOG, matrix=MATRIX, today=datetime.date(2026, 5, 1)
+        "p3.2xlarge", "cu128", catalog=CATALOG, matrix=MATRIX, today=datetime.date(2026, 5, 1)
     )
     assert not any("end of life" in warning for warning in before.warnings)
 
@@ -165,7 +165,7 @@ def test_no_ami_with_a_new_enough_driver_is_an_error_that_names_what_works(tmp_p
         resolve("g5.xlarge", "cu130", catalog=catalog, matrix=MATRIX, today=TODAY)
     message = str(caught.value)
     assert "needs NVIDIA driver 580.65.06" in message and "575.57.08" in message
-    assert "'cu126' or 'cu128'" in message
+    assert "use 'cu128' (or 'auto')" in message
     auto = resolve("g5.xlarge", catalog=catalog, matrix=MATRIX, today=TODAY)
     assert auto.variant.name == "cu128"
 
@@ -182,13 +182,13 @@ def test_an_end_of_life_ami_loses_to_a_supported_one(tmp_path):
 
 
 def test_a_gpu_no_ami_supports(tmp_path):
-    # A Pascal P100 (6.0): cu126 wheels carry sm_60, but no AMI family here drives it.
+    # A Pascal P100 (6.0): no variant's wheels carry sm_60, and no AMI family here drives it.
     directory = modified_catalog(
         tmp_path, "instances.toml", 'compute_capability = "7.0"', 'compute_capability = "6.0"'
     )
     catalog = load_catalog(directory)
-    with pytest.raises(ConfigError, match="no AMI family in the catalog supports V100"):
-        resolve("p3.2xlarge", "cu126", catalog=catalog, matrix=MATRIX, today=TODAY)
+    with pytest.raises(ConfigError, match=r"cu128's torch wheels carry no kernels for V100"):
+        resolve("p3.2xlarge", "cu128", catalog=catalog, matrix=MATRIX, today=TODAY)
     with pytest.raises(ConfigError, match=r"no image variant runs on p3\.2xlarge"):
         resolve("p3.2xlarge", catalog=catalog, matrix=MATRIX, today=TODAY)
 

@@ -407,3 +407,11 @@ def test_a_failure_on_rank0_fails_every_rank_instead_of_hanging(tmp_path, s3_uri
     assert job.returncode != 0
     for rank in (0, 1):
         assert re.search(rf"\[rank{rank}\]: .*CheckpointError: rank 0: FileExistsError", stderr)
+
+
+def test_no_recovery_script_that_cannot_run_is_left_beside_the_checkpoints(single_rank, tmp_path):
+    # DeepSpeed copies zero_to_fp32.py/zero_to_torch.py into the root of every ZeRO save;
+    # they need huggingface_hub, which the trainer does not install (`python -m training
+    # export` converts instead). The save leaves only the trainer's own files.
+    Checkpointer(tmp_path).save(trained_engine(1, zero_stage=2), 1, {"step": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [POINTER_NAME, tag_for(1)]
