@@ -23,6 +23,7 @@ from training.contract import ExitCode
 from training.ds_config import build_ds_config
 from training.launcher import TopologyError, launch, topology_from_env
 from training.machine import gpu_capability, installed_driver
+from training.oom import OutOfMemory
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
@@ -111,6 +112,9 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         code = ExitCode.BAD_CONFIG
+    except OutOfMemory as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = error.exit_code
     except Exception:
         log.exception("rank %d failed", placement.rank)
         code = ExitCode.FAILED

@@ -22,11 +22,13 @@ from torch.utils.data import DataLoader
 from training import rng
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
-from training.components import build_dataset, build_model
+from training.components import build_dataset, build_eval_dataset, build_model
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
+from training.evaluation import Evaluator
 from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
+from training.oom import explain
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
@@ -51,19 +53,28 @@ class Placement:
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
-    """The model's own estimate if it has one, else 6N (forward + backward matmuls)."""
+    """The model's own estimate if it has one, else 6N (forward + backward matmuls).
+
+    An image model's token is the image, `seq_len` its side in pixels."""
     if hasattr(model, "flops_per_token"):
         return model.flops_per_token(seq_len)
-    return 6 * sum(p.numel() for p in model.parameters())
+    return 6 * sum(_full_numel(p) for p in model.parameters())
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only, not on biases, norms (nanoGPT's split)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    # A ZeRO-3 partitioned parameter keeps its full shape in ds_shape.
+    matrices = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
+    others = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": matrices, "weight_decay": weight_decay},
+        {"params": others, "weight_decay": 0.0},
     ]
+
+
+def _full_numel(param: torch.Tensor) -> int:
+    return getattr(param, "ds_numel", param.numel())
 
 
 @dataclass
@@ -77,6 +88,7 @@ class Job:
     batch: BatchSizes
     device: torch.device
     model_flops: int
+    evaluator: Evaluator | None = None
     step: int = 0
 
 
@@ -103,7 +115,13 @@ class Trainer:
                     self.config.train.steps,
                 )
                 return ExitCode.DONE
-            return self._loop(job, stop)
+            first_step = job.step
+            try:
+                return self._loop(job, stop)
+            except torch.cuda.OutOfMemoryError:
+                raise explain(
+                    self.config, job.batch, step=job.step, first_step=first_step
+                ) from None
         finally:
             stop.close()
 
@@ -117,14 +135,15 @@ class Trainer:
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
 
+        batch = resolve_batch_sizes(config.train, placement.world_size)
+        ds_config = build_ds_config(config, batch, on_gpu=self.on_gpu)
         # Same seed on every rank while building the model: identical initial weights.
         _seed_everything(config.run.seed)
-        model = build_model(config)
+        model = build_model(config, ds_config)
         dataset = build_dataset(config)
         sampler = ResumableDistributedSampler(
             len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
         )
-        batch = resolve_batch_sizes(config.train, placement.world_size)
         loader = DataLoader(
             dataset,
             batch_size=batch.micro_batch_size,
@@ -136,11 +155,13 @@ class Trainer:
             # which dropout uses and a resumed run restores exactly.
             generator=torch.Generator().manual_seed(config.run.seed),
         )
-        model_flops = flops_per_token(model, config.data.seq_len)
+        model_flops = flops_per_token(
+            model, config.data.image_size if config.is_image else config.data.seq_len
+        )
         engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=param_groups(model, config.optimizer.weight_decay),
-            config=build_ds_config(config, batch, on_gpu=self.on_gpu),
+            config=ds_config,
         )
         # Dropout and other randomness differ per rank from here on.
         _seed_everything(config.run.seed + placement.rank)
@@ -151,8 +172,26 @@ class Trainer:
             keep_last=config.checkpoint.keep_last,
             mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
         )
+        held_out = build_eval_dataset(config)
+        evaluator = None
+        if held_out is not None:
+            evaluator = Evaluator(
+                held_out,
+                rank=placement.rank,
+                world_size=placement.world_size,
+                batch_size=batch.micro_batch_size,
+                num_workers=config.data.num_workers,
+                device=device,
+            )
         job = Job(
-            engine, sampler, _batches(loader, sampler), checkpointer, batch, device, model_flops
+            engine,
+            sampler,
+            _batches(loader, sampler),
+            checkpointer,
+            batch,
+            device,
+            model_flops,
+            evaluator,
         )
         state = checkpointer.resume(engine)
         if state is not None:
@@ -181,11 +220,17 @@ class Trainer:
                     loss_sum += loss.detach().float()
                 job.step += 1
 
-                if job.step % config.logging.every_steps == 0 or job.step == config.train.steps:
+                last = job.step == config.train.steps
+                scores = {}
+                if job.evaluator is not None and (
+                    last or job.step % config.logging.eval_every_steps == 0
+                ):
+                    scores = job.evaluator.evaluate(job.engine.module)  # a collective
+                if scores or last or job.step % config.logging.every_steps == 0:
                     # A collective: every rank takes part, rank 0 records.
                     window_loss = _mean_over_ranks(loss_sum)
                     if metrics is not None:
-                        metrics.record(window_loss)
+                        metrics.record(window_loss, scores)
                     loss_sum.zero_()
                 if metrics is not None:
                     metrics.tick()
@@ -217,7 +262,10 @@ class StepMetrics:
 
     def __init__(self, config: Config, placement: Placement, job: Job):
         self.config, self.job, self.world_size = config, job, placement.world_size
-        self.tokens_per_step = job.batch.global_batch_size * config.data.seq_len
+        # An image is one unit of work (its FLOPs are the model's per "token").
+        self.per_sample = 1 if config.is_image else config.data.seq_len
+        self.unit = "images" if config.is_image else "tokens"
+        self.tokens_per_step = job.batch.global_batch_size * self.per_sample
         self.gpu = GpuMonitor(placement.local_rank)
         self.peak = peak_tflops(self.gpu.name, bf16=config.precision.bf16)
         self.sink = MetricsSink(
@@ -231,9 +279,11 @@ class StepMetrics:
         self.window_step, self.window_start = job.step, self.started
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.scores: dict[str, float] = {}
 
-    def record(self, loss_sum: float) -> None:
-        """One record for the steps since the last; loss_sum is over their micro-batches."""
+    def record(self, loss_sum: float, scores: dict[str, float]) -> None:
+        """One record for the steps since the last; loss_sum is over their micro-batches,
+        scores the held-out split's (evaluated at this step, else empty)."""
         job, now = self.job, time.perf_counter()
         steps = job.step - self.window_step
         loss = loss_sum / (steps * job.batch.gradient_accumulation_steps)
@@ -242,13 +292,14 @@ class StepMetrics:
             "step": job.step,
             "loss": loss,
             "lr": job.engine.get_lr()[0],
-            "tokens_per_s": tokens_per_s,
-            "samples_per_s": tokens_per_s / self.config.data.seq_len,
+            f"{self.unit}_per_s": tokens_per_s,
+            "samples_per_s": tokens_per_s / self.per_sample,
             "tflops_per_gpu": job.model_flops * tokens_per_s / self.world_size / 1e12,
             "mfu": mfu(job.model_flops, tokens_per_s / self.world_size, self.peak),
             "step_time_s": (now - self.window_start) / steps,
             "epoch": job.sampler.epoch,
             "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
+            **scores,
             **self.gpu.read(),
         }
         if self.config.precision.fp16:
@@ -256,6 +307,7 @@ class StepMetrics:
         self.sink.write(record)
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
+        self.scores = scores or self.scores
         self.window_step, self.window_start = job.step, now
 
     def tick(self) -> None:
@@ -269,11 +321,14 @@ class StepMetrics:
         steps = self.job.step - self.first_step
         rate = self.tokens_per_step * steps / took
         per_gpu = rate / self.world_size
+        accuracy = (
+            f"held-out top-1 {_percent(self.scores['val_accuracy'])}; " if self.scores else ""
+        )
         return (
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
-            f"{self.last_loss:.4f}, {rate:,.0f} tokens/s, "
+            f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
-            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; "
+            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
@@ -282,6 +337,8 @@ class StepMetrics:
 def _batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> Iterator:
     """Micro-batches forever, epoch after epoch, counting what the loop has consumed."""
     while True:
+        if hasattr(loader.dataset, "set_epoch"):  # augmentation drawn per epoch
+            loader.dataset.set_epoch(sampler.epoch)
         for inputs, targets in loader:
             sampler.advance(len(inputs))
             yield inputs, targets

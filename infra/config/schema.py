@@ -83,7 +83,7 @@ class StackConfig(BaseModel):
     image_variant: str | None = Field(
         None,
         alias="imageVariant",
-        description="image variant from images/matrix.toml (`cu126`, `cu128`, `cu130`, ... or "
+        description="image variant from images/matrix.toml (`cu128`, `cu130`, ... or "
         "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
         json_schema_extra={"default_text": "the profile's (`auto`)"},
     )
@@ -114,7 +114,9 @@ class StackConfig(BaseModel):
         description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
         "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
         "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
-        "against the stack's GPUs (see below). Unset: the image's default job",
+        "against the stack's GPUs (see below). Unset: the image's default job. Each example "
+        "`Pulumi.<profile>.yaml` sets its profile's job, `jobs/<profile>.toml` "
+        '(docs/training.md, "Workloads")',
     )
     data_s3_uri: S3Uri | None = Field(
         None,
