@@ -2,10 +2,6 @@
 
 import sys
 
-from infra.cli import COMMANDS, main
-from infra.dryrun.plan_command import with_resources
-
-# `plan --resources`: run the real Pulumi program offline and list what it creates.
-COMMANDS["plan"] = with_resources(*COMMANDS["plan"])
+from infra.cli import main
 
 sys.exit(main())

@@ -1,11 +1,13 @@
-"""A resolved Plan, and what its stack costs, as the text `python -m infra plan` prints."""
+"""What the command line prints: a resolved Plan, what its stack costs, aligned tables."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
 
@@ -20,10 +22,15 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         f"GPUs           {plan.gpus} x {instance.gpu_model} {instance.gpu_memory_gib} GiB "
         f"(compute capability {instance.compute_capability}, {instance.gpu_interconnect})",
         f"EFA            {instance.efa_interfaces} interface(s) per node",
-        f"AMI family     {ami.name} ({ami.os}, end of life {ami.end_of_life.isoformat()})",
-        f"SSM parameter  {ami.ssm_parameter}",
-        f"driver         {ami.driver_version} ({ami.driver_kind}; image needs "
-        f">= {variant.min_driver})",
+    ]
+    if plan.cluster is None:  # a cluster's nodes boot ParallelCluster's AMIs: format_cluster
+        lines += [
+            f"AMI family     {ami.name} ({ami.os}, end of life {ami.end_of_life.isoformat()})",
+            f"SSM parameter  {ami.ssm_parameter}",
+            f"driver         {ami.driver_version} ({ami.driver_kind}; image needs "
+            f">= {variant.min_driver})",
+        ]
+    lines += [
         f"image variant  {variant.name} (CUDA {variant.cuda}, torch {variant.torch}, "
         f"cuDNN {variant.cudnn}, NCCL {variant.nccl}, DeepSpeed {variant.deepspeed})",
         f"image tag      {plan.image_tag}",
@@ -45,6 +52,23 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         lines.append(f"why            {profile.mapping}")
     lines += [f"warning        {warning}" for warning in plan.warnings]
     return "\n".join(lines)
+
+
+def format_cluster(plan: Plan, head_node: HeadNode) -> str:
+    """The Slurm cluster a multi-node plan runs on (gpu:cluster: slurm), and its idle cost."""
+    release, instance = plan.cluster, plan.instance
+    return "\n".join(
+        [
+            f"cluster        Slurm on AWS ParallelCluster {release.version} (AMIs with NVIDIA "
+            f"driver {release.driver_version}; image needs >= {plan.variant.min_driver})",
+            f"queue          {QUEUE}: 0 to {plan.nodes} x {instance.type}, nodes start for a job "
+            f"and stop after {SCALEDOWN_IDLE_MINUTES} min idle",
+            f"head node      {head_node.instance_type} on-demand, "
+            f"${head_node.on_demand_usd_per_hour:.3f}/h",
+            f"idle cost      ${head_node.on_demand_usd_per_hour:.3f}/h (the head node only: "
+            "no job, no compute nodes)",
+        ]
+    )
 
 
 def format_costs(costs: Mapping[str, Any]) -> str:
@@ -70,5 +94,58 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         lines.append(
             f"longest run    ${costs['max_run_usd']:,.2f} {market}: gpu:maxRuntimeHours "
             f"stops each node after {hours:g} h"
+        )
+    return "\n".join(lines)
+
+
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    """Plain text columns: each as wide as its widest cell, numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    numeric = [
+        all(_is_number(row[i]) for row in cells[1:] if row[i]) and len(cells) > 1
+        for i in range(len(headers))
+    ]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        parts = [
+            cell.rjust(width) if right else cell.ljust(width)
+            for cell, width, right in zip(row, widths, numeric, strict=True)
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _is_number(text: str) -> bool:
+    return text.lstrip("$").replace(",", "").replace(".", "", 1).lstrip("-").isdigit()
+
+
+def format_cost_table(costs: Mapping[str, Any]) -> str:
+    """Both markets side by side for the stack (cost_summary), the one it runs in marked."""
+    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
+    rows = [
+        (
+            "on-demand" + (" *" if costs["market"] == "on-demand" else ""),
+            f"${costs['on_demand_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_on_demand']:,.1f} h",
+        ),
+        (
+            "spot" + (" *" if costs["market"] == "spot" else ""),
+            f"${costs['spot_usd_per_hour']:,.2f}",
+            f"{costs['runway_hours_spot']:,.1f} h",
+        ),
+    ]
+    lines = [
+        format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
+        f"* this stack's market; runway: hours of full load one budget ({period}) buys",
+    ]
+    lines.append(
+        f"worst case: ${costs['worst_case_overspend_usd']:,.2f} past the budget before the "
+        "spend guard's stop takes hold"
+    )
+    if costs.get("max_run_usd") is not None:
+        lines.append(
+            f"longest run: ${costs['max_run_usd']:,.2f} (gpu:maxRuntimeHours "
+            f"{costs['max_runtime_hours']:g} h)"
         )
     return "\n".join(lines)

@@ -102,6 +102,7 @@ def missing_distributions(entry: Path, requirements: Path) -> dict[str, list[str
     ("entry", "requirements"),
     [
         ("__main__.py", "requirements.txt"),  # the Pulumi program on a user's laptop
+        ("infra/__main__.py", "requirements.txt"),  # the command line, in the same venv
         ("policy/__main__.py", "policy/requirements.txt"),  # the policy pack's own venv
         ("training/__main__.py", "requirements-train.txt"),  # the trainer outside an image
     ],

@@ -1,7 +1,8 @@
 """`python -m training`: the launcher without RANK in the environment, a worker with it.
 
-    python -m training [--config FILE.toml] [--set key=value ...] [--print-ds-config]
+    python -m training [--config FILE.toml] [--set key=value ...] [--fresh] [--print-ds-config]
     python -m training export CHECKPOINT out.pt
+    python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
 75 interrupted and checkpointed (run the same command again to resume).
@@ -23,6 +24,7 @@ from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
 from training.environment import check_environment, rendezvous_port
+from training.fresh import move_aside
 from training.launcher import (
     TopologyError,
     die_with_launcher,
@@ -31,6 +33,8 @@ from training.launcher import (
     topology_from_env,
 )
 from training.machine import gpu_capability, installed_driver
+from training.metrics import usd_per_hour
+from training.oom import OutOfMemory
 from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
@@ -41,7 +45,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
         description="Train with DeepSpeed. Without --config (or TRAIN_CONFIG) runs the demo job.",
-        epilog="Export weights: python -m training export CHECKPOINT out.pt",
+        epilog="Export weights: python -m training export CHECKPOINT out.pt; GPU memory "
+        "before renting: python -m training estimate --config FILE --gpus N --gpu-type T",
     )
     p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
     p.add_argument(
@@ -51,6 +56,12 @@ def parser() -> argparse.ArgumentParser:
         default=[],
         metavar="KEY=VALUE",
         help="override one config key, e.g. --set train.steps=100 (repeatable)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start from step 0: move the run folder (and checkpoints) aside to "
+        "NAME.<timestamp> instead of resuming; nothing is deleted",
     )
     p.add_argument(
         "--print-ds-config",
@@ -66,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.checkpoint.export import main as export_main
 
         return export_main(argv[1:])
+    if argv[:1] == ["estimate"]:
+        from training.estimate import main as estimate_main
+
+        return estimate_main(argv[1:])
     args = parser().parse_args(argv)
     if "RANK" in os.environ:
         return _worker(args)
@@ -91,6 +106,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
             on_gpu=torch.cuda.is_available(),
             capability=gpu_capability(),
         )
+        usd_per_hour(os.environ)  # a bad price stops the job here, before any rank starts
     except (ConfigError, TopologyError, SelfCheckError) as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
@@ -103,6 +119,14 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     except TopologyError as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
+    if args.fresh:
+        try:
+            moved = move_aside(config, os.environ)
+        except ConfigError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return ExitCode.BAD_CONFIG
+        for old, new in moved:
+            log.info("--fresh: moved %s aside to %s", old, new)
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
     log.info(
@@ -138,6 +162,9 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     except CheckpointError as error:  # says what happened and what to do: no traceback
         log.error("rank %d: %s", placement.rank, error)
         code = ExitCode.FAILED
+    except OutOfMemory as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = error.exit_code
     except Exception:
         log.exception("rank %d failed", placement.rank)
         code = ExitCode.FAILED

@@ -7,15 +7,19 @@ Your own builders are called as
     dataset = build(**data.options, seq_len=..., seed=..., vocab_size=...)  -> Dataset
 
 The module's forward(inputs, targets) returns the scalar loss; each dataset item is an
-(inputs, targets) pair of LongTensors. See examples/custom_model/.
+(inputs, targets) pair of LongTensors. See examples/custom_model/. The vision presets
+(resnet-*) train on labelled images instead (training/image_data.py), and are evaluated on
+the held-out split (build_eval_dataset).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from torch import nn
 from torch.utils.data import Dataset
@@ -29,7 +33,7 @@ from training.data import (
 )
 from training.model import build_gpt, mask_token_id
 from training.spec.config import Config, ConfigError
-from training.spec.presets import ENCODER_PRESETS
+from training.spec.presets import ENCODER_PRESETS, VISION_PRESETS
 
 
 def resolve(import_string: str, key: str) -> Callable:
@@ -57,12 +61,16 @@ def preflight(config: Config) -> None:
     if config.data.builder:
         build = resolve(config.data.builder, "data.builder")
         _check_arguments(build, data_builder_arguments(config), "data", config.data.builder)
-    elif config.data.path and not Path(config.data.path).exists():
+    elif (
+        config.data.path
+        and not config.data.path.startswith("s3://")
+        and not Path(config.data.path).exists()
+    ):
         raise ConfigError(
             f"data.path = {config.data.path!r} does not exist: point it (or TRAIN_DATA_PATH) "
             "at a file or directory"
         )
-    elif config.data.kind == "tokens":
+    elif config.data.kind == "tokens" and not config.data.path.startswith("s3://"):
         file = Path(config.data.path)
         check_token_ids(file / "train.bin" if file.is_dir() else file, config)
 
@@ -114,8 +122,28 @@ def check_token_ids(file: Path, config: Config) -> None:
         )
 
 
-def build_model(config: Config) -> nn.Module:
+def build_model(config: Config, ds_config: dict[str, Any] | None = None) -> nn.Module:
+    """The config's model; at ZeRO-3 (with `ds_config`) created partitioned across the
+    ranks (deepspeed.zero.Init): each parameter is split as soon as its module is built,
+    so no rank ever holds the whole model."""
+    with _partitioned(config, ds_config):
+        return _build_model(config)
+
+
+def _partitioned(config: Config, ds_config: dict[str, Any] | None):
+    if ds_config is None or config.zero.stage != 3:
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.Init(config_dict_or_path=ds_config)
+
+
+def _build_model(config: Config) -> nn.Module:
     model_cfg, seq_len = config.model, config.data.seq_len
+    if model_cfg.preset in VISION_PRESETS and not model_cfg.builder:
+        from training.vision import build_resnet
+
+        return build_resnet(model_cfg.preset, num_classes=config.data.num_classes)
     if model_cfg.builder:
         build = resolve(model_cfg.builder, "model.builder")
         return build(**model_builder_arguments(config))
@@ -132,6 +160,8 @@ def build_model(config: Config) -> nn.Module:
 
 
 def build_dataset(config: Config) -> Dataset:
+    if config.is_image:
+        return _image_datasets(config)[0]
     dataset = _token_dataset(config)
     if config.model.builder is None and config.model.preset in ENCODER_PRESETS:
         dataset = MaskedTokens(
@@ -141,6 +171,27 @@ def build_dataset(config: Config) -> Dataset:
             seed=config.run.seed,
         )
     return dataset
+
+
+def build_eval_dataset(config: Config) -> Dataset | None:
+    """The held-out split the trainer reports accuracy on; None for language models."""
+    return _image_datasets(config)[1] if config.is_image else None
+
+
+def _image_datasets(config: Config) -> tuple[Dataset, Dataset]:
+    from training.image_data import image_datasets
+
+    data = config.data
+    try:
+        return image_datasets(
+            data.kind,
+            data.path,
+            image_size=data.image_size,
+            num_classes=data.num_classes,
+            seed=config.run.seed,
+        )
+    except ValueError as error:  # missing split, no images, labels out of range
+        raise ConfigError(f"data.path = {data.path!r}: {error}") from None
 
 
 def _token_dataset(config: Config) -> Dataset:

@@ -58,4 +58,5 @@ ENV = {
     "TRAIN_S3_URI": "s3://bucket/prefix the committed checkpoints are mirrored to",
     "TRAIN_SPOT_ENDPOINT": "spot-notice endpoint to poll; empty turns polling off",
     "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
+    "TRAIN_USD_PER_HOUR": "the job's price per hour, all nodes: the end-of-run summary's cost",
 }

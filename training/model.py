@@ -8,6 +8,7 @@ the scalar loss (targets of -100 are ignored, as in PyTorch's cross_entropy).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -92,11 +93,17 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying, as in GPT-2
-        self.apply(self._init_weights)
+        # Module by module, in Module.apply's order: the same random draws whether or not
+        # the parameters were created partitioned (ZeRO-3), and at most one module's
+        # parameters gathered at a time.
+        for module in _post_order(self):
+            with _gathered(list(module.parameters(recurse=False))):
+                self._init_weights(module)
         # GPT-2: scale the residual projections by 1/sqrt(2 * n_layer).
         for name, param in self.named_parameters():
             if name.endswith("proj.weight"):
-                nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+                with _gathered([param]):
+                    nn.init.normal_(param, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -124,13 +131,31 @@ class GPT(nn.Module):
 
         The token table stays in: it is tied to lm_head, whose matmul costs real FLOPs.
         """
-        total = sum(p.numel() for p in self.parameters())
-        return total - self.wpe.weight.numel() if non_embedding else total
+        # A ZeRO-3 partitioned parameter keeps its full size in ds_numel.
+        total = sum(getattr(p, "ds_numel", p.numel()) for p in self.parameters())
+        position_table = getattr(self.wpe.weight, "ds_numel", self.wpe.weight.numel())
+        return total - position_table if non_embedding else total
 
     def flops_per_token(self, seq_len: int) -> int:
         """Training FLOPs per token: 6N + 12·L·H·Q·T (PaLM appendix B, nanoGPT's estimate_mfu)."""
         c = self.config
         return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * seq_len
+
+
+def _post_order(module: nn.Module):
+    """Every module, children before their parent (the order of Module.apply)."""
+    for child in module.children():
+        yield from _post_order(child)
+    yield module
+
+
+def _gathered(params: list[nn.Parameter]):
+    """Full ZeRO-3 partitioned parameters for the block, written back from rank 0 after."""
+    if not any(hasattr(p, "ds_id") for p in params):
+        return contextlib.nullcontext()
+    import deepspeed
+
+    return deepspeed.zero.GatheredParameters(params, modifier_rank=0)
 
 
 def build_gpt(

@@ -5,11 +5,13 @@ Exit codes follow docs/contracts.md: 0 done, 75 interrupted and checkpointed.
 
 from __future__ import annotations
 
+import datetime
 import logging
+import math
 import os
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import deepspeed
@@ -22,15 +24,20 @@ from torch.utils.data import DataLoader
 from training import rng
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
-from training.components import build_dataset, build_model
+from training.components import build_dataset, build_eval_dataset, build_model
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
+from training.evaluation import Evaluator
 from training.interrupt import StopFlag, spot_endpoint_from_env
-from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops
+from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost, usd_per_hour
+from training.oom import explain
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 
 log = logging.getLogger(__name__)
+
+# How often rank 0 replaces the status object in S3 at most: one small PUT a minute.
+STATUS_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -51,19 +58,28 @@ class Placement:
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
-    """The model's own estimate if it has one, else 6N (forward + backward matmuls)."""
+    """The model's own estimate if it has one, else 6N (forward + backward matmuls).
+
+    An image model's token is the image, `seq_len` its side in pixels."""
     if hasattr(model, "flops_per_token"):
         return model.flops_per_token(seq_len)
-    return 6 * sum(p.numel() for p in model.parameters())
+    return 6 * sum(_full_numel(p) for p in model.parameters())
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Weight decay on matrices only, not on biases, norms (nanoGPT's split)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    # A ZeRO-3 partitioned parameter keeps its full shape in ds_shape.
+    matrices = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
+    others = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
     return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": matrices, "weight_decay": weight_decay},
+        {"params": others, "weight_decay": 0.0},
     ]
+
+
+def _full_numel(param: torch.Tensor) -> int:
+    return getattr(param, "ds_numel", param.numel())
 
 
 @dataclass
@@ -77,6 +93,7 @@ class Job:
     batch: BatchSizes
     device: torch.device
     model_flops: int
+    evaluator: Evaluator | None = None
     step: int = 0
 
 
@@ -110,7 +127,13 @@ class Trainer:
                     self.config.train.steps,
                 )
                 return ExitCode.DONE
-            return self._loop(job, stop)
+            first_step = job.step
+            try:
+                return self._loop(job, stop)
+            except torch.cuda.OutOfMemoryError:
+                raise explain(
+                    self.config, job.batch, step=job.step, first_step=first_step
+                ) from None
         finally:
             stop.close()
 
@@ -124,14 +147,15 @@ class Trainer:
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
 
+        batch = resolve_batch_sizes(config.train, placement.world_size)
+        ds_config = build_ds_config(config, batch, on_gpu=self.on_gpu)
         # Same seed on every rank while building the model: identical initial weights.
         _seed_everything(config.run.seed)
-        model = build_model(config)
+        model = build_model(config, ds_config)
         dataset = build_dataset(config)
         sampler = ResumableDistributedSampler(
             len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
         )
-        batch = resolve_batch_sizes(config.train, placement.world_size)
         loader = DataLoader(
             dataset,
             batch_size=batch.micro_batch_size,
@@ -143,11 +167,13 @@ class Trainer:
             # which dropout uses and a resumed run restores exactly.
             generator=torch.Generator().manual_seed(config.run.seed),
         )
-        model_flops = flops_per_token(model, config.data.seq_len)
+        model_flops = flops_per_token(
+            model, config.data.image_size if config.is_image else config.data.seq_len
+        )
         engine, *_ = deepspeed.initialize(
             model=model,
             model_parameters=param_groups(model, config.optimizer.weight_decay),
-            config=build_ds_config(config, batch, on_gpu=self.on_gpu),
+            config=ds_config,
         )
         # Dropout and other randomness differ per rank from here on.
         _seed_everything(config.run.seed + placement.rank)
@@ -158,8 +184,26 @@ class Trainer:
             keep_last=config.checkpoint.keep_last,
             mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
         )
+        held_out = build_eval_dataset(config)
+        evaluator = None
+        if held_out is not None:
+            evaluator = Evaluator(
+                held_out,
+                rank=placement.rank,
+                world_size=placement.world_size,
+                batch_size=batch.micro_batch_size,
+                num_workers=config.data.num_workers,
+                device=device,
+            )
         job = Job(
-            engine, sampler, _batches(loader, sampler), checkpointer, batch, device, model_flops
+            engine,
+            sampler,
+            _batches(loader, sampler),
+            checkpointer,
+            batch,
+            device,
+            model_flops,
+            evaluator,
         )
         state = checkpointer.resume(engine)
         if state is not None:
@@ -173,7 +217,7 @@ class Trainer:
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch
-        metrics = StepMetrics(config, placement, job) if self.is_rank0 else None
+        metrics = StepMetrics(config, placement, job, self.env) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
         try:
             while job.step < config.train.steps:
@@ -188,11 +232,17 @@ class Trainer:
                     loss_sum += loss.detach().float()
                 job.step += 1
 
-                if job.step % config.logging.every_steps == 0 or job.step == config.train.steps:
+                last = job.step == config.train.steps
+                scores = {}
+                if job.evaluator is not None and (
+                    last or job.step % config.logging.eval_every_steps == 0
+                ):
+                    scores = job.evaluator.evaluate(job.engine.module)  # a collective
+                if scores or last or job.step % config.logging.every_steps == 0:
                     # A collective: every rank takes part, rank 0 records.
                     window_loss = _mean_over_ranks(loss_sum)
                     if metrics is not None:
-                        metrics.record(window_loss)
+                        metrics.record(window_loss, scores)
                     loss_sum.zero_()
                 if metrics is not None:
                     metrics.tick()
@@ -206,11 +256,14 @@ class Trainer:
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
                 if stopping and job.step < config.train.steps:  # at the end: done, not stopped
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
+                    if metrics is not None:
+                        metrics.publish("interrupted")
                     return ExitCode.INTERRUPTED
         finally:
             if metrics is not None:
                 metrics.close()
         if metrics is not None:
+            metrics.publish("done")
             print(metrics.summary(), flush=True)
         return ExitCode.DONE
 
@@ -222,9 +275,13 @@ class Trainer:
 class StepMetrics:
     """Rank 0's view of the run: per-window throughput and MFU, and the end-of-run summary."""
 
-    def __init__(self, config: Config, placement: Placement, job: Job):
+    def __init__(self, config: Config, placement: Placement, job: Job, env: Mapping[str, str]):
         self.config, self.job, self.world_size = config, job, placement.world_size
-        self.tokens_per_step = job.batch.global_batch_size * config.data.seq_len
+        self.price = usd_per_hour(env)
+        # An image is one unit of work (its FLOPs are the model's per "token").
+        self.per_sample = 1 if config.is_image else config.data.seq_len
+        self.unit = "images" if config.is_image else "tokens"
+        self.tokens_per_step = job.batch.global_batch_size * self.per_sample
         self.gpu = GpuMonitor(placement.local_rank)
         self.peak = peak_tflops(self.gpu.name, bf16=config.precision.bf16)
         self.sink = MetricsSink(
@@ -238,9 +295,14 @@ class StepMetrics:
         self.window_step, self.window_start = job.step, self.started
         self.first_loss: float | None = None
         self.last_loss: float | None = None
+        self.mirror = job.checkpointer.mirror
+        self.status_published = -math.inf
+        self.last_record: dict | None = None
+        self.scores: dict[str, float] = {}
 
-    def record(self, loss_sum: float) -> None:
-        """One record for the steps since the last; loss_sum is over their micro-batches."""
+    def record(self, loss_sum: float, scores: dict[str, float]) -> None:
+        """One record for the steps since the last; loss_sum is over their micro-batches,
+        scores the held-out split's (evaluated at this step, else empty)."""
         job, now = self.job, time.perf_counter()
         steps = job.step - self.window_step
         loss = loss_sum / (steps * job.batch.gradient_accumulation_steps)
@@ -249,13 +311,14 @@ class StepMetrics:
             "step": job.step,
             "loss": loss,
             "lr": job.engine.get_lr()[0],
-            "tokens_per_s": tokens_per_s,
-            "samples_per_s": tokens_per_s / self.config.data.seq_len,
+            f"{self.unit}_per_s": tokens_per_s,
+            "samples_per_s": tokens_per_s / self.per_sample,
             "tflops_per_gpu": job.model_flops * tokens_per_s / self.world_size / 1e12,
             "mfu": mfu(job.model_flops, tokens_per_s / self.world_size, self.peak),
             "step_time_s": (now - self.window_start) / steps,
             "epoch": job.sampler.epoch,
             "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
+            **scores,
             **self.gpu.read(),
         }
         if self.config.precision.fp16:
@@ -263,7 +326,35 @@ class StepMetrics:
         self.sink.write(record)
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
+        self.scores = scores or self.scores
         self.window_step, self.window_start = job.step, now
+        self.last_record = record
+        if now - self.status_published >= STATUS_EVERY_S:
+            self.publish("training")
+
+    def publish(self, state: str) -> None:
+        """Put the job's progress beside its checkpoints in S3, for `python -m infra status`."""
+        if self.mirror is None or self.last_record is None:
+            return
+        record, total = self.last_record, self.config.train.steps
+        status = {
+            "state": state,  # training, done or interrupted
+            "step": self.job.step,
+            "total_steps": total,
+            "loss": record["loss"],
+            # Tokens, or images for an image job ("unit"): the metric's own name differs.
+            "tokens_per_s": record[f"{self.unit}_per_s"],
+            "unit": self.unit,
+            "step_time_s": record["step_time_s"],
+            "seconds_left": (total - self.job.step) * record["step_time_s"],
+            "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        self.status_published = time.perf_counter()
+        try:
+            self.mirror.put_status(status)
+        except Exception:
+            # Progress reporting must never stop training.
+            log.exception("could not publish the job's status to %s", self.mirror.uri)
 
     def tick(self) -> None:
         self.sink.advance()
@@ -276,11 +367,15 @@ class StepMetrics:
         steps = self.job.step - self.first_step
         rate = self.tokens_per_step * steps / took
         per_gpu = rate / self.world_size
+        accuracy = (
+            f"held-out top-1 {_percent(self.scores['val_accuracy'])}; " if self.scores else ""
+        )
         return (
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
-            f"{self.last_loss:.4f}, {rate:,.0f} tokens/s, "
+            f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
-            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}; "
+            f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
+            f"{run_cost(took, self.world_size, self.price)}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
@@ -289,6 +384,8 @@ class StepMetrics:
 def _batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> Iterator:
     """Micro-batches forever, epoch after epoch, counting what the loop has consumed."""
     while True:
+        if hasattr(loader.dataset, "set_epoch"):  # augmentation drawn per epoch
+            loader.dataset.set_epoch(sampler.epoch)
         for inputs, targets in loader:
             sampler.advance(len(inputs))
             yield inputs, targets

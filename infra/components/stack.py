@@ -10,6 +10,7 @@ from __future__ import annotations
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.compute import Compute, ComputeArgs
 from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
@@ -18,8 +19,9 @@ from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
-from infra.knowledge.costs import cost_summary, price_model
+from infra.knowledge.costs import cost_summary, hourly_usd, price_model
 from infra.knowledge.layout import interface_layout
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 
@@ -53,7 +55,7 @@ class TrainingStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
-        multi_node = plan.nodes > 1
+        multi_node = plan.nodes > 1 and config.cluster is None
 
         network = Network(
             name,
@@ -74,6 +76,9 @@ class TrainingStack(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        if config.cluster is not None:
+            self._slurm_cluster(name, config, plan, network, storage, provider, child)
+            return
         role = InstanceRole(
             name,
             InstanceRoleArgs(
@@ -127,6 +132,7 @@ class TrainingStack(pulumi.ComponentResource):
                         efa=efa,
                         data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                         train_config=config.train_config_text,
+                        usd_per_hour=hourly_usd(plan, spot=config.spot),
                     )
                 )
             )
@@ -212,4 +218,65 @@ class TrainingStack(pulumi.ComponentResource):
                     f"--spot-instance-request-ids {' '.join(values[1:])}"
                 )
             )
+        self.register_outputs(self.outputs)
+
+    def _slurm_cluster(
+        self,
+        name: str,
+        config: StackConfig,
+        plan: Plan,
+        network: Network,
+        storage: Storage,
+        provider: aws.Provider,
+        child: pulumi.ResourceOptions,
+    ) -> None:
+        """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
+        tag_key, tag_value = cost_tag()
+        image_tag = config.image_tag or plan.image_tag
+        self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
+        region = aws.get_region_output(
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
+        )
+        head_node = load_parallelcluster().head_node
+        cluster = SlurmCluster(
+            name,
+            ClusterArgs(
+                plan=plan,
+                head_node=head_node,
+                subnet_id=network.subnet_id,
+                bucket_name=storage.bucket_name,
+                bucket_arn=storage.bucket_arn,
+                checkpoint_uri=storage.checkpoint_uri,
+                repository_arn=storage.repository_arn,
+                image_uri=self.image_uri,
+                log_group_arn=storage.log_group_arn,
+                region=region.region,
+                # ParallelCluster tags what it creates (the nodes too) with these.
+                tags={tag_key: tag_value},
+                spot=config.spot,
+                capacity_block_id=config.capacity_block_id,
+                data=config.data_s3_uri,
+                log_retention_days=config.log_retention_days,
+            ),
+            opts=child,
+        )
+        self.outputs = {
+            "cluster": "slurm",
+            "parallelcluster_version": plan.cluster.version,
+            "instance_type": plan.instance.type,
+            "nodes": plan.nodes,
+            "market": cluster.market,
+            "queue": cluster.queue,
+            "head_node": cluster.head_node_id,
+            "head_node_ip": cluster.head_node_ip,
+            "submit_command": cluster.submit_command,
+            "image_uri": self.image_uri,
+            "checkpoint_bucket": storage.bucket_name,
+            "checkpoint_uri": storage.checkpoint_uri,
+            # With no job the queue has no nodes: the head node is all the cluster costs.
+            "idle_usd_per_hour": head_node.on_demand_usd_per_hour,
+            "on_demand_usd_per_hour": plan.on_demand_usd_per_hour,
+            "spot_usd_per_hour": plan.spot_usd_per_hour,
+            "warnings": [*plan.warnings, *config.guardrails.warnings],
+        }
         self.register_outputs(self.outputs)

@@ -14,7 +14,7 @@ import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -31,6 +31,7 @@ from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
 from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
@@ -83,7 +84,7 @@ class StackConfig(BaseModel):
     image_variant: str | None = Field(
         None,
         alias="imageVariant",
-        description="image variant from images/matrix.toml (`cu126`, `cu128`, `cu130`, ... or "
+        description="image variant from images/matrix.toml (`cu128`, `cu130`, ... or "
         "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
         json_schema_extra={"default_text": "the profile's (`auto`)"},
     )
@@ -114,7 +115,9 @@ class StackConfig(BaseModel):
         description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
         "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
         "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
-        "against the stack's GPUs (see below). Unset: the image's default job",
+        "against the stack's GPUs (see below). Unset: the image's default job. Each example "
+        "`Pulumi.<profile>.yaml` sets its profile's job, `jobs/<profile>.toml` "
+        '(docs/training.md, "Workloads")',
     )
     data_s3_uri: S3Uri | None = Field(
         None,
@@ -168,6 +171,21 @@ class StackConfig(BaseModel):
         description="the reservation id (`cr-...`) of an EC2 Capacity Block for ML the nodes "
         "launch into (market type `capacity-block`): GPU time bought up front for fixed dates. "
         "Not with `gpu:spot` or `gpu:capacityReservationId`",
+    )
+    cluster: Literal["slurm"] | None = Field(
+        None,
+        description="`slurm`: an AWS ParallelCluster Slurm cluster (head node and a GPU queue "
+        "of up to `gpu:nodes` nodes that scales to zero) instead of EC2 nodes; see "
+        '"Slurm cluster" below',
+        json_schema_extra={"default_text": "unset (EC2 nodes)"},
+    )
+    parallel_cluster_version: str | None = Field(
+        None,
+        alias="parallelClusterVersion",
+        description="ParallelCluster release of the cluster (infra/knowledge/data/"
+        "parallelcluster.toml); its AMIs' NVIDIA driver must run the image variant "
+        "(3.14.0: 570.172.08, no `cu130`). Only with `gpu:cluster`",
+        json_schema_extra={"default_text": "the file's default (`3.15.1`)"},
     )
     delete_data_on_destroy: bool = Field(
         False,
@@ -301,7 +319,8 @@ class StackConfig(BaseModel):
 
     def resolve_plan(self, region: str) -> Plan:
         """The profile, with any instanceType / imageVariant / nodes override, resolved and
-        priced for the stack's `region` (stack_region)."""
+        priced for the stack's `region` (stack_region); on a Slurm cluster (gpu:cluster),
+        for its ParallelCluster release's nodes."""
         try:
             load_catalog().prices.region(region)
         except ConfigError as exc:
@@ -310,6 +329,13 @@ class StackConfig(BaseModel):
             profile_plan = resolve_profile(self.profile, region=region)
         except ConfigError as exc:
             raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
+        if self.cluster is not None:
+            return self._resolve_for_cluster(profile_plan, region)
+        if self.parallel_cluster_version is not None:
+            raise ConfigError(
+                f"gpu:parallelClusterVersion is {self.parallel_cluster_version!r}: it applies "
+                "to a Slurm cluster only; set gpu:cluster: slurm or remove it"
+            )
         overrides = {
             key: value
             for key, value in (
@@ -334,6 +360,22 @@ class StackConfig(BaseModel):
         except ConfigError as exc:
             given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
             raise ConfigError(f"{given}: {exc}") from None
+
+    def _resolve_for_cluster(self, profile_plan: Plan, region: str) -> Plan:
+        try:
+            release = load_parallelcluster().release(self.parallel_cluster_version)
+        except ConfigError as exc:
+            raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
+        instance_type = self.instance_type or profile_plan.instance.type
+        # The profile's variant was chosen for the EC2 path's AMIs: pick again for the cluster's.
+        variant = self.image_variant or AUTO
+        nodes = self.nodes if self.nodes is not None else profile_plan.nodes
+        try:
+            return resolve(instance_type, variant, nodes, region=region, cluster=release)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"gpu:cluster is 'slurm' (ParallelCluster {release.version}): {exc}"
+            ) from None
 
     def check_plan(self, plan: Plan) -> None:
         """The refusals that need the plan: the guardrails' (instance type allowed, budget,

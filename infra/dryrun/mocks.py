@@ -92,6 +92,15 @@ class RecordingMocks(pulumi.runtime.Mocks):
             return group, {"name": group, "arn": self._arn("logs", f"log-group:{group}")}
         if typ == "aws:ec2/launchTemplate:LaunchTemplate":
             return f"lt-{number:017x}", {"latestVersion": 1, "defaultVersion": 1}
+        if typ == "aws:cloudformation/stack:Stack":
+            # The template's outputs as CloudFormation reports them once the stack exists.
+            stack_name = inputs.get("name") or name
+            return self._arn("cloudformation", f"stack/{stack_name}/offline"), {
+                "outputs": {
+                    "HeadNodeInstanceId": f"i-{number:017x}",
+                    "HeadNodePrivateIp": f"10.42.0.{number % 250 + 4}",
+                }
+            }
         resource_name = inputs.get("name") or f"{name}-{number:07x}"
         service = typ.split(":")[1].split("/")[0] if ":" in typ else "unknown"
         return f"{name}-{number:07x}", {

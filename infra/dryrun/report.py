@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import yaml
@@ -10,8 +11,9 @@ from infra.config.schema import StackConfig
 from infra.dryrun.mocks import Recorded
 from infra.dryrun.runner import ProgramRun
 from infra.knowledge.costs import cost_summary, price_model
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.report import format_costs, format_plan
+from infra.report import format_cluster, format_costs, format_plan
 
 # What `--resources` shows per resource type: (label, dotted input path) pairs.
 _KEY_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -81,6 +83,8 @@ def _describe(resource: Recorded) -> str:
             for rule in resource.inputs.get("ingress", [])
         ]
         details.append(f"inbound={'; '.join(rules) or 'none'}")
+    if resource.type == "aws:cloudformation/stack:Stack":
+        details.append(_describe_cluster(json.loads(resource.inputs["templateBody"])))
     if resource.type == "aws:ec2/instance:Instance":
         if not resource.inputs.get("instanceMarketOptions"):
             details.append("market=on-demand")
@@ -96,6 +100,21 @@ def _user_data_env(user_data: str) -> dict[str, str]:
         if item["path"].endswith("/training.env"):
             return dict(line.split("=", 1) for line in item["content"].splitlines())
     return {}
+
+
+def _describe_cluster(template: dict) -> str:
+    """A ParallelCluster stack's release and queue, read from its template."""
+    resources = template["Resources"]
+    url = resources["PclusterClusterProvider"]["Properties"]["TemplateURL"]["Fn::Sub"]
+    version = url.split("/parallelcluster/")[1].split("/")[0]
+    config = resources["PclusterCluster"]["Properties"]["ClusterConfiguration"]
+    (queue,) = config["Scheduling"]["SlurmQueues"]
+    (nodes,) = queue["ComputeResources"]
+    return (
+        f"ParallelCluster {version}  head node={config['HeadNode']['InstanceType']}  "
+        f"queue {queue['Name']}={nodes['MinCount']}..{nodes['MaxCount']} x "
+        f"{nodes['InstanceType']} {queue['CapacityType']}"
+    )
 
 
 def describe_run(run: ProgramRun) -> str:
@@ -120,9 +139,13 @@ def describe_stack(stack: StackConfig, region: str) -> str:
     # The profile's description and rationale hold only if the config keeps its plan.
     same = plan == resolve_profile(stack.profile, region=region)
     profile = profiles.get(stack.profile) if same else None
+    cluster = (
+        [] if plan.cluster is None else [format_cluster(plan, load_parallelcluster().head_node)]
+    )
     return "\n".join(
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),
+            *cluster,
             format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
             "price model    "
             + price_model(

@@ -11,7 +11,9 @@ Rules (docs/catalog.md explains them):
   `min_driver` (the toolkit driver, not the minor-version-compat floor);
 - among AMIs that qualify, the first in amis.toml that is not past end of life
   wins; an end-of-life AMI is used only when nothing else runs the GPU, with a warning;
-- "auto" picks the newest variant (highest CUDA) that some AMI can run.
+- "auto" picks the newest variant (highest CUDA) that some AMI can run;
+- on a Slurm cluster the nodes boot ParallelCluster's own AMIs: the release's
+  driver (data/parallelcluster.toml) must also be at least the variant's `min_driver`.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from images.matrix import Matrix, MatrixError, Variant, arch_key, load_matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import AmiFamily, Catalog, Instance, load_catalog
+from infra.knowledge.parallelcluster import Release
 from infra.knowledge.prices import InstancePrice
 
 AUTO = "auto"
@@ -43,6 +46,7 @@ class Plan:
     on_demand_usd_per_hour: float  # all nodes
     spot_usd_per_hour: float  # all nodes
     price: InstancePrice  # per instance, in the plan's region
+    cluster: Release | None = None  # the ParallelCluster release, on a Slurm cluster
 
     @property
     def gpus(self) -> int:
@@ -58,10 +62,12 @@ def resolve(
     matrix: Matrix | None = None,
     today: datetime.date | None = None,
     region: str = DEFAULT_PLAN_REGION,
+    cluster: Release | None = None,
 ) -> Plan:
     """Resolve an instance type, image variant (or "auto") and node count to a Plan, priced
     for `region`.
 
+    With `cluster`, the nodes are that ParallelCluster release's compute nodes.
     Raises ConfigError with one sentence: what is wrong and what would work.
     """
     catalog = catalog if catalog is not None else load_catalog()
@@ -73,13 +79,17 @@ def resolve(
     price = catalog.prices.price(region, instance_type)
 
     if variant == AUTO:
-        chosen, ami = _newest_runnable(instance, catalog, matrix, today)
+        chosen, ami = _newest_runnable(instance, catalog, matrix, today, cluster)
     else:
         chosen = _named_variant(matrix, variant)
         _check_gpu_runs(chosen, instance, matrix, catalog, today)
         ami = _pick_ami(chosen, instance, catalog, today)
         if ami is None:
             raise ConfigError(_no_ami_message(chosen, instance, catalog, matrix, today))
+        if cluster is not None and not cluster.runs_driver(chosen.min_driver):
+            raise ConfigError(
+                _cluster_driver_message(chosen, instance, cluster, catalog, matrix, today)
+            )
 
     return Plan(
         instance=instance,
@@ -91,6 +101,7 @@ def resolve(
         on_demand_usd_per_hour=nodes * price.on_demand_usd_per_hour,
         spot_usd_per_hour=nodes * price.spot_usd_per_hour,
         price=price,
+        cluster=cluster,
     )
 
 
@@ -108,13 +119,19 @@ def _named_variant(matrix: Matrix, name: str) -> Variant:
         raise ConfigError(f"{exc}, or {AUTO!r}") from None
 
 
-def _runnable_variants(
-    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+def runnable_variants(
+    instance: Instance,
+    catalog: Catalog,
+    matrix: Matrix,
+    today: datetime.date,
+    cluster: Release | None = None,
 ) -> list[tuple[Variant, AmiFamily]]:
-    """Every GPU variant the instance can run, with its AMI, oldest CUDA first."""
+    """Every GPU variant the instance (on `cluster`'s AMIs) runs, with its AMI, oldest first."""
     found = []
     for candidate in matrix.variants:
         if candidate.cuda is None or not candidate.runs_on(instance.compute_capability):
+            continue
+        if cluster is not None and not cluster.runs_driver(candidate.min_driver):
             continue
         ami = _pick_ami(candidate, instance, catalog, today)
         if ami is not None:
@@ -123,9 +140,19 @@ def _runnable_variants(
 
 
 def _newest_runnable(
-    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+    instance: Instance,
+    catalog: Catalog,
+    matrix: Matrix,
+    today: datetime.date,
+    cluster: Release | None = None,
 ) -> tuple[Variant, AmiFamily]:
-    runnable = _runnable_variants(instance, catalog, matrix, today)
+    runnable = runnable_variants(instance, catalog, matrix, today, cluster)
+    if not runnable and cluster is not None:
+        raise ConfigError(
+            f"no image variant runs on {instance.type} under ParallelCluster {cluster.version}, "
+            f"whose AMIs carry NVIDIA driver {cluster.driver_version}: use a newer "
+            "ParallelCluster release (gpu:parallelClusterVersion)"
+        )
     if not runnable:
         raise ConfigError(
             f"no image variant runs on {instance.type} ({instance.gpu_model}, compute capability "
@@ -163,10 +190,15 @@ def _check_gpu_runs(
 
 
 def _alternatives(
-    instance: Instance, catalog: Catalog, matrix: Matrix, today: datetime.date
+    instance: Instance,
+    catalog: Catalog,
+    matrix: Matrix,
+    today: datetime.date,
+    cluster: Release | None = None,
 ) -> str:
     """The variants that do run on `instance`, for "use ..." in an error message."""
-    names = [v.name for v, _ in _runnable_variants(instance, catalog, matrix, today)]
+    runnable = runnable_variants(instance, catalog, matrix, today, cluster)
+    names = [v.name for v, _ in runnable]
     if not names:
         return "an instance with a GPU this matrix supports"
     return " or ".join(repr(n) for n in names) + f" (or {AUTO!r})"
@@ -202,6 +234,23 @@ def _no_ami_message(
         f"image variant {variant.name!r} needs NVIDIA driver {variant.min_driver} or newer, "
         f"but the AMIs for {instance.type} are older ({drivers}); use "
         f"{_alternatives(instance, catalog, matrix, today)}"
+    )
+
+
+def _cluster_driver_message(
+    variant: Variant,
+    instance: Instance,
+    cluster: Release,
+    catalog: Catalog,
+    matrix: Matrix,
+    today: datetime.date,
+) -> str:
+    return (
+        f"image variant {variant.name!r} needs NVIDIA driver {variant.min_driver} or newer, "
+        f"but ParallelCluster {cluster.version}'s AMIs carry {cluster.driver_version}; use "
+        f"{_alternatives(instance, catalog, matrix, today, cluster)}, or a ParallelCluster "
+        "release whose driver runs it (gpu:parallelClusterVersion, "
+        "infra/knowledge/data/parallelcluster.toml)"
     )
 
 

@@ -84,6 +84,7 @@ class NodeBoot:
     efa: bool
     data_s3_uri: str | None = None
     train_config: str | None = None  # the TOML text shipped to the node
+    usd_per_hour: float | None = None  # the whole stack's price: the trainer's summary cost
 
     @property
     def registry(self) -> str:
@@ -103,6 +104,8 @@ class NodeBoot:
         }
         if self.train_config is not None:
             env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
+        if self.usd_per_hour is not None:
+            env["TRAIN_USD_PER_HOUR"] = f"{self.usd_per_hour:.4f}"
         if self.efa:
             env.update(EFA_ENVIRONMENT)
         return env

@@ -1,151 +1,57 @@
-"""`python -m infra plan` as a user runs it: a subprocess, its output and exit status."""
+"""The command line's structure: every command in --help, offline commands import no Pulumi."""
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
-from images.matrix import MATRIX_PATH
-from infra import cli
-from infra.knowledge.catalog import load_catalog
-from tests.support.infra import data_file_prices, modified_catalog, run_cli
+from infra.cli import COMMANDS
+from tests.support.infra import run_cli
 
 REPO = Path(__file__).resolve().parents[2]
+LIFE_CYCLE = (
+    "offers", "plan", "up", "preview", "status", "logs", "stop", "start", "down", "doctor",
+)  # fmt: skip
 
 
-def test_default_profile_prints_the_plan():
-    result = run_cli("plan")
+def test_help_lists_every_command_of_the_life_cycle_with_its_line():
+    result = run_cli("--help")
     assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "a100x8" in out and "1 x p4d.24xlarge" in out and "8 x A100 40 GiB" in out
-    assert (
-        "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023"
-        "/latest/ami-id" in out
+    listed = {line.split()[0] for line in result.stdout.splitlines() if line.startswith("    ")}
+    assert set(LIFE_CYCLE) <= listed
+    for name in LIFE_CYCLE:
+        summary = COMMANDS[name][1].__doc__.strip().splitlines()[0]
+        assert summary.split()[0] in result.stdout
+
+
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "v100x1"], ["offers", "--gpu", "A100"]])
+def test_offline_commands_import_neither_pulumi_nor_boto3(argv):
+    code = (
+        "import sys, contextlib, io\n"
+        "from infra.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert main({argv!r}) == 0\n"
+        "loaded = sorted(m for m in ('pulumi', 'boto3', 'infra.dryrun.run') if m in sys.modules)\n"
+        "print(loaded)\n"
     )
-    assert "$32.77/h" in out and "$9.90/h" in out  # on-demand and spot
-    assert "0.1.0-torch2.13.0-cu130-py3.12" in out and "595.91.07" in out
-    assert "upper bound" in out
-
-
-def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
-    result = run_cli("plan", "a100x8")
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr
-    config = yaml.safe_load((REPO / "Pulumi.a100x8.yaml").read_text())["config"]
-    budget, on_demand = config["gpu:budgetUsd"], not config["gpu:spot"]
-    p4d = data_file_prices("p4d.24xlarge", config["aws:region"])
-    assert on_demand
-    lines = result.stdout.splitlines()
-    assert "stack file     Pulumi.a100x8.yaml" in lines
-    assert f"market         on-demand: ${p4d.on_demand_usd_per_hour:.2f}/h for the stack" in lines
-    assert f"budget         ${budget:,.2f} a month" in lines
-    assert (
-        f"runway         {budget / p4d.on_demand_usd_per_hour:.1f} h a month at full load "
-        f"on-demand (on-demand {budget / p4d.on_demand_usd_per_hour:.1f} h, "
-        f"spot {budget / p4d.spot_usd_per_hour:.1f} h)"
-    ) in lines
+    assert result.stdout.strip() == "[]"
 
 
-def test_stack_file_that_changes_the_profiles_plan_is_not_priced_as_the_profile(
-    tmp_path, monkeypatch, capsys
-):
-    (tmp_path / "Pulumi.a100x8.yaml").write_text(
-        "config:\n  gpu:profile: a100x8\n  gpu:nodes: 2\n  gpu:budgetUsd: 5000\n"
-        "  gpu:alertEmails: [ml@example.com]\n"
-    )
-    monkeypatch.setattr(cli, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
-    assert cli.main(["plan", "a100x8"]) == 0
-    out = capsys.readouterr().out
-    assert "Pulumi.a100x8.yaml runs 2 x p4d.24xlarge (cu130)" in out
-    assert "--resources` prices that stack" in out
-    assert "runway" not in out
+def test_a_command_registered_by_one_entry_runs(monkeypatch, capsys):
+    from infra import cli
 
+    def add(parser):
+        parser.add_argument("--n", type=int, default=1)
 
-def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
-    assert cli.main(["plan", "a100x8"]) == 0
-    out = capsys.readouterr().out
-    assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
+    def run(args):
+        """Say hello n times."""
+        return "hello " * args.n
 
-
-def test_v100_profile_shows_eol_and_guide_range():
-    result = run_cli("plan", "v100x1")
-    assert result.returncode == 0, result.stderr
-    assert "p3.2xlarge" in result.stdout and "base-proprietary-nvidia-driver" in result.stdout
-    assert "past end of life" in result.stdout and "8-12 CNY/h" in result.stdout
-
-
-def test_instance_variant_nodes_instead_of_a_profile():
-    result = run_cli("plan", "--instance", "g5.xlarge", "--variant", "cu128", "--nodes", "2")
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
-    assert "2 x g5.xlarge" in out and "$2.01/h" in out and "$0.60/h" in out
-    assert "cu128" in out and "no EFA" in out
-
-
-@pytest.mark.parametrize(
-    ("args", "expected"),
-    [
-        (("plan", "a100x3"), "unknown profile 'a100x3'"),
-        (("plan", "--instance", "p9.huge"), "unknown instance type 'p9.huge'"),
-        (("plan", "--instance", "p4d.24xlarge", "--variant", "cu99"), "unknown image variant"),
-        (("plan", "--instance", "p3.2xlarge", "--variant", "cu130"), "CUDA 13 dropped"),
-        (("plan", "--instance", "p3.2xlarge", "--variant", "cpu"), "'cpu' has no CUDA"),
-        (("plan", "--instance", "p4d.24xlarge", "--nodes", "0"), "nodes must be"),
-        (("plan", "--instance", "p4d.24xlarge", "--nodes", "two"), "--nodes: invalid int"),
-        (("plan", "v100x1", "--instance", "p3.2xlarge"), "not both"),
-        (("plan", "v100x1", "--nodes", "2"), "go with --instance"),
-        (("deploy",), "invalid choice: 'deploy'"),
-        (("plan", "--profiles", "/nonexistent/profiles.toml"), "file not found"),
-    ],
-)
-def test_bad_input_is_one_line_exit_2(args, expected):
-    result = run_cli(*args)
-    assert result.returncode == 2
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: ")
-    assert expected in result.stderr
-
-
-def test_bad_catalog_file_is_one_line_exit_2(tmp_path):
-    directory = modified_catalog(
-        tmp_path, "prices.toml", "on_demand_usd_per_hour = 3.06", "on_demand_usd_per_hour = -1"
-    )
-    result = run_cli("plan", "--catalog", str(directory))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1
-    assert "type 'p3.2xlarge', field 'on_demand_usd_per_hour'" in result.stderr
-
-
-def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
-    bad = tmp_path / "matrix.toml"
-    bad.write_text(MATRIX_PATH.read_text().replace('nccl = "2.27.5"', 'nccl = "2.26.2"', 1))
-    result = run_cli("plan", "--matrix", str(bad))
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1
-    assert "variant 'cu128', field 'nccl'" in result.stderr
-
-
-def test_plan_prices_the_region_asked_for_and_refuses_one_without_prices():
-    prices = load_catalog().prices
-    ireland = run_cli("plan", "a100x8", "--region", "eu-west-1")
-    assert ireland.returncode == 0, ireland.stderr
-    eu = prices.price("eu-west-1", "p4d.24xlarge").on_demand_usd_per_hour
-    assert eu != prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
-    assert any(
-        line.startswith(f"on-demand      ${eu:.2f}/h") for line in ireland.stdout.split("\n")
-    )
-    assert "prices         eu-west-1 (estimates), checked " in ireland.stdout
-    missing = run_cli("plan", "a100x8", "--region", "eu-west-3")
-    assert missing.returncode == 2 and missing.stderr.count("\n") == 1
-    assert "'eu-west-3'" in missing.stderr and "eu-west-1, us-east-1, us-west-2" in missing.stderr
-
-
-def test_plan_prints_the_worst_case_overspend_beside_budget_and_runway():
-    result = run_cli("plan", "a100x8")
-    hourly = load_catalog().prices.price("us-east-1", "p4d.24xlarge").on_demand_usd_per_hour
-    # One 5-minute guard period plus a 60-second run, at the stack's full price.
-    bound = hourly * (5 + 1) / 60
-    lines = result.stdout.splitlines()
-    runway = next(i for i, line in enumerate(lines) if line.startswith("runway "))
-    assert lines[runway + 1].startswith(f"overspend      at most ${bound:,.2f} past the budget")
+    monkeypatch.setitem(cli.COMMANDS, "hello", (add, run))
+    assert cli.main(["hello", "--n", "2"]) == 0
+    assert capsys.readouterr().out == "hello hello \n"

@@ -22,7 +22,7 @@ import pytest
 from tests.training.fake_imds import FakeImds
 from tests.training.multirank import free_port, launch_env
 from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
-from training.checkpoint.s3 import S3Mirror
+from training.checkpoint.s3 import STATUS_NAME, S3Mirror
 from training.contract import ExitCode
 
 pytestmark = pytest.mark.slow
@@ -118,8 +118,21 @@ def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_u
         env = {"TRAIN_SPOT_ENDPOINT": imds.url, "TRAIN_S3_URI": s3_uri}
         step, log = interrupted_run(tmp_path, lambda job: imds.notify("terminate", notice), env=env)
     assert f"spot interruption: terminate at {notice}" in log
-    assert S3Mirror.from_uri(s3_uri).latest_tag() == tag_for(step)
+    mirror = S3Mirror.from_uri(s3_uri)
+    assert mirror.latest_tag() == tag_for(step)
+    # The job's progress sits beside the checkpoints, where `python -m infra status` reads it.
+    status = read_status(mirror)
+    assert (status["state"], status["step"]) == ("interrupted", step)
+    assert status["loss"] > 0 and status["tokens_per_s"] > 0
 
     shutil.rmtree(tmp_path / "ckpt")  # the replacement instance starts with an empty disk
     log = resumed_run(tmp_path, step, env={"TRAIN_S3_URI": s3_uri})
     assert f"fetching {tag_for(step)} from {s3_uri}" in log
+    status = read_status(mirror)
+    assert (status["state"], status["step"], status["seconds_left"]) == ("done", step + 4, 0)
+    assert status["total_steps"] == step + 4
+
+
+def read_status(mirror: S3Mirror) -> dict:
+    body = mirror._s3.get_object(Bucket=mirror.bucket, Key=f"{mirror.prefix}/{STATUS_NAME}")
+    return json.loads(body["Body"].read())

@@ -101,3 +101,27 @@ def test_gpu_monitor_reads_nothing_without_a_gpu():
     if monitor.name is not None:
         pytest.skip("a GPU is present")
     assert monitor.read() == {}
+
+
+def test_run_cost_counts_gpu_hours_and_prices_them_when_the_stack_gives_a_price():
+    from training.metrics import run_cost
+
+    assert run_cost(1800, 8, None) == "4.00 GPU-hours"
+    assert run_cost(1800, 8, 32.7726) == "4.00 GPU-hours, $16.39 at $32.77/h"
+    assert run_cost(36, 1, None) == "0.01 GPU-hours"  # plain decimals, never 1e-02
+
+
+@pytest.mark.parametrize("text", ["cheap", "-1", "nan", "inf"])
+def test_a_bad_price_is_a_config_error(text):
+    from training.metrics import usd_per_hour
+    from training.spec.config import ConfigError
+
+    with pytest.raises(ConfigError, match="TRAIN_USD_PER_HOUR"):
+        usd_per_hour({"TRAIN_USD_PER_HOUR": text})
+
+
+def test_no_price_is_none():
+    from training.metrics import usd_per_hour
+
+    assert usd_per_hour({}) is None and usd_per_hour({"TRAIN_USD_PER_HOUR": " "}) is None
+    assert usd_per_hour({"TRAIN_USD_PER_HOUR": "3.06"}) == 3.06

@@ -5,6 +5,7 @@ Layout under the prefix, one folder per checkpoint tag plus a pointer:
     <prefix>/step_00000100/<every file of the step folder>
     <prefix>/step_00000100/commit.json   uploaded after the tag's other files
     <prefix>/latest_committed            uploaded last: names the newest tag
+    <prefix>/status.json                 the job's progress (rank 0, at most once a minute)
 
 A tag counts in S3 once its ``commit.json`` exists and it is not newer than
 the pointer, so an upload cut short (spot termination, network) is never
@@ -30,6 +31,9 @@ from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, 
 log = logging.getLogger(__name__)
 
 _DELETE_BATCH = 1000  # S3 DeleteObjects limit
+# Beside the checkpoints, where `python -m infra status` reads the job's step, loss and speed.
+STATUS_NAME = "status.json"
+
 # Bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending
 # with a letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
@@ -96,6 +100,15 @@ class S3Mirror:
         self._s3.upload_file(str(marker), self.bucket, self._key(tag, COMMIT_MARKER))
         self._s3.put_object(Bucket=self.bucket, Key=self._key(POINTER_NAME), Body=tag.encode())
         log.info("mirrored %s to %s/%s", local_dir, self.uri, tag)
+
+    def put_status(self, status: dict) -> None:
+        """Replace the job's status object (one small PUT)."""
+        self._s3.put_object(
+            Bucket=self.bucket,
+            Key=self._key(STATUS_NAME),
+            Body=json.dumps(status).encode(),
+            ContentType="application/json",
+        )
 
     # --------------------------------------------------------------- listing
 

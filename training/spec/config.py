@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from common.errors import Problem, describe
-from training.spec.presets import PRESETS
+from training.spec.presets import PRESETS, VISION_PRESETS
 
 DEMO_CONFIG = Path(__file__).parents[1] / "demo.toml"
 
@@ -28,6 +28,9 @@ ENV_OVERRIDES = {
     "TRAIN_DATA_PATH": "data.path",
     "TRAIN_CHECKPOINT_DIR": "checkpoint.dir",
 }
+
+# Data kinds of labelled images (training/image_data.py), trained by the vision presets.
+IMAGE_KINDS = ("image_folder", "image_shards")
 
 _IMPORT_STRING = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -57,7 +60,7 @@ class RunConfig(Section):
 
 
 class ModelConfig(Section):
-    preset: Literal[tuple(PRESETS)] = "tiny"  # type: ignore[valid-type]
+    preset: Literal[(*PRESETS, *VISION_PRESETS)] = "tiny"  # type: ignore[valid-type]
     # "package.module:function" building your own nn.Module; see docs/training.md.
     builder: ImportString | None = None
     # Keyword arguments for `builder` (free-form: they belong to your model).
@@ -72,8 +75,9 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     # synthetic: seeded learnable sequences; tokens: a uint16/uint32 token file (nanoGPT .bin);
-    # text: raw bytes of a text file as tokens (vocab 256).
-    kind: Literal["synthetic", "tokens", "text"] = "synthetic"
+    # text: raw bytes of a text file as tokens (vocab 256); image_folder / image_shards:
+    # labelled images in class folders / WebDataset-style tar shards (train/ and val/).
+    kind: Literal["synthetic", "tokens", "text", *IMAGE_KINDS] = "synthetic"
     # "package.module:function" building your own Dataset; replaces `kind`.
     builder: ImportString | None = None
     options: dict[str, Any] = Field(default_factory=dict)
@@ -87,6 +91,9 @@ class DataConfig(Section):
     # Encoder presets (bert-*): the fraction of tokens hidden for the model to predict.
     mask_prob: float = Field(default=0.15, gt=0, lt=1)
     num_workers: int = Field(default=0, ge=0)
+    # Image kinds: the side of the square crop the model sees, and the number of classes.
+    image_size: int = Field(default=224, ge=16)
+    num_classes: int | None = Field(default=None, gt=1)
 
 
 class TrainConfig(Section):
@@ -136,6 +143,9 @@ class CheckpointConfig(Section):
 
 class LoggingConfig(Section):
     every_steps: int = Field(default=10, gt=0)
+    # Image kinds: top-1 accuracy on the held-out split (val/) every this many steps and at
+    # the end.
+    eval_every_steps: int = Field(default=1000, gt=0)
     tensorboard: bool = True
     progress_bar: bool = True
 
@@ -159,6 +169,10 @@ class Config(Section):
     @property
     def checkpoint_dir(self) -> Path:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else self.output_dir / "checkpoints"
+
+    @property
+    def is_image(self) -> bool:
+        return self.data.kind in IMAGE_KINDS
 
     @property
     def vocab_size(self) -> int:
@@ -237,7 +251,8 @@ def validate(config: Config, world_size: int) -> BatchSizes:
             f"data.vocab_size = {config.data.vocab_size} with data.kind = 'text': "
             "text is read as bytes, so the vocabulary is 256 (remove the key)"
         )
-    if config.model.builder is None:
+    _check_workload(config)
+    if config.model.builder is None and config.model.preset in PRESETS:
         shape = PRESETS[config.model.preset] | {
             key: value
             for key in ("n_layer", "n_head", "n_embd")
@@ -255,6 +270,44 @@ def validate(config: Config, world_size: int) -> BatchSizes:
             "(lower warmup_steps or use scheduler.kind = 'constant')"
         )
     return resolve_batch_sizes(config.train, world_size)
+
+
+def _check_workload(config: Config) -> None:
+    """The model and the data must be of one kind: images for a vision preset, tokens else."""
+    model, data = config.model, config.data
+    vision = model.builder is None and model.preset in VISION_PRESETS
+    if vision and not config.is_image:
+        raise ConfigError(
+            f"model.preset = {model.preset!r} classifies images but data.kind = {data.kind!r}: "
+            f"use data.kind = 'image_folder' or 'image_shards'"
+        )
+    if config.is_image and model.builder is None and not vision:
+        raise ConfigError(
+            f"data.kind = {data.kind!r} holds images but model.preset = {model.preset!r} is a "
+            f"language model: use one of {', '.join(VISION_PRESETS)}"
+        )
+    if config.is_image and data.num_classes is None:
+        raise ConfigError(
+            f"data.kind = {data.kind!r} needs data.num_classes: the number of labels "
+            "(class folders, or the largest .cls value + 1)"
+        )
+    if vision and model.activation_checkpointing:
+        raise ConfigError(
+            f"model.activation_checkpointing = true is for the transformer presets, not "
+            f"{model.preset!r} (recomputing BatchNorm would count its statistics twice): "
+            "lower train.micro_batch_size instead"
+        )
+    if vision and config.zero.stage == 3:
+        raise ConfigError(
+            f"zero.stage = 3 with model.preset = {model.preset!r}: the image models are not "
+            "built for partitioned parameters (and a ResNet's 11-26M parameters fit every GPU); "
+            "use zero.stage 0, 1 or 2, with zero.offload_optimizer = true for less memory"
+        )
+    if data.path and data.path.startswith("s3://") and data.kind != "image_shards":
+        raise ConfigError(
+            f"data.path = {data.path!r}: only data.kind = 'image_shards' reads from S3; "
+            "sync other data to a local directory (gpu:dataS3Uri does on the stack)"
+        )
 
 
 def resolve_batch_sizes(train: TrainConfig, world_size: int) -> BatchSizes:

@@ -227,6 +227,15 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     assert outputs["runway_hours"] == pytest.approx(budget / hourly, abs=0.05)
 
 
+def test_every_node_gets_the_stacks_price_for_the_trainers_summary(case):
+    plan, spot, run = case
+    catalog_price = load_catalog().prices.price("us-east-1", plan.instance.type)  # the mocks'
+    per_node = catalog_price.spot_usd_per_hour if spot else catalog_price.on_demand_usd_per_hour
+    price = per_node * plan.nodes
+    for node in nodes_in_rank_order(run):
+        assert float(boot_env(node)["TRAIN_USD_PER_HOUR"]) == pytest.approx(price, abs=1e-4)
+
+
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
     spot_price = data_file_prices("p3.2xlarge").spot_usd_per_hour

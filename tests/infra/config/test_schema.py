@@ -39,6 +39,12 @@ BAD_VALUES = [
     ({"budgetUsd": "-5"}, ["gpu:budgetUsd", "-5", "positive amount"]),
     ({"alertEmails": "[]"}, ["gpu:alertEmails", "empty", "gpu:allowNoAlerts"]),
     ({"budgetUsd": "20"}, ["gpu:budgetUsd", "20", "one hour", "at least 33"]),
+    ({"cluster": "kubernetes"}, ["gpu:cluster", "'kubernetes'", "'slurm'"]),
+    ({"parallelClusterVersion": "3.15.1"}, ["gpu:parallelClusterVersion", "gpu:cluster: slurm"]),
+    (
+        {"cluster": "slurm", "parallelClusterVersion": "3.9.0"},
+        ["gpu:parallelClusterVersion", "'3.9.0'", "3.14.0", "3.15.1"],
+    ),
 ]
 
 

@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cli import COMMANDS, main
+from infra.cli import main
 from infra.config.stack_file import stack_file_config
-from infra.dryrun.plan_command import with_resources
 from infra.dryrun.report import describe_run
 from infra.dryrun.runner import run_stack_file
 from infra.knowledge.catalog import load_catalog
@@ -84,14 +83,13 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
     ) in lines
 
 
-def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, monkeypatch, capsys):
+def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
         "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
         "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
-    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
     p3 = data_file_prices("p3.2xlarge")
@@ -152,13 +150,12 @@ def test_the_example_stack_files_placeholder_address_is_pointed_out():
     assert line.startswith("warning ") and "you@example.com" in line
 
 
-def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, monkeypatch, capsys):
+def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, capsys):
     stack = tmp_path / "Pulumi.ireland.yaml"
     stack.write_text(
         "config:\n  aws:region: eu-west-1\n  gpu:profile: a100x8\n  gpu:budgetUsd: 2000\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
-    monkeypatch.setitem(COMMANDS, "plan", with_resources(*COMMANDS["plan"]))
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     out = capsys.readouterr().out
     prices = load_catalog().prices

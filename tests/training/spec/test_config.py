@@ -52,6 +52,39 @@ BAD_CONFIGS = [
     (["data.kind=text", "data.path=x.txt", "data.vocab_size=512"], ["data.vocab_size = 512"]),
     (["scheduler.warmup_steps=50", "train.steps=50"], ["scheduler.warmup_steps = 50"]),
     (["optimizer.lr=-1"], ["optimizer.lr", "-1"]),
+    (["model.preset=resnet-50"], ["model.preset = 'resnet-50'", "data.kind = 'synthetic'"]),
+    (
+        ["data.kind=image_folder", "data.path=x", "data.num_classes=3"],
+        ["data.kind = 'image_folder'", "model.preset = 'tiny'", "resnet-50"],
+    ),
+    (
+        ["model.preset=resnet-18", "data.kind=image_shards", "data.path=x"],
+        ["data.num_classes"],
+    ),
+    (
+        [
+            "model.preset=resnet-18",
+            "data.kind=image_folder",
+            "data.path=x",
+            "data.num_classes=3",
+            "model.activation_checkpointing=true",
+        ],
+        ["model.activation_checkpointing", "BatchNorm", "micro_batch_size"],
+    ),
+    (
+        [
+            "model.preset=resnet-50",
+            "data.kind=image_folder",
+            "data.path=x",
+            "data.num_classes=3",
+            "zero.stage=3",
+        ],
+        ["zero.stage = 3", "resnet-50", "zero.stage 0, 1 or 2"],
+    ),
+    (
+        ["data.kind=tokens", "data.path=s3://b/tokens"],
+        ["data.path = 's3://b/tokens'", "image_shards"],
+    ),
 ]
 
 

@@ -1,0 +1,160 @@
+"""The ParallelCluster cluster configuration (a dict, YAML for the custom resource) from a Plan.
+
+Keys and values follow the ParallelCluster 3 configuration reference
+(https://docs.aws.amazon.com/parallelcluster/latest/ug/cluster-configuration-file-v3.html,
+sections HeadNode, Scheduling, Monitoring, Tags); tests/infra/cluster/test_config.py
+loads every profile's config with ParallelCluster's own schema (`ClusterSchema`).
+
+Pure Python: the Pulumi component (infra/components/cluster.py) renders it once
+the subnet, bucket and policy are known; `python -m infra plan` shows it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.errors import ConfigError
+from infra.knowledge.parallelcluster import HeadNode
+from infra.knowledge.resolver import Plan
+from training.contract import ExitCode
+
+QUEUE = "gpu"
+# Run by ParallelCluster on each node once configured (CustomActions, OnNodeConfigured).
+SETUP_SCRIPT = Path(__file__).parent / "templates" / "setup-node.sh"
+SCRATCH_DIR = "/scratch"  # compute nodes' instance store (or root volume), node-local
+# Official AMIs carry Pyxis and Enroot (since 3.11.0); the setup script turns them on.
+OS = "ubuntu2204"
+# Slurm requeues a batch job that exits with one of these (slurm.conf(5), RequeueExit,
+# https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
+# checkpointed" (docs/contracts.md, section 3).
+REQUEUE_EXIT = int(ExitCode.INTERRUPTED)
+# ParallelCluster's default (Scheduling-v3.html, SlurmSettings): idle dynamic nodes are
+# terminated after this many minutes, so the queue costs nothing between jobs.
+SCALEDOWN_IDLE_MINUTES = 10
+SSM_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """What the stack knows about where the cluster lives (resolved by the Pulumi program)."""
+
+    region: str
+    subnet_id: str
+    bucket: str  # the stack's bucket: checkpoints, data, the setup script and sbatch
+    setup_script: str  # s3:// URI of templates/setup-node.sh in the bucket
+    job_script: str  # s3:// URI of the rendered train.sbatch, copied onto the head node
+    node_policy_arn: str  # the stack's scoped policy: ECR pull of its repository
+    registry: str  # the ECR registry host Enroot pulls the image from
+    head_node: HeadNode
+    tags: dict[str, str] = field(default_factory=dict)
+    spot: bool = False
+    capacity_block_id: str | None = None  # an EC2 Capacity Block reservation id
+    log_retention_days: int = 30
+
+
+def compute_resource_name(instance_type: str) -> str:
+    """p4d.24xlarge -> p4d-24xlarge (names allow letters, digits and hyphens)."""
+    return instance_type.replace(".", "-")
+
+
+def capacity_type(spot: bool, capacity_block_id: str | None) -> str:
+    """The queue's CapacityType: a Capacity Block when one is named, else spot or on-demand."""
+    if capacity_block_id is not None:
+        return "CAPACITY_BLOCK"
+    return "SPOT" if spot else "ONDEMAND"
+
+
+def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
+    """The whole cluster configuration for `plan` (its instance type, node limit, image)."""
+    if plan.cluster is None:
+        raise ConfigError("the plan was resolved without a ParallelCluster release")
+    return {
+        "Region": settings.region,
+        "Image": {"Os": OS},
+        "HeadNode": _head_node(settings),
+        "Scheduling": {
+            "Scheduler": "slurm",
+            "SlurmSettings": {
+                "ScaledownIdletime": SCALEDOWN_IDLE_MINUTES,
+                "CustomSlurmSettings": [{"RequeueExit": str(REQUEUE_EXIT)}],
+            },
+            "SlurmQueues": [_gpu_queue(plan, settings)],
+        },
+        "Monitoring": {
+            "Logs": {
+                "CloudWatch": {"Enabled": True, "RetentionInDays": settings.log_retention_days}
+            }
+        },
+        "Tags": [{"Key": key, "Value": value} for key, value in sorted(settings.tags.items())],
+    }
+
+
+def _head_node(settings: ClusterSettings) -> dict:
+    """A small on-demand instance: slurmctld and ParallelCluster's daemons, no training."""
+    return {
+        "InstanceType": settings.head_node.instance_type,
+        "Networking": {"SubnetId": settings.subnet_id},
+        # No SSH key: people reach the head node through SSM Session Manager.
+        "Iam": {
+            "AdditionalIamPolicies": [{"Policy": SSM_POLICY}],
+            "S3Access": [{"BucketName": settings.bucket, "EnableWriteAccess": False}],
+        },
+        "CustomActions": {
+            "OnNodeConfigured": {
+                "Script": settings.setup_script,
+                "Args": ["head", settings.job_script],
+            }
+        },
+    }
+
+
+def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
+    instance = plan.instance
+    resource: dict = {
+        "Name": compute_resource_name(instance.type),
+        "InstanceType": instance.type,
+        # Dynamic nodes only: the queue scales to zero and back (MinCount 0).
+        "MinCount": 0,
+        "MaxCount": plan.nodes,
+    }
+    if settings.capacity_block_id is not None:
+        # A Capacity Block's nodes are static: MinCount = MaxCount > 0, and the
+        # reservation is named (pcluster's SlurmComputeResourceSizeValidator).
+        resource["MinCount"] = plan.nodes
+        resource["CapacityReservationTarget"] = {
+            "CapacityReservationId": settings.capacity_block_id
+        }
+    if instance.efa_interfaces > 0:
+        # GPUDirect RDMA over EFA on the types that have EFA (Scheduling-v3.html, Efa).
+        resource["Efa"] = {"Enabled": True, "GdrSupport": True}
+    networking: dict = {"SubnetIds": [settings.subnet_id]}
+    if settings.capacity_block_id is None:
+        # A Capacity Block brings its own placement; otherwise nodes of one job sit close.
+        networking["PlacementGroup"] = {"Enabled": True}
+    return {
+        "Name": QUEUE,
+        "CapacityType": capacity_type(settings.spot, settings.capacity_block_id),
+        "Networking": networking,
+        "ComputeResources": [resource],
+        # nvidia-smi/DCGM checks before a job runs on a node (HealthChecks.Gpu).
+        "HealthChecks": {"Gpu": {"Enabled": True}},
+        "ComputeSettings": {"LocalStorage": {"EphemeralVolume": {"MountDir": SCRATCH_DIR}}},
+        "Iam": {
+            "AdditionalIamPolicies": [{"Policy": settings.node_policy_arn}],
+            # Read: the setup script. Checkpoints and data are the node policy's (the
+            # single-node role's scope, infra/components/iam.py).
+            "S3Access": [{"BucketName": settings.bucket, "EnableWriteAccess": False}],
+        },
+        "CustomActions": {
+            "OnNodeConfigured": {
+                "Script": settings.setup_script,
+                "Args": ["compute", settings.registry, settings.region],
+            }
+        },
+    }
+
+
+def idle_usd_per_hour(settings: ClusterSettings) -> float:
+    """What the cluster costs with no job: the head node only (compute scales to 0)."""
+    return settings.head_node.on_demand_usd_per_hour

@@ -1,0 +1,162 @@
+"""`down [STACK]`: checkpoint and stop the job, cancel the spot requests, destroy the stack.
+
+Pulumi's destroy leaves the checkpoint bucket and the image repository in the account
+unless gpu:deleteDataOnDestroy is true (infra/components/storage.py: retain_on_delete);
+the command says what remains and deletes it only with `--delete-data`.
+
+AWS facts this relies on: a bucket holding objects, or old versions of them,
+cannot be deleted until every version and delete marker is gone (S3 User Guide,
+"Deleting objects from a versioning-enabled bucket"; DeleteObjects takes 1,000 keys
+a call); a repository holding images is deleted with them only with `force`
+(ECR API reference, DeleteRepository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from infra.commands import nodes, workspace
+from infra.commands.checkpoints import last_checkpoint, stop_report
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+    parser.add_argument("--yes", "-y", action="store_true", help="destroy without asking")
+    parser.add_argument(
+        "--delete-data",
+        action="store_true",
+        help="also delete the checkpoints in the bucket and the images in the repository",
+    )
+
+
+def repository_name(image_uri: str | None) -> str | None:
+    """`<account>.dkr.ecr.<region>.amazonaws.com/<name>:<tag>` -> `<name>`."""
+    if not image_uri or "/" not in image_uri:
+        return None
+    return image_uri.split("/", 1)[1].rsplit(":", 1)[0]
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    out=None,
+    ask: Callable[[str], str] | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Checkpoint and stop the job, cancel spot requests, destroy; keep data unless asked."""
+    out = out or sys.stdout
+    say = workspace.printer(out)
+    name = workspace.stack_name(args)
+    stack = workspace.open_stack(name)
+    outputs = {key: output.value for key, output in stack.outputs().items()}
+    region = workspace.stack_region(stack, name)
+    instance_ids = list(outputs.get("instance_ids") or [])
+    bucket = outputs.get("checkpoint_bucket")
+    repository = repository_name(outputs.get("image_uri"))
+    data = " and ".join(
+        part
+        for part in (bucket and f"bucket {bucket}", repository and f"repository {repository}")
+        if part
+    )
+    fate = "DELETE" if args.delete_data else "keep"
+    question = f"Destroy stack {name} ({len(instance_ids)} node(s)) and {fate} {data or 'no data'}?"
+    if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"down {name}"):
+        return "nothing was destroyed"
+
+    if instance_ids:
+        ec2 = workspace.aws("ec2", region)
+        running = [n.instance_id for n in nodes.nodes(ec2, instance_ids) if n.state == "running"]
+        if running:
+            asked = datetime.datetime.now(datetime.UTC)
+            results = nodes.stop_job(workspace.aws("ssm", region), running, say=say, sleep=sleep)
+            say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
+            if outputs.get("checkpoint_uri"):
+                say(stop_report(workspace.aws("s3", region), outputs["checkpoint_uri"], asked))
+        cancelled = nodes.cancel_spot_requests(ec2, instance_ids)
+        if cancelled:
+            say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
+    s3 = workspace.aws("s3", region) if bucket else None
+    ecr = workspace.aws("ecr", region) if repository else None
+    checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
+    stack.destroy(on_output=say, color="never")
+    if args.delete_data:
+        if bucket and bucket_exists(s3, bucket):
+            say(f"deleted {delete_bucket(s3, bucket)} object version(s) and the bucket {bucket}")
+        if repository and repository_exists(ecr, repository):
+            images = delete_repository(ecr, repository)
+            say(f"deleted the repository {repository} and its {images} image(s)")
+        return f"stack {name} is destroyed, its data with it; nothing remains"
+    remains = []
+    if bucket and bucket_exists(s3, bucket):
+        count, size = bucket_usage(s3, bucket)
+        last = f", last checkpoint {checkpoint.describe()}" if checkpoint else ""
+        remains.append(f"  s3://{bucket}: {count} object(s), {size / 2**30:.2f} GiB{last}")
+    if repository and repository_exists(ecr, repository):
+        remains.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
+    if not remains:
+        return f"stack {name} is destroyed; nothing remains"
+    return "\n".join(
+        [
+            f"stack {name} is destroyed; what remains (it keeps costing storage):",
+            *remains,
+            f"delete it with `python -m infra down {name} --delete-data`",
+        ]
+    )
+
+
+def bucket_exists(s3: Any, bucket: str) -> bool:
+    try:
+        s3.head_bucket(Bucket=bucket)
+    except s3.exceptions.ClientError as exc:
+        if exc.response["Error"]["Code"] in ("404", "NoSuchBucket"):
+            return False
+        raise
+    return True
+
+
+def delete_bucket(s3: Any, bucket: str) -> int:
+    """Delete every object version and delete marker in `bucket`, then the bucket; how many."""
+    deleted = 0
+    for page in s3.get_paginator("list_object_versions").paginate(Bucket=bucket):
+        keys = [
+            {"Key": item["Key"], "VersionId": item["VersionId"]}
+            for item in (*page.get("Versions", []), *page.get("DeleteMarkers", []))
+        ]
+        for batch in workspace.chunks(keys, 1000):
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": list(batch), "Quiet": True})
+            deleted += len(batch)
+    s3.delete_bucket(Bucket=bucket)
+    return deleted
+
+
+def repository_exists(ecr: Any, repository: str) -> bool:
+    try:
+        ecr.describe_repositories(repositoryNames=[repository])
+    except ecr.exceptions.RepositoryNotFoundException:
+        return False
+    return True
+
+
+def _image_ids(ecr: Any, repository: str) -> list[dict]:
+    pages = ecr.get_paginator("list_images").paginate(repositoryName=repository)
+    return [image for page in pages for image in page["imageIds"]]
+
+
+def delete_repository(ecr: Any, repository: str) -> int:
+    """Delete the repository with its images (force); how many images it held."""
+    images = len(_image_ids(ecr, repository))
+    ecr.delete_repository(repositoryName=repository, force=True)
+    return images
+
+
+def bucket_usage(s3: Any, bucket: str) -> tuple[int, int]:
+    count = size = 0
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for item in page.get("Contents", []):
+            count, size = count + 1, size + item["Size"]
+    return count, size

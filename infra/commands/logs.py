@@ -1,0 +1,94 @@
+"""`logs [STACK] [--node N] [--follow]`: the training job's output from CloudWatch Logs.
+
+The container's awslogs driver writes one stream per node, `node-<rank>`, into the
+stack's log group (infra/node/templates/run-training.sh). FilterLogEvents returns
+the events of several streams a page at a time (`nextToken`), from `startTime` in
+milliseconds (CloudWatch Logs API reference, FilterLogEvents).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable
+
+from infra.commands import workspace
+from infra.errors import ConfigError
+
+FOLLOW_POLL_S = 3.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+    parser.add_argument("--node", type=int, help="only this node's stream (rank 0, 1, ...)")
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    parser.add_argument(
+        "--since", type=float, default=60, help="start this many minutes back (default 60)"
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    out=None,
+    sleep: Callable[[float], None] = time.sleep,
+    now: Callable[[], float] = time.time,
+) -> str:
+    """The job's CloudWatch Logs, every node or one (--node), optionally followed."""
+    out = out or sys.stdout
+    stack = workspace.deployed(workspace.stack_name(args))
+    nodes = len(stack.instance_ids)
+    if args.node is not None and not 0 <= args.node < nodes:
+        raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {nodes - 1}")
+    if args.since <= 0:
+        raise ConfigError(f"--since {args.since:g}: give minutes above 0")
+    group = stack.outputs["log_group"]
+    streams = [f"node-{args.node}"] if args.node is not None else None
+    logs = workspace.aws("logs", stack.region)
+    start = int((now() - args.since * 60) * 1000)
+    seen: set[str] = set()
+    try:
+        while True:
+            # Sorted here: the order of events across streams within a reply is not promised.
+            for event in sorted(_events(logs, group, streams, start), key=_when):
+                if event["eventId"] in seen:
+                    continue  # the window overlaps the last poll's by one millisecond
+                seen.add(event["eventId"])
+                start = max(start, event["timestamp"])
+                out.write(_line(event))
+            out.flush()
+            if not args.follow:
+                break
+            sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        pass
+    except logs.exceptions.ResourceNotFoundException:
+        raise ConfigError(
+            f"log group {group} or its stream is not there yet: the node writes it once "
+            "the container starts (`python -m infra status` shows the nodes)"
+        ) from None
+    return ""
+
+
+def _events(logs, group: str, streams: list[str] | None, start: int):
+    query = {"logGroupName": group, "startTime": start}
+    if streams:
+        query["logStreamNames"] = streams
+    while True:
+        page = logs.filter_log_events(**query)
+        yield from page["events"]
+        if not page.get("nextToken"):
+            return
+        query["nextToken"] = page["nextToken"]
+
+
+def _when(event: dict) -> tuple[int, str]:
+    return event["timestamp"], event["logStreamName"]
+
+
+def _line(event: dict) -> str:
+    when = datetime.datetime.fromtimestamp(event["timestamp"] / 1000, datetime.UTC)
+    message = event["message"].rstrip("\n")
+    return f"{event['logStreamName']}  {when:%H:%M:%S}  {message}\n"

@@ -1,0 +1,126 @@
+"""`status [STACK]`: each node's state, the job's progress, the last checkpoint and the spend.
+
+Nodes from EC2 (read through their spot requests: interrupted, waiting for capacity),
+the job from the status.json the trainer keeps beside its checkpoints, spend and
+budget from the spend guard's ledger (infra/functions/ledger.py: read_ledger).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import time
+from collections.abc import Callable
+
+from infra.commands import nodes, workspace
+from infra.commands.checkpoints import job_status, last_checkpoint
+from infra.errors import ConfigError
+from infra.report import format_table
+
+LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+    parser.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="print it again every SECONDS until Ctrl-C (waiting for capacity, an image push)",
+    )
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    now: Callable[[], datetime.datetime] = lambda: datetime.datetime.now(datetime.UTC),
+    out=None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> str:
+    """Per node: state; the job's step, loss, tokens/s, time left; checkpoint; spend."""
+    watch = args.watch
+    if watch is not None and watch <= 0:
+        raise ConfigError(f"--watch {watch:g}: give seconds above 0")
+    stack = workspace.deployed(workspace.stack_name(args))
+    if watch is None:
+        return report(stack, now())
+    out = out or sys.stdout
+    try:
+        while True:
+            out.write(f"{report(stack, now())}\n\n")
+            out.flush()
+            sleep(watch)
+    except KeyboardInterrupt:
+        return ""
+
+
+def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
+    """The status text of a stack that is up, as of `now`."""
+    out = stack.outputs
+    ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
+    lines = [
+        f"stack       {stack.name} ({stack.region}): {out.get('nodes')} x "
+        f"{out.get('instance_type')}, {out.get('market')}, "
+        f"${out.get('hourly_cost_usd', 0):,.2f}/h while running",
+        "",
+        format_table(
+            ("NODE", "INSTANCE", "STATE", "SPOT REQUEST"),
+            [
+                (n.rank, n.instance_id, n.state, n.spot_request or "-")
+                for n in nodes.nodes(ec2, stack.instance_ids)
+            ],
+        ),
+        "",
+        f"job         {describe_job(job_status(s3, stack.checkpoint_uri), now)}",
+    ]
+    checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
+    lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
+    lines.append(f"spend       {_spend(stack, now)}")
+    return "\n".join(lines)
+
+
+def describe_job(status: dict | None, now: datetime.datetime) -> str:
+    if status is None:
+        return "no progress published yet (the image may still be pulling: see logs)"
+    step, total = status["step"], status["total_steps"]
+    parts = [
+        f"{status['state']} at step {step:,} of {total:,} ({100 * step / total:.0f}%)",
+        f"loss {status['loss']:.4f}",
+        f"{status['tokens_per_s']:,.0f} {status.get('unit', 'tokens')}/s",
+    ]
+    if status["state"] == "training":
+        parts.append(f"{_duration(status['seconds_left'])} to finish")
+    updated = datetime.datetime.fromisoformat(status["updated_at"])
+    parts.append(f"as of {_duration((now - updated).total_seconds())} ago")
+    return ", ".join(parts)
+
+
+def _duration(seconds: float) -> str:
+    minutes = round(max(seconds, 0) / 60)
+    if minutes < 60:
+        return f"{minutes} min"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+def _spend(stack: workspace.Deployed, now: datetime.datetime) -> str:
+    budget = f"budget ${stack.outputs.get('monthly_budget_usd', 0):,.2f} a month"
+    table = stack.outputs.get(LEDGER_OUTPUT)
+    if not table:
+        return f"{budget}; no spend ledger (the stack predates the spend guard: `up` adds it)"
+    # The spend guard's own code (it imports boto3: not at start-up, see infra/commands).
+    from infra.functions.ledger import read_ledger
+    from infra.functions.spend_guard import budget_period
+
+    period, _ = budget_period(now, stack.budget_period)
+    ledger = read_ledger(workspace.aws("dynamodb", stack.region), table, period)
+    if ledger is None:
+        return f"{budget}; the spend guard has not counted {period} yet"
+    left = ledger.budget_usd - ledger.spent_usd
+    text = (
+        f"${ledger.spent_usd:,.2f} of ${ledger.budget_usd:,.2f} in {ledger.period}, "
+        f"${left:,.2f} left"
+    )
+    if ledger.stopped:
+        text += f"; the spend guard stopped the stack ({ledger.stop_reason or 'budget spent'})"
+    return text

@@ -1,0 +1,122 @@
+"""`up [STACK]` and `preview [STACK]`: the stack file's plan and costs, then Pulumi's own
+`up` (after a yes) or `preview`, through the Automation API and the installed Pulumi CLI.
+
+Everything is checked offline first (the stack file's keys, the plan, the guardrails,
+gpu:trainConfig), so a bad value stops here in one line, before Pulumi starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from infra.commands import workspace
+from infra.config.schema import StackConfig, stack_region
+from infra.config.stack_file import (
+    REPO_ROOT,
+    load_stack_file,
+    stack_file_path,
+    stack_file_region,
+)
+from infra.errors import ConfigError
+from infra.knowledge.costs import cost_summary
+from infra.knowledge.resolver import Plan
+from infra.report import format_cost_table
+
+# The project's guardrail policies (policy/): Pulumi runs them at preview and up and fails on
+# a mandatory violation (Pulumi docs, "Policy as code": --policy-pack).
+POLICY_PACK = REPO_ROOT / "policy"
+
+
+def add_preview_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+    parser.add_argument(
+        "--no-policy-pack",
+        dest="policy_pack",
+        action="store_false",
+        help="do not run the guardrail policy pack (policy/)",
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_preview_arguments(parser)
+    parser.add_argument("--yes", "-y", action="store_true", help="create without asking")
+
+
+def _policy_packs(args: argparse.Namespace) -> list[str]:
+    return [str(POLICY_PACK)] if args.policy_pack else []
+
+
+def _checked(name: str) -> tuple[StackConfig, Plan]:
+    path = stack_file_path(name)
+    if not path.is_file():
+        raise ConfigError(
+            f"no stack file {path.name} next to Pulumi.yaml: copy one of the examples "
+            "(Pulumi.a100x8.yaml, ...) to it and set gpu:alertEmails"
+        )
+    config = load_stack_file(path)
+    plan = config.resolve_plan(stack_region(stack_file_region(path)))
+    try:
+        config.check_plan(plan)
+    except ConfigError as exc:
+        raise ConfigError(f"{path.name}: {exc}") from None
+    return config, plan
+
+
+def describe(name: str, config: StackConfig, plan: Plan) -> str:
+    lines = [
+        f"stack       {name}: {plan.nodes} x {plan.instance.type} ({plan.gpus} x "
+        f"{plan.instance.gpu_model} {plan.instance.gpu_memory_gib} GiB), "
+        f"{'spot' if config.spot else 'on-demand'}",
+        f"image       {config.image_tag or plan.image_tag} ({plan.variant.name}), AMI "
+        f"{plan.ami.name} (driver {plan.ami.driver_version})",
+        "",
+        format_cost_table(cost_summary(plan, config.guardrails, spot=config.spot)),
+    ]
+    lines += [f"warning     {warning}" for warning in (*plan.warnings, *config.guardrails.warnings)]
+    return "\n".join(lines)
+
+
+def run_preview(args: argparse.Namespace, *, out=None) -> str:
+    """What `up` would change, from Pulumi's own preview (nothing is created)."""
+    out = out or sys.stdout
+    name = workspace.stack_name(args)
+    config, plan = _checked(name)
+    out.write(describe(name, config, plan) + "\n\n")
+    stack = workspace.open_stack(name, create=True)
+    result = stack.preview(
+        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
+    )
+    # change_summary maps Pulumi's OpType (a str enum: "create", "update", ...) to counts.
+    changes = ", ".join(
+        f"{count} to {getattr(op, 'value', op)}"
+        for op, count in result.change_summary.items()
+        if getattr(op, "value", op) != "same"
+    )
+    return f"preview of {name}: {changes or 'no changes'}"
+
+
+def run(args: argparse.Namespace, *, out=None, ask: Callable[[str], str] | None = None) -> str:
+    """Show the plan's cost table, ask, then create or update the stack (Pulumi up)."""
+    out = out or sys.stdout
+    name = workspace.stack_name(args)
+    config, plan = _checked(name)
+    out.write(describe(name, config, plan) + "\n\n")
+    market = "spot" if config.spot else "on-demand"
+    hourly = cost_summary(plan, config.guardrails, spot=config.spot)["hourly_usd"]
+    question = f"Create or update stack {name} at ${hourly:,.2f}/h ({market}) while it runs?"
+    if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
+        return "nothing was created"
+    stack = workspace.open_stack(name, create=True)
+    result = stack.up(
+        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
+    )
+    outputs = {key: output.value for key, output in result.outputs.items()}
+    return "\n".join(
+        [
+            f"stack {name} is up: {', '.join(outputs.get('instance_ids', []))}",
+            f"image it waits for: {outputs.get('image_uri')} (push it: docs/stack.md)",
+            f"next: `python -m infra status {name}`, `python -m infra logs {name} --follow`",
+        ]
+    )

@@ -1,0 +1,223 @@
+"""A Slurm cluster from AWS ParallelCluster, created by `pulumi up` (gpu:cluster: slurm).
+
+ParallelCluster 3.6+ ships a CloudFormation custom resource: a provider stack
+(a nested `AWS::CloudFormation::Stack` from the region's aws-parallelcluster
+bucket) and a `Custom::PclusterCluster` that takes the provider's ServiceToken
+and the cluster configuration
+(https://docs.aws.amazon.com/parallelcluster/latest/ug/cloudformation-v3.html,
+https://docs.aws.amazon.com/parallelcluster/latest/ug/cfn-cluster-resource.html).
+Here both live in one `aws.cloudformation.Stack`: the user installs nothing
+beyond what `pulumi up` needs. CloudFormation does not detect drift of the
+custom resource, and deleting the stack deletes the cluster (cfn-cluster-ops.html).
+
+Beside it: the nodes' policy (the single-node role's scope: the stack's bucket,
+repository and log group), and in the bucket the node setup script and the job
+script (infra/cluster/templates), which the head node copies into place.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.cluster.config import (
+    QUEUE,
+    SETUP_SCRIPT,
+    ClusterSettings,
+    capacity_type,
+    cluster_config,
+)
+from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
+from infra.components.iam import instance_policy
+from infra.config.schema import S3Uri
+from infra.knowledge.parallelcluster import HeadNode
+from infra.knowledge.resolver import Plan
+
+SETUP_SCRIPT_KEY = f"cluster/{SETUP_SCRIPT.name}"
+JOB_SCRIPT_KEY = "cluster/train.sbatch"
+JOB_SCRIPT_ON_HEAD_NODE = "/opt/gpu-stack/train.sbatch"
+# Host folders the job's container sees at the same paths: the node-local scratch
+# disk (checkpoints) and the shared /home (configs, the job's output and log).
+CONTAINER_MOUNTS = {"/scratch": "/scratch", "/home": "/home"}
+# CloudFormation creates the provider's IAM roles and Lambda functions, and the
+# provider template uses the Serverless transform (cloudformation-v3.html).
+CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
+# ParallelCluster creates a cluster in 20-40 minutes; CloudFormation waits for it.
+CREATE_TIMEOUT_MINUTES = 90
+
+
+@dataclass(frozen=True)
+class ClusterArgs:
+    plan: Plan  # resolved with a ParallelCluster release (plan.cluster)
+    head_node: HeadNode
+    subnet_id: pulumi.Input[str]
+    bucket_name: pulumi.Input[str]
+    bucket_arn: pulumi.Input[str]
+    checkpoint_uri: pulumi.Input[str]  # s3://bucket/prefix: each job mirrors under it
+    repository_arn: pulumi.Input[str]
+    image_uri: pulumi.Input[str]
+    log_group_arn: pulumi.Input[str]
+    region: pulumi.Input[str]
+    tags: dict[str, str]
+    spot: bool
+    capacity_block_id: str | None = None
+    data: S3Uri | None = None
+    log_retention_days: int = 30
+
+
+def provider_template_url(version: str) -> dict:
+    """The custom resource's provider template in the region's aws-parallelcluster bucket."""
+    return {
+        "Fn::Sub": "https://${AWS::Region}-aws-parallelcluster.s3.${AWS::Region}.${AWS::URLSuffix}"
+        f"/parallelcluster/{version}/templates/custom_resource/cluster.yaml"
+    }
+
+
+def cloudformation_template(cluster_name: str, version: str, config: dict) -> dict:
+    """The provider stack and the cluster, with the head node's id and address as outputs."""
+    return {
+        "AWSTemplateFormatVersion": "2010-09-09",
+        "Description": f"AWS ParallelCluster {version} Slurm cluster {cluster_name}",
+        "Resources": {
+            "PclusterClusterProvider": {
+                "Type": "AWS::CloudFormation::Stack",
+                "Properties": {"TemplateURL": provider_template_url(version)},
+            },
+            "PclusterCluster": {
+                "Type": "Custom::PclusterCluster",
+                "Properties": {
+                    "ServiceToken": {
+                        "Fn::GetAtt": ["PclusterClusterProvider", "Outputs.ServiceToken"]
+                    },
+                    "ClusterName": cluster_name,
+                    "ClusterConfiguration": config,
+                },
+            },
+        },
+        # Attributes the custom resource returns (cfn-cluster-resource.html).
+        "Outputs": {
+            "HeadNodeInstanceId": {
+                "Value": {"Fn::GetAtt": ["PclusterCluster", "headNode.instanceId"]}
+            },
+            "HeadNodePrivateIp": {
+                "Value": {"Fn::GetAtt": ["PclusterCluster", "headNode.privateIpAddress"]}
+            },
+        },
+    }
+
+
+def job_script(nodes: int, image_uri: str, checkpoint_uri: str) -> str:
+    """The sbatch the head node gets: the stack's image on every node under Pyxis."""
+    return render_sbatch(
+        BatchJob(
+            nodes=nodes,
+            launch=Launch.container(image_uri, CONTAINER_MOUNTS),
+            checkpoint_root=CLUSTER_CHECKPOINT_ROOT,
+            s3_root=checkpoint_uri,
+        )
+    )
+
+
+def submit_command(region: str, head_node_id: str) -> str:
+    return (
+        f"aws ssm start-session --region {region} --target {head_node_id}, then: "
+        f"sbatch --job-name=RUN {JOB_SCRIPT_ON_HEAD_NODE} --config FILE.toml"
+    )
+
+
+class SlurmCluster(pulumi.ComponentResource):
+    """The ParallelCluster cluster (head node + one GPU queue) and what its nodes need."""
+
+    head_node_id: pulumi.Output[str]
+    head_node_ip: pulumi.Output[str]
+    submit_command: pulumi.Output[str]
+    queue: str
+    market: str  # the queue's CapacityType
+
+    def __init__(
+        self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
+    ) -> None:
+        super().__init__("gpu:infra:SlurmCluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        plan = args.plan
+        release = plan.cluster
+        if release is None:
+            raise ValueError("SlurmCluster needs a plan resolved for a ParallelCluster release")
+
+        node_policy = aws.iam.Policy(
+            f"{name}-cluster-nodes",
+            description=f"What {name}'s Slurm compute nodes reach: its bucket, image, logs",
+            policy=pulumi.Output.all(
+                args.bucket_arn, args.repository_arn, args.log_group_arn
+            ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
+            opts=child,
+        )
+        setup = aws.s3.BucketObjectv2(
+            f"{name}-cluster-setup",
+            bucket=args.bucket_name,
+            key=SETUP_SCRIPT_KEY,
+            content=SETUP_SCRIPT.read_text(),
+            opts=child,
+        )
+        job = aws.s3.BucketObjectv2(
+            f"{name}-cluster-job",
+            bucket=args.bucket_name,
+            key=JOB_SCRIPT_KEY,
+            content=pulumi.Output.all(args.image_uri, args.checkpoint_uri).apply(
+                lambda values: job_script(plan.nodes, *values)
+            ),
+            opts=child,
+        )
+
+        def template(values: dict) -> str:
+            settings = ClusterSettings(
+                region=values["region"],
+                subnet_id=values["subnet_id"],
+                bucket=values["bucket"],
+                setup_script=f"s3://{values['bucket']}/{SETUP_SCRIPT_KEY}",
+                job_script=f"s3://{values['bucket']}/{JOB_SCRIPT_KEY}",
+                node_policy_arn=values["policy_arn"],
+                registry=values["image_uri"].split("/", 1)[0],
+                head_node=args.head_node,
+                tags=args.tags,
+                spot=args.spot,
+                capacity_block_id=args.capacity_block_id,
+                log_retention_days=args.log_retention_days,
+            )
+            config = cluster_config(plan, settings)
+            return json.dumps(cloudformation_template(name, release.version, config), indent=2)
+
+        stack = aws.cloudformation.Stack(
+            f"{name}-cluster",
+            name=f"{name}-cluster",
+            template_body=pulumi.Output.all(
+                region=args.region,
+                subnet_id=args.subnet_id,
+                bucket=args.bucket_name,
+                policy_arn=node_policy.arn,
+                image_uri=args.image_uri,
+            ).apply(template),
+            capabilities=CAPABILITIES,
+            timeout_in_minutes=CREATE_TIMEOUT_MINUTES,
+            # The nodes run the scripts at boot: they must be in the bucket first.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[setup, job]),
+        )
+
+        self.head_node_id = stack.outputs.apply(lambda o: (o or {}).get("HeadNodeInstanceId", ""))
+        self.head_node_ip = stack.outputs.apply(lambda o: (o or {}).get("HeadNodePrivateIp", ""))
+        self.submit_command = pulumi.Output.all(args.region, self.head_node_id).apply(
+            lambda values: submit_command(*values)
+        )
+        self.queue = QUEUE
+        self.market = capacity_type(args.spot, args.capacity_block_id)
+        self.register_outputs(
+            {
+                "head_node_id": self.head_node_id,
+                "head_node_ip": self.head_node_ip,
+                "submit_command": self.submit_command,
+                "queue": self.queue,
+            }
+        )

@@ -1,0 +1,97 @@
+"""AWS ParallelCluster releases (data/parallelcluster.toml): their AMIs' driver, the head node.
+
+Facts live in the TOML file next to this package's catalog (with dates and
+sources); this module only reads and checks them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from dataclasses import field
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, StrictFloat, field_validator
+from pydantic.dataclasses import dataclass
+
+from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.versions import dotted_version, version_key
+from infra.errors import ConfigError
+from infra.knowledge.catalog import CATALOG_DIR
+
+PARALLELCLUSTER_PATH = CATALOG_DIR / "parallelcluster.toml"
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class ReleaseSources:
+    driver_version: str
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class Release:
+    """One ParallelCluster release, as its official AMIs ship it."""
+
+    version: str
+    driver_version: str
+    cuda: str
+    checked: datetime.date
+    sources: ReleaseSources
+
+    _check_versions = field_validator("version", "driver_version", "cuda")(dotted_version)
+
+    def runs_driver(self, minimum: str) -> bool:
+        """The AMIs' driver is at least `minimum` (as AmiFamily.runs_driver compares)."""
+        return version_key(self.driver_version) >= version_key(minimum)
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class HeadNode:
+    instance_type: str
+    on_demand_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
+    prices_checked: datetime.date
+    source: str
+
+
+@dataclasses.dataclass(frozen=True)
+class ParallelCluster:
+    default: str
+    head_node: HeadNode
+    releases: dict[str, Release] = field(hash=False)  # oldest first
+
+    def release(self, version: str | None = None) -> Release:
+        """The named release (default: the file's `default`), or a one-line ConfigError."""
+        version = version or self.default
+        try:
+            return self.releases[version]
+        except KeyError:
+            known = ", ".join(self.releases)
+            raise ConfigError(
+                f"ParallelCluster {version!r} is not in infra/knowledge/data/parallelcluster.toml: "
+                f"use one of {known} (or add the release with its AMIs' NVIDIA driver)"
+            ) from None
+
+
+def load_parallelcluster(path: Path | str | None = None) -> ParallelCluster:
+    path = Path(path) if path is not None else PARALLELCLUSTER_PATH
+    raw = read_toml(path, ConfigError)
+    check_keys(raw, {"default", "head_node", "release"}, where=path.name, error=ConfigError)
+    releases = {}
+    for version, table in raw.get("release", {}).items():
+        where = f"{path.name}: release '{version}'"
+        if not isinstance(table, dict) or "version" in table:
+            raise ConfigError(f"{where}: expected a table without 'version' (the table name)")
+        releases[version] = build_record(
+            Release, {"version": version, **table}, where=where, error=ConfigError
+        )
+    if not releases:
+        raise ConfigError(f'{path.name}: no [release."X.Y.Z"] tables')
+    releases = dict(sorted(releases.items(), key=lambda item: version_key(item[0])))
+    head_node = build_record(
+        HeadNode, raw.get("head_node"), where=f"{path.name}: head_node", error=ConfigError
+    )
+    cluster = ParallelCluster(
+        default=raw.get("default", ""), head_node=head_node, releases=releases
+    )
+    cluster.release()  # the default must be one of them
+    return cluster

@@ -1,0 +1,194 @@
+"""The ParallelCluster config of every profile, loaded with ParallelCluster's own schema.
+
+The schema is the `aws-parallelcluster` package's ClusterSchema, in its own
+virtualenv (.venv-pcluster: its pins clash with pulumi's), run in a subprocess
+with a region and dummy credentials, and no AWS call.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config
+from infra.knowledge.parallelcluster import load_parallelcluster
+from infra.knowledge.profiles import load_profiles
+from infra.knowledge.resolver import resolve
+from tests.support.tools import _unavailable, require_tool
+from tests.training.multirank import REPO_ROOT
+
+SCHEMA_SCRIPT = Path(__file__).with_name("pcluster_schema.py")
+PARALLELCLUSTER = load_parallelcluster()
+
+
+def settings(**changes) -> ClusterSettings:
+    values = {
+        "region": "us-east-1",
+        "subnet_id": "subnet-0123456789abcdef0",
+        "bucket": "gpu-stack-test-artifacts",
+        "setup_script": "s3://gpu-stack-test-artifacts/cluster/setup-node.sh",
+        "job_script": "s3://gpu-stack-test-artifacts/cluster/train.sbatch",
+        "node_policy_arn": "arn:aws:iam::123456789012:policy/gpu-stack-test-cluster-nodes",
+        "registry": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+        "head_node": PARALLELCLUSTER.head_node,
+        "tags": {"gpu-stack": "test"},
+        **changes,
+    }
+    return ClusterSettings(**values)
+
+
+@pytest.fixture(scope="module")
+def pcluster_python() -> str:
+    """The interpreter of .venv-pcluster (scripts/bootstrap makes it), or PCLUSTER_PYTHON."""
+    python = os.environ.get("PCLUSTER_PYTHON") or str(
+        REPO_ROOT / ".venv-pcluster" / "bin" / "python"
+    )
+    if not Path(python).is_file():
+        _unavailable(
+            f"no ParallelCluster schema interpreter at {python}: run scripts/bootstrap "
+            "(python3 -m venv .venv-pcluster && .venv-pcluster/bin/pip install -r "
+            "requirements-pcluster.txt)"
+        )
+    return python
+
+
+def schema_errors(python: str, config: dict) -> list[str]:
+    """ParallelCluster's verdict: [] for a valid config, else its one-line error."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "AWS_DEFAULT_REGION": config["Region"],
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }
+    result = subprocess.run(
+        [python, str(SCHEMA_SCRIPT), "gpu-stack-test"],
+        input=yaml.safe_dump(config),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode in (0, 1), result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    return [] if lines == ["valid"] else lines
+
+
+def plans() -> list:
+    found = []
+    for name, profile in load_profiles().profiles.items():
+        for version, release in PARALLELCLUSTER.releases.items():
+            found.append(
+                pytest.param(
+                    resolve(profile.instance_type, profile.variant, nodes=2, cluster=release),
+                    id=f"{name}-{version}",
+                )
+            )
+    return found
+
+
+@pytest.mark.parametrize("plan", plans())
+@pytest.mark.parametrize(
+    "capacity",
+    [
+        pytest.param({"spot": True}, id="spot"),
+        pytest.param({"spot": False}, id="on-demand"),
+        pytest.param({"capacity_block_id": "cr-0123456789abcdef0"}, id="capacity-block"),
+    ],
+)
+def test_every_profile_config_loads_with_parallelclusters_schema(pcluster_python, plan, capacity):
+    config = cluster_config(plan, settings(**capacity))
+    assert schema_errors(pcluster_python, config) == []
+
+    (queue,) = config["Scheduling"]["SlurmQueues"]
+    (resource,) = queue["ComputeResources"]
+    assert resource["InstanceType"] == plan.instance.type
+    assert resource["MaxCount"] == 2
+    assert ("Efa" in resource) == (plan.instance.efa_interfaces > 0)
+
+
+def test_the_queue_scales_to_zero_spot_or_on_demand():
+    plan = resolve("p4d.24xlarge", nodes=4, cluster=PARALLELCLUSTER.release())
+    spot = cluster_config(plan, settings(spot=True))["Scheduling"]["SlurmQueues"][0]
+    on_demand = cluster_config(plan, settings(spot=False))["Scheduling"]["SlurmQueues"][0]
+    assert (spot["CapacityType"], on_demand["CapacityType"]) == ("SPOT", "ONDEMAND")
+    resource = spot["ComputeResources"][0]
+    assert (resource["MinCount"], resource["MaxCount"]) == (0, 4)
+    # p4d.24xlarge has 4 EFA interfaces (AWS EC2 P4 instance table): GPUDirect RDMA on.
+    assert resource["Efa"] == {"Enabled": True, "GdrSupport": True}
+    assert spot["Networking"]["PlacementGroup"] == {"Enabled": True}
+    assert spot["HealthChecks"] == {"Gpu": {"Enabled": True}}
+
+
+def test_a_capacity_block_has_static_nodes_and_no_placement_group():
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    config = cluster_config(plan, settings(capacity_block_id="cr-0123456789abcdef0"))
+    queue = config["Scheduling"]["SlurmQueues"][0]
+    assert queue["CapacityType"] == "CAPACITY_BLOCK"
+    assert "PlacementGroup" not in queue["Networking"]
+    resource = queue["ComputeResources"][0]
+    assert (resource["MinCount"], resource["MaxCount"]) == (2, 2)
+    assert resource["CapacityReservationTarget"] == {
+        "CapacityReservationId": "cr-0123456789abcdef0"
+    }
+
+
+def test_slurm_requeues_the_trainers_interrupted_exit_code():
+    """75 = interrupted and checkpointed (docs/contracts.md, section 3)."""
+    plan = resolve("g6e.12xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    slurm = cluster_config(plan, settings())["Scheduling"]["SlurmSettings"]
+    assert slurm["CustomSlurmSettings"] == [{"RequeueExit": "75"}]
+    assert slurm["ScaledownIdletime"] == 10
+
+
+@pytest.mark.parametrize(
+    ("path", "change", "line"),
+    [
+        (
+            ("Scheduling", "SlurmQueues", 0, "ComputeResources", 0),
+            lambda resource: resource.update(MinCoun=resource.pop("MinCount")),
+            "Scheduling.SlurmQueues[0].ComputeResources[0].MinCoun: Unknown field.",
+        ),
+        (
+            ("Scheduling", "SlurmQueues", 0),
+            lambda queue: queue.update(CapacityType="SPOTTY"),
+            "Scheduling.SlurmQueues[0].CapacityType: Must be one of: CAPACITY_BLOCK, "
+            "ONDEMAND, SPOT.",
+        ),
+        (
+            ("HeadNode",),
+            lambda head: head.update(InstanceTyp=head.pop("InstanceType")),
+            "HeadNode.InstanceTyp: Unknown field.",
+        ),
+    ],
+)
+def test_a_misspelt_or_impossible_setting_fails_in_one_line_naming_the_key(
+    pcluster_python, path, change, line
+):
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    config = copy.deepcopy(cluster_config(plan, settings(spot=True)))
+    target = config
+    for key in path:
+        target = target[key]
+    change(target)
+    errors = schema_errors(pcluster_python, config)
+    assert errors == [line]
+
+
+def test_the_node_setup_script_is_clean_shell_and_refuses_an_unknown_role(tmp_path):
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    lint = subprocess.run([shellcheck, str(SETUP_SCRIPT)], capture_output=True, text=True)
+    assert lint.returncode == 0, lint.stdout
+    # ParallelCluster passes the role as the first argument (cluster_config's Args).
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    config = cluster_config(plan, settings())
+    head = config["HeadNode"]["CustomActions"]["OnNodeConfigured"]
+    compute = config["Scheduling"]["SlurmQueues"][0]["CustomActions"]["OnNodeConfigured"]
+    assert (head["Args"][0], compute["Args"][0]) == ("head", "compute")
+    assert head["Script"] == compute["Script"] == settings().setup_script
+    wrong = subprocess.run(["bash", str(SETUP_SCRIPT), "login"], capture_output=True, text=True)
+    assert wrong.returncode == 2 and "unknown role login" in wrong.stderr

@@ -1,0 +1,62 @@
+"""The batch script's two forms: the cluster's (the image under Pyxis) and the tests' (the host)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+
+import pytest
+
+from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
+from tests.support.tools import require_tool
+from training.contract import ENV
+
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-cu128"
+
+
+def rendered(launch: Launch) -> str:
+    return render_sbatch(
+        BatchJob(nodes=2, launch=launch, checkpoint_root="/scratch/checkpoints", s3_root="s3://b/c")
+    )
+
+
+CLUSTER_LAUNCH = Launch.container(IMAGE, {"/scratch": "/scratch", "/home": "/home"})
+CLUSTER = rendered(CLUSTER_LAUNCH)
+HOST = rendered(Launch.host("/usr/bin/python3"))
+
+
+def test_the_two_forms_differ_only_in_the_launch_prefix():
+    options = shlex.join(CLUSTER_LAUNCH.srun_options)
+    as_host = CLUSTER.replace(options, "", 1).replace(
+        "\n  python -m training", "\n  /usr/bin/python3 -m training", 1
+    )
+    assert as_host == HOST
+    # Pyxis's image syntax for a registry other than Docker Hub: registry#repository:tag.
+    assert (
+        "--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#"
+        "gpu-stack-test-images:1.0-cu128" in CLUSTER
+    )
+    assert "--container-mounts=/scratch:/scratch,/home:/home" in CLUSTER
+    assert "/usr/bin/python3 -m training" in HOST and "\n  python -m training" in CLUSTER
+
+
+def test_the_script_sets_only_variables_the_trainer_reads():
+    exported = set(re.findall(r"export (TRAIN_[A-Z0-9_]+)=", CLUSTER))
+    assert exported >= {"TRAIN_NNODES", "TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR", "TRAIN_S3_URI"}
+    assert exported <= set(ENV)
+
+
+@pytest.mark.parametrize("script", [CLUSTER, HOST], ids=["cluster", "host"])
+def test_the_script_passes_shellcheck(tmp_path, script):
+    shellcheck = require_tool("shellcheck", "shellcheck")
+    (tmp_path / "train.sbatch").write_text(script)
+    result = subprocess.run(
+        [shellcheck, str(tmp_path / "train.sbatch")], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stdout
+
+
+def test_a_value_that_would_break_the_script_is_refused():
+    with pytest.raises(ValueError, match="checkpoint_root"):
+        render_sbatch(BatchJob(nodes=2, launch=Launch.host("python"), checkpoint_root='/a"b'))

@@ -1,0 +1,185 @@
+"""The project's sbatch script on a real two-node Slurm cluster (loopback, tests/support/slurm.py).
+
+Each job is infra/cluster/templates/train.sbatch in its host-launch form: one
+`python -m training` launcher per node, one gloo rank each (2 nodes x 1 rank),
+checkpoints in a folder both nodes share. A job that is stopped (SIGTERM through
+scancel) or loses a node (set DOWN) must be requeued by Slurm and resume, and
+the finished run's losses must equal those of the module's uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
+from tests.support.slurm import NODES, SlurmCluster
+from tests.training.jobs import TINY, read_metrics
+from tests.training.multirank import free_port, launch_env
+
+pytestmark = pytest.mark.slow
+
+STEPS = 16
+# Dropout on, so a resumed run only matches if the RNG state came back; a periodic
+# checkpoint every 4 steps for the node loss, which leaves no time for a stop checkpoint.
+JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=4")
+JOB_TIMEOUT_S = 240
+JOB_NAME = "train"  # the script's default: checkpoints in ckpt/train, metrics in runs/train
+DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+
+class Submitted:
+    """One submitted job: its id, folders and log."""
+
+    def __init__(self, cluster: SlurmCluster, work: Path):
+        self.cluster, self.work = cluster, work
+        script = work / "train.sbatch"
+        script.write_text(
+            render_sbatch(
+                BatchJob(
+                    nodes=len(NODES),
+                    launch=Launch.host(sys.executable),
+                    checkpoint_root=str(work / "ckpt"),
+                )
+            )
+        )
+        env = launch_env(
+            SLURM_CONF=str(cluster.conf),
+            TRAIN_NPROC_PER_NODE="1",
+            TRAIN_MASTER_PORT=str(free_port()),
+            TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
+        )
+        overrides = [arg for override in JOB for arg in ("--set", override)]
+        out = cluster.command(
+            "sbatch", "--parsable", f"--chdir={work}", str(script), *overrides, env=env
+        )
+        self.id = out.strip().split(";")[0]
+
+    @property
+    def log(self) -> str:
+        path = self.work / f"train-{self.id}.out"
+        return path.read_text() if path.exists() else ""
+
+    @property
+    def metrics(self) -> list[dict]:
+        return read_metrics(self.work / "runs" / JOB_NAME)
+
+    def state(self) -> dict[str, str]:
+        return self.cluster.job(self.id)
+
+    def wait_for_step(self, step: int) -> None:
+        """Until rank 0 has logged `step` (the job trains on both nodes)."""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not self.metrics or self.metrics[-1]["step"] < step:
+            state = self.state()["JobState"]
+            assert state not in DONE_STATES, f"job ended ({state}):\n{self.log[-3000:]}"
+            assert time.monotonic() < deadline, f"no step {step}:\n{self.log[-3000:]}"
+            time.sleep(0.2)
+
+    def wait_until_done(self) -> dict[str, str]:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (state := self.state())["JobState"] not in DONE_STATES:
+            assert time.monotonic() < deadline, f"{state['JobState']}:\n{self.log[-3000:]}"
+            time.sleep(0.5)
+        return state
+
+
+def assert_completed(job: Submitted, state: dict) -> list[float]:
+    """The job ended with exit 0, one record per step: its losses."""
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", job.log[-3000:]
+    records = job.metrics
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # none twice or missing
+    return [r["loss"] for r in records]
+
+
+@pytest.fixture
+def say(capsys, pytestconfig):
+    """Write a line to the terminal past pytest's capture: the CI log shows each job's story."""
+    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+
+    def write(line: str) -> None:
+        with capsys.disabled():
+            reporter.write_line(f"slurm test: {line}")
+
+    return write
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(slurm, tmp_path_factory) -> tuple[Submitted, dict]:
+    """The job run to its end with nothing in the way: the reference for the others."""
+    job = Submitted(slurm, tmp_path_factory.mktemp("uninterrupted"))
+    return job, job.wait_until_done()
+
+
+@pytest.fixture(scope="module")
+def reference_losses(uninterrupted) -> list[float]:
+    return assert_completed(*uninterrupted)
+
+
+def assert_finished_like_the_reference(job: Submitted, state: dict, reference: list[float]):
+    assert assert_completed(job, state) == pytest.approx(reference, rel=1e-6, abs=1e-7)
+
+
+def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
+    job, state = uninterrupted
+    losses = assert_completed(job, state)
+    assert state["Restarts"] == "0"
+    assert state["NodeList"] == "n[1-2]"
+    # One launcher per node, node ranks from SLURM_NODEID, node 0 the rendezvous host.
+    assert re.search(r"job \d+ start 0 on n1 n2, rendezvous 127\.0\.0\.1:\d+", job.log)
+    for node in (0, 1):
+        assert f"starting 1 worker(s) on node {node} of 2 (world size 2)" in job.log
+    assert losses[-1] < losses[0]  # it learnt something
+    say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
+
+
+def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(
+    slurm, tmp_path, reference_losses, say
+):
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(3)
+    slurm.command("scancel", "--signal=TERM", job.id)
+    state = job.wait_until_done()
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]  # both nodes' ranks
+    step = int(stops[0])
+    assert 3 <= step < STEPS
+    assert state["Restarts"] == "1", job.log[-3000:]  # requeued through RequeueExit=75
+    checkpoint = tmp_path / "ckpt" / JOB_NAME / f"step_{step:08d}"
+    assert f"resumed from {checkpoint} at step {step}" in job.log
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(
+        f"job {job.id}: SIGTERM, checkpoint at step {step}, exit 75, requeued, resumed at "
+        f"step {step}, completed; losses equal the uninterrupted run's"
+    )
+
+
+def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, tmp_path, reference_losses, say):
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(5)  # past the checkpoint of step 4
+    slurm.command("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=reclaimed")
+    try:
+        deadline = time.monotonic() + 60
+        while (state := job.state())["Restarts"] == "0":  # NODE_FAIL: back in the queue
+            assert time.monotonic() < deadline, f"not requeued: {state}\n{job.log[-3000:]}"
+            time.sleep(0.2)
+    finally:
+        # The node comes back: ReturnToService=2 may already have done it when its slurmd
+        # answered, and then RESUME is refused as an invalid state change.
+        slurm.command("scontrol", "update", "NodeName=n2", "State=RESUME", check=False)
+    state = job.wait_until_done()
+
+    resumed = re.findall(r"resumed from \S+/step_(\d+) at step (\d+)", job.log)
+    assert resumed and int(resumed[-1][1]) >= 4, job.log[-3000:]
+    assert "Node failure on n2" in job.log
+    assert state["Restarts"] == "1"
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(
+        f"job {job.id}: n2 set DOWN, NODE_FAIL, requeued, resumed at step {resumed[-1][1]}, "
+        "completed; losses equal the uninterrupted run's"
+    )

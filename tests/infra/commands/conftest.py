@@ -1,0 +1,160 @@
+"""For the commands that talk to a stack: moto's AWS API on loopback, and a stub Pulumi stack.
+
+The stub stands for pulumi.automation.Stack: it answers with the Automation API's own
+value types (OutputValue, ConfigValue) and records every call a command makes.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import boto3
+import pytest
+from moto.server import ThreadedMotoServer
+from pulumi import automation as auto
+
+from infra.commands import workspace
+
+REGION = "us-east-1"
+
+
+@pytest.fixture
+def aws(monkeypatch):
+    """moto's server on a free loopback port; boto3 reaches it through AWS_ENDPOINT_URL."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    # moto's backends live in this process, shared by every server: start each test empty.
+    urllib.request.urlopen(
+        urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=10
+    ).close()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    yield SimpleNamespace(client=lambda service: boto3.client(service, region_name=REGION))
+    server.stop()
+
+
+@dataclass
+class StubStack:
+    """Records the Automation API calls; `on_destroy` sees AWS as it is at destroy time."""
+
+    outputs_: dict[str, Any] = field(default_factory=dict)
+    resources: list[dict] = field(default_factory=list)
+    config: dict[str, str] = field(default_factory=lambda: {"aws:region": REGION})
+    on_destroy: Any = None
+    calls: list[tuple] = field(default_factory=list)
+
+    def outputs(self):
+        self.calls.append(("outputs",))
+        return {key: auto.OutputValue(value, False) for key, value in self.outputs_.items()}
+
+    def get_config(self, key, *, path=False):
+        self.calls.append(("get_config", key))
+        if key not in self.config:
+            raise auto.CommandError(
+                auto.CommandResult(
+                    stdout="", stderr=f"configuration key '{key}' not found", code=255
+                )
+            )
+        return auto.ConfigValue(self.config[key])
+
+    def export_stack(self):
+        self.calls.append(("export_stack",))
+        return auto.Deployment(version=3, deployment={"resources": self.resources})
+
+    def destroy(self, **options):
+        self.calls.append(("destroy", options))
+        if self.on_destroy is not None:
+            self.on_destroy(options)
+        return auto.DestroyResult(stdout="", stderr="", summary=None)
+
+    def up(self, **options):
+        self.calls.append(("up", options))
+        return auto.UpResult(stdout="", stderr="", summary=None, outputs=self.outputs())
+
+    def preview(self, **options):
+        self.calls.append(("preview", options))
+        return auto.PreviewResult(
+            stdout="",
+            stderr="",
+            change_summary={auto.OpType.CREATE: len(self.resources), auto.OpType.SAME: 2},
+        )
+
+
+@pytest.fixture
+def stub_stack(monkeypatch):
+    """Put a StubStack behind workspace.open_stack; `.opened` lists (name, create)."""
+    stack = StubStack()
+    stack.opened = []
+
+    def open_stack(name, *, create=False):
+        stack.opened.append((name, create))
+        return stack
+
+    monkeypatch.setattr(workspace, "open_stack", open_stack)
+    return stack
+
+
+BUCKET = "gpu-training-stack-v100x1-ckpt"
+REPOSITORY = "gpu-training-stack-v100x1"
+LOG_GROUP = "/gpu-training/gpu-training-stack-v100x1"
+
+
+def launch_nodes(ec2, count: int, *, spot: bool) -> list[str]:
+    """Running instances as Compute makes them (persistent spot requests that stop)."""
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    if not spot:
+        reply = ec2.run_instances(
+            ImageId=image, MinCount=count, MaxCount=count, InstanceType="p3.2xlarge"
+        )
+        return [i["InstanceId"] for i in reply["Instances"]]
+    ids = []
+    for _ in range(count):
+        request = ec2.request_spot_instances(
+            InstanceCount=1,
+            Type="persistent",
+            InstanceInterruptionBehavior="stop",
+            LaunchSpecification={"ImageId": image, "InstanceType": "p3.2xlarge"},
+        )["SpotInstanceRequests"][0]
+        found = ec2.describe_spot_instance_requests(
+            SpotInstanceRequestIds=[request["SpotInstanceRequestId"]]
+        )["SpotInstanceRequests"][0]
+        ids.append(found["InstanceId"])
+    return ids
+
+
+def stack_outputs(instance_ids: list[str], *, spot: bool, **extra) -> dict[str, Any]:
+    """The outputs infra/components/stack.py exports, for a v100x1 stack in moto."""
+    return {
+        "instance_type": "p3.2xlarge",
+        "nodes": len(instance_ids),
+        "market": "spot" if spot else "on-demand",
+        "instance_ids": instance_ids,
+        "image_uri": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/{REPOSITORY}:0.1.0-cu128",
+        "checkpoint_bucket": BUCKET,
+        "checkpoint_uri": f"s3://{BUCKET}/checkpoints",
+        "log_group": LOG_GROUP,
+        "hourly_cost_usd": 0.75 if spot else 3.06,
+        "monthly_budget_usd": 100.0,
+        **extra,
+    }
+
+
+def checkpoint_bucket(s3, tags: list[str]) -> None:
+    """The bucket as the trainer's S3 mirror leaves it: step folders, then the pointer."""
+    s3.create_bucket(Bucket=BUCKET)
+    s3.put_bucket_versioning(Bucket=BUCKET, VersioningConfiguration={"Status": "Enabled"})
+    for tag in tags:
+        s3.put_object(
+            Bucket=BUCKET, Key=f"checkpoints/{tag}/mp_rank_00_model_states.pt", Body=b"x" * 1024
+        )
+        s3.put_object(Bucket=BUCKET, Key=f"checkpoints/{tag}/commit.json", Body=b"{}")
+    if tags:
+        s3.put_object(Bucket=BUCKET, Key="checkpoints/latest_committed", Body=tags[-1].encode())

@@ -1,0 +1,121 @@
+"""`down` against moto's server: the job is stopped through SSM, the spot requests are
+cancelled before Pulumi destroys anything, and the data Pulumi leaves is deleted only
+with --delete-data."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+
+import pytest
+
+from infra.commands import down
+from tests.infra.commands.conftest import (
+    BUCKET,
+    REPOSITORY,
+    checkpoint_bucket,
+    launch_nodes,
+    stack_outputs,
+)
+
+
+@pytest.fixture
+def spot_stack(aws, stub_stack):
+    ec2, s3, ecr = aws.client("ec2"), aws.client("s3"), aws.client("ecr")
+    instance_ids = launch_nodes(ec2, 2, spot=True)
+    checkpoint_bucket(s3, ["step_00000100", "step_00000200"])
+    ecr.create_repository(repositoryName=REPOSITORY)
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+        "config": {"digest": "sha256:" + "0" * 64, "size": 2},
+        "layers": [],
+    }
+    ecr.put_image(
+        repositoryName=REPOSITORY, imageManifest=json.dumps(manifest), imageTag="0.1.0-cu128"
+    )
+    stub_stack.outputs_ = stack_outputs(instance_ids, spot=True)
+    seen = {}
+
+    def at_destroy(options):
+        # What AWS looks like the moment Pulumi starts destroying.
+        seen["spot requests"] = ec2.describe_spot_instance_requests(
+            Filters=[{"Name": "instance-id", "Values": instance_ids}]
+        )["SpotInstanceRequests"]
+        seen["versions"] = s3.list_object_versions(Bucket=BUCKET).get("Versions", [])
+        seen["images"] = ecr.list_images(repositoryName=REPOSITORY)["imageIds"]
+
+    stub_stack.on_destroy = at_destroy
+    return stub_stack, instance_ids, seen
+
+
+def _args(**values):
+    return argparse.Namespace(**{"stack": "v100x1", "yes": True, "delete_data": False, **values})
+
+
+def test_down_cancels_the_spot_requests_before_destroy_and_says_what_remains(spot_stack, aws):
+    stack, instance_ids, seen = spot_stack
+    assert len(aws.client("ec2").describe_spot_instance_requests()["SpotInstanceRequests"]) == 2
+    out = io.StringIO()
+    result = down.run(_args(), out=out, sleep=lambda s: None)
+    assert seen["spot requests"] == []  # cancelled before the destroy began
+    (destroy,) = [c for c in stack.calls if c[0] == "destroy"]
+    assert "target" not in destroy[1]  # the whole stack: storage retains itself on delete
+    text = out.getvalue()
+    assert "stopping the job on 2 node(s)" in text
+    assert all(f"{i}: Success" in text for i in instance_ids)
+    assert "cancelled spot request(s)" in text
+    # Pulumi's destroy left the bucket and repository (retain_on_delete): down names them.
+    assert f"s3://{BUCKET}: 5 object(s)" in result and "last checkpoint step_00000200" in result
+    assert f"repository {REPOSITORY}: 1 image(s)" in result
+    assert "--delete-data" in result
+    assert len(aws.client("s3").list_object_versions(Bucket=BUCKET)["Versions"]) == 5
+
+
+def test_delete_data_deletes_what_the_destroy_left(spot_stack, aws):
+    stack, _, seen = spot_stack
+    result = down.run(_args(delete_data=True), out=io.StringIO(), sleep=lambda s: None)
+    assert seen["spot requests"] == []
+    assert [c[0] for c in stack.calls].count("destroy") == 1
+    assert BUCKET not in [b["Name"] for b in aws.client("s3").list_buckets()["Buckets"]]
+    repositories = aws.client("ecr").describe_repositories()["repositories"]
+    assert REPOSITORY not in [r["repositoryName"] for r in repositories]
+    assert "nothing remains" in result
+
+
+def test_nothing_left_when_the_stack_deleted_its_own_data(spot_stack, aws):
+    stack, _, _ = spot_stack
+
+    def delete_data_on_destroy(options):  # gpu:deleteDataOnDestroy: Pulumi deletes both
+        down.delete_bucket(aws.client("s3"), BUCKET)
+        down.delete_repository(aws.client("ecr"), REPOSITORY)
+
+    stack.on_destroy = delete_data_on_destroy
+    assert down.run(_args(), out=io.StringIO(), sleep=lambda s: None) == (
+        "stack v100x1 is destroyed; nothing remains"
+    )
+
+
+def test_no_is_no(spot_stack, aws):
+    stack, _, _ = spot_stack
+    assert down.run(_args(yes=False), out=io.StringIO(), ask=lambda q: "") == (
+        "nothing was destroyed"
+    )
+    assert [c[0] for c in stack.calls if c[0] == "destroy"] == []
+    assert len(aws.client("ec2").describe_spot_instance_requests()["SpotInstanceRequests"]) == 2
+
+
+def test_the_question_names_what_is_kept(spot_stack):
+    asked = []
+    down.run(_args(yes=False), out=io.StringIO(), ask=lambda q: asked.append(q) or "n")
+    assert asked == [
+        f"Destroy stack v100x1 (2 node(s)) and keep bucket {BUCKET} and repository "
+        f"{REPOSITORY}? [y/N] "
+    ]
+
+
+def test_repository_name_from_the_image_uri():
+    uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-a100x8:0.1.0-torch2.13.0-cu130"
+    assert down.repository_name(uri) == "gpu-stack-a100x8"
+    assert down.repository_name(None) is None

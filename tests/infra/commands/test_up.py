@@ -1,0 +1,101 @@
+"""`up` and `preview`: the cost table from the stack file, a yes before anything is created,
+and the Automation API calls they make (a stub stack records them)."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import tomllib
+
+import pytest
+import yaml
+
+from infra import cli
+from infra.commands import up, workspace
+from infra.config.stack_file import REPO_ROOT
+from infra.errors import ConfigError
+from infra.knowledge.catalog import CATALOG_DIR
+
+STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.v100x1.yaml").read_text())["config"]
+PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
+P3 = PRICES[STACK_FILE["aws:region"]]["p3.2xlarge"]
+
+
+def _args(**values):
+    return argparse.Namespace(**{"stack": "v100x1", "yes": False, "policy_pack": True, **values})
+
+
+def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_stack):
+    out, asked = io.StringIO(), []
+    result = up.run(_args(), out=out, ask=lambda q: asked.append(q) or "n")
+    assert result == "nothing was created"
+    assert stub_stack.opened == [] and stub_stack.calls == []  # Pulumi was never started
+    text = out.getvalue()
+    budget = STACK_FILE["gpu:budgetUsd"]
+    assert STACK_FILE["gpu:spot"] is True
+    spot_row = next(line for line in text.splitlines() if line.startswith("spot *"))
+    assert f"${P3['spot_usd_per_hour']:,.2f}" in spot_row
+    assert f"{budget / P3['spot_usd_per_hour']:,.1f} h" in spot_row
+    on_demand_row = next(line for line in text.splitlines() if line.startswith("on-demand"))
+    assert f"{budget / P3['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
+    # The spend guard's bound: one 5-minute period plus a 60-second run at the stack's $/h.
+    bound = P3["spot_usd_per_hour"] * (5 + 1) / 60
+    assert f"worst case: ${bound:,.2f} past the budget" in text
+    assert asked == [
+        f"Create or update stack v100x1 at ${P3['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
+        " [y/N] "
+    ]
+
+
+def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
+    stub_stack.outputs_ = {"instance_ids": ["i-0abc"], "image_uri": "r/repo:tag"}
+    out = io.StringIO()
+    result = up.run(_args(), out=out, ask=lambda q: "y")
+    assert stub_stack.opened == [("v100x1", True)]
+    (call,) = [c for c in stub_stack.calls if c[0] == "up"]
+    assert call[1]["color"] == "never"
+    # The guardrail policies run with Pulumi's own up, from the project's pack.
+    assert call[1]["policy_packs"] == [str(REPO_ROOT / "policy")]
+    assert (REPO_ROOT / "policy" / "PulumiPolicy.yaml").is_file()
+    call[1]["on_output"]("Updating (v100x1)")  # Pulumi's lines reach the person as they come
+    assert out.getvalue().endswith("Updating (v100x1)\n")
+    assert "stack v100x1 is up: i-0abc" in result and "r/repo:tag" in result
+
+
+def test_yes_flag_skips_the_question(stub_stack):
+    up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"))
+    assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
+
+
+def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeypatch):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert cli.main(["up", "v100x1"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "pass --yes" in err
+    assert stub_stack.opened == []
+
+
+def test_a_missing_pulumi_cli_is_one_line_with_the_install_command(monkeypatch, capsys):
+    monkeypatch.setattr(workspace.shutil, "which", lambda name: None)
+    assert cli.main(["up", "v100x1", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "curl -fsSL https://get.pulumi.com | sh" in err
+
+
+def test_a_bad_stack_file_stops_before_pulumi(tmp_path, monkeypatch, stub_stack):
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu:profile: v100x1\n  gpu:spot: maybe\n")
+    monkeypatch.setattr(up, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
+    with pytest.raises(ConfigError, match="gpu:spot is 'maybe'"):
+        up.run(_args(stack="bad", yes=True), out=io.StringIO())
+    with pytest.raises(ConfigError, match=r"no stack file Pulumi\.none\.yaml"):
+        up.run(_args(stack="none", yes=True), out=io.StringIO())
+    assert stub_stack.opened == []
+
+
+def test_preview_runs_pulumi_preview_and_creates_nothing(stub_stack):
+    stub_stack.resources = [{}] * 31
+    result = up.run_preview(_args(), out=io.StringIO())
+    assert [c[0] for c in stub_stack.calls] == ["preview"]
+    assert result == "preview of v100x1: 31 to create"
+    up.run_preview(_args(policy_pack=False), out=io.StringIO())
+    assert [c[1]["policy_packs"] for c in stub_stack.calls] == [[str(REPO_ROOT / "policy")], []]

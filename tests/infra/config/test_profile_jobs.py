@@ -1,0 +1,62 @@
+"""Each profile ships its job: jobs/<profile>.toml, named by Pulumi.<profile>.yaml as
+gpu:trainConfig and checked at preview by the trainer's own checks for its GPUs."""
+
+from __future__ import annotations
+
+import tomllib
+
+import pulumi
+import pytest
+
+from infra.config.stack_file import REPO_ROOT, stack_file_config
+from infra.dryrun.mocks import RecordingMocks
+from infra.dryrun.runner import run_program, run_stack_file
+from infra.knowledge.profiles import load_profiles
+from tests.support.mock_runs import of_type
+from tests.support.stack_runs import INSTANCE, boot_files
+
+PROFILES = tuple(load_profiles().profiles)
+
+
+@pytest.fixture(autouse=True)
+def _in_the_project_directory(monkeypatch):
+    # The Pulumi CLI runs the program in Pulumi.yaml's directory; gpu:trainConfig is relative.
+    monkeypatch.chdir(REPO_ROOT)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_each_stack_file_names_its_profiles_job_and_ships_it(profile):
+    path = REPO_ROOT / f"Pulumi.{profile}.yaml"
+    assert stack_file_config(path)["gpu:trainConfig"] == f"jobs/{profile}.toml"
+    run = run_stack_file(path)  # the program under mocks: preview, checks included
+    job = (REPO_ROOT / "jobs" / f"{profile}.toml").read_text()
+    instances = of_type(run, INSTANCE)
+    assert instances
+    for instance in instances:
+        assert job in boot_files(instance).values()
+
+
+def test_the_jobs_are_the_workloads_their_profiles_describe():
+    jobs = {p: tomllib.loads((REPO_ROOT / "jobs" / f"{p}.toml").read_text()) for p in PROFILES}
+    assert jobs["v100x1"]["model"]["preset"] == "resnet-50"
+    assert jobs["v100x1"]["precision"] == {"fp16": True}  # a V100 has no bf16
+    assert jobs["a100x8"]["model"]["preset"] == "bert-base"
+    assert jobs["a100x8"]["data"]["seq_len"] == 512
+    large = jobs["a100x8-80g"]
+    assert large["model"] == {"preset": "gpt-6.7b", "activation_checkpointing": True}
+    assert large["zero"]["stage"] == 3
+
+
+def test_a_v100_job_in_bf16_fails_preview_in_one_line(tmp_path):
+    job = tmp_path / "v100x1.toml"
+    text = (REPO_ROOT / "jobs" / "v100x1.toml").read_text()
+    job.write_text(text.replace("fp16 = true", "bf16 = true"))
+    config = stack_file_config(REPO_ROOT / "Pulumi.v100x1.yaml") | {"gpu:trainConfig": str(job)}
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as raised:
+        run_program(config, stack="v100x1", mocks=mocks)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"gpu:trainConfig is {str(job)!r}: the trainer would refuse it")
+    assert "compute capability 7.0" in message and "use precision.fp16 = true" in message
+    assert mocks.resources == []

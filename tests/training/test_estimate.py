@@ -1,0 +1,134 @@
+"""`python -m training estimate` against DeepSpeed's own estimators, called here."""
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+from deepspeed.runtime.zero.stage_1_and_2 import (
+    estimate_zero2_model_states_mem_needs,
+    estimate_zero2_model_states_mem_needs_all_live,
+)
+
+from training.components import build_model
+from training.estimate import GPU_TYPES, RESERVE_FRACTION, Setup, estimate, model_size, report
+from training.spec.config import load_config
+from training.spec.presets import PRESETS
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 2**30
+SMALL = [
+    "model.n_layer=4",
+    "model.n_head=4",
+    "model.n_embd=256",
+    "data.vocab_size=1000",
+    "data.seq_len=128",
+    "train.micro_batch_size=2",
+]
+# "  per CPU  |  per GPU |   Options" rows of DeepSpeed's printed estimate.
+_ROW = re.compile(r"^\s*([\d.]+)GB \|\s*([\d.]+)GB \| (.*)$")
+
+
+def _deepspeed_table(function, model, gpus: int) -> dict[str, tuple[float, float]]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        function(model, num_gpus_per_node=gpus, num_nodes=1)
+    rows = {}
+    for line in out.getvalue().splitlines():
+        if match := _ROW.match(line):
+            rows[match[3].replace("OffloadDeviceEnum.", "")] = (float(match[1]), float(match[2]))
+    return rows
+
+
+@pytest.mark.parametrize("gpus", [1, 4])
+def test_model_states_match_deepspeeds_live_estimators(gpus):
+    config = load_config(None, SMALL)
+    model = build_model(config)  # a real model: DeepSpeed counts its parameters itself
+    zero2 = _deepspeed_table(estimate_zero2_model_states_mem_needs_all_live, model, gpus)
+    zero3 = _deepspeed_table(estimate_zero3_model_states_mem_needs_all_live, model, gpus)
+    _, _, rows = estimate(config, gpus=gpus)
+    mine = {row.setup: (row.cpu_bytes / GIB, row.states_bytes / GIB) for row in rows}
+    expected = {
+        Setup(2): zero2["offload_optimizer=none"],
+        Setup(2, offload_optimizer=True): zero2["offload_optimizer=cpu"],
+        Setup(3): zero3["offload_param=none, offload_optimizer=none, zero_init=1"],
+        Setup(3, offload_optimizer=True): zero3[
+            "offload_param=none, offload_optimizer=cpu, zero_init=1"
+        ],
+        Setup(3, offload_optimizer=True, offload_param=True): zero3[
+            "offload_param=cpu, offload_optimizer=cpu, zero_init=1"
+        ],
+    }
+    for setup, (cpu, gpu) in expected.items():
+        assert mine[setup] == (pytest.approx(cpu, abs=0.006), pytest.approx(gpu, abs=0.006))
+
+
+def test_meta_device_count_is_the_real_models():
+    config = load_config(None, SMALL)
+    model = build_model(config)
+    tied_once = sum({p.data_ptr(): p.numel() for p in model.parameters()}.values())
+    assert model_size(config).total_params == tied_once
+
+
+def _gpt_params(n_layer: int, n_embd: int, vocab: int, seq_len: int) -> int:
+    """GPT-2 layout: tied token table, positions, per block 12h² + 13h, final LayerNorm."""
+    return vocab * n_embd + seq_len * n_embd + n_layer * (12 * n_embd**2 + 13 * n_embd) + 2 * n_embd
+
+
+def test_gpt_1_3b_on_one_v100_needs_the_optimizer_offloaded():
+    overrides = [
+        "model.preset=gpt-1.3b",
+        "data.seq_len=1024",
+        "data.vocab_size=50304",
+        "train.micro_batch_size=1",
+        "precision.fp16=true",
+        "zero.stage=2",
+    ]
+    config = load_config(None, overrides)
+    shape = PRESETS["gpt-1.3b"]
+    params = _gpt_params(shape["n_layer"], shape["n_embd"], 50304, 1024)
+    assert model_size(config).total_params == params
+    usable = GPU_TYPES["V100-16GB"][0] * (1 - RESERVE_FRACTION) * GIB
+    _, zero2_gpu = estimate_zero2_model_states_mem_needs(params, 1, 1, cpu_offload=False)
+    _, offload_gpu = estimate_zero2_model_states_mem_needs(params, 1, 1, cpu_offload=True)
+    assert zero2_gpu > usable > offload_gpu  # DeepSpeed's own figures decide the answer
+
+    text = report(config, gpus=1, nodes=1, gpu_type="V100-16GB")
+    assert f"{zero2_gpu / GIB:.2f}" in text and f"{offload_gpu / GIB:.2f}" in text
+    verdict = next(line for line in text.splitlines() if line.startswith("your config"))
+    assert "ZeRO-2" in verdict and "does not fit" in verdict
+    change = next(line for line in text.splitlines() if line.startswith("change"))
+    assert "--set zero.offload_optimizer=true" in change and "zero.stage" not in change
+
+
+def test_eight_a100s_fit_gpt_1_3b_at_zero_2():
+    config = load_config(None, ["model.preset=gpt-1.3b", "precision.bf16=true"])
+    text = report(config, gpus=8, nodes=1, gpu_type="A100-40GB")
+    assert "ZeRO-2: " in text and ": fits" in text and "change" not in text
+
+
+def test_bf16_on_a_v100_is_named():
+    config = load_config(None, ["precision.bf16=true"])
+    assert "needs compute capability 8.0" in report(config, gpus=1, nodes=1, gpu_type="V100-16GB")
+
+
+def test_activation_checkpointing_keeps_less():
+    config = load_config(None, ["model.preset=gpt-350m", "data.seq_len=1024"])
+    _, _, rows = estimate(config, gpus=1)
+    assert all(row.checkpointed_bytes < row.activation_bytes for row in rows)
+
+
+def test_unknown_gpu_type_exits_2_in_one_line():
+    result = subprocess.run(
+        [sys.executable, "-m", "training", "estimate", "--gpu-type", "A100-20GB"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --gpu-type")

@@ -1,0 +1,321 @@
+"""`python -m training estimate`: GPU memory per rank for a config on a target GPU, before renting.
+
+Model states (parameters, gradients, optimizer states) come from DeepSpeed's own
+estimators, the functions its `estimate_zero{2,3}_model_states_mem_needs_all_live`
+print from (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py). DeepSpeed has no
+estimator for ZeRO-0 and -1: ZeRO-0 partitions nothing, so it is the ZeRO-2 figure
+of a single rank; ZeRO-1 is shown at the ZeRO-2 figure, a lower bound (it keeps
+whole gradients). The model is built on PyTorch's meta device: shapes only,
+no memory, so a 1.3B model is counted in a second on a laptop.
+
+Activations of the built-in GPT presets follow Korthikanti et al. 2022 ("Reducing
+Activation Recomputation in Large Transformer Models", section 4.1): 34·s·b·h bytes
+per layer in 16-bit, without the 5·a·s²·b attention-score term because
+scaled_dot_product_attention's fused kernels keep no s×s matrix; with activation
+checkpointing each layer keeps only its input (2·s·b·h) and one layer is
+recomputed at a time. The output layer adds its logits (16-bit, the fp32 copy the
+loss takes, and its fp32 gradient).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+
+from training.components import build_model
+from training.spec.config import Config, ConfigError, load_config, validate
+from training.spec.presets import PRESETS
+from training.spec.selfcheck import SelfCheckError, check_precision
+
+GIB = 2**30
+# Kept free of the GPU's memory: the CUDA context, NCCL buffers and allocator fragmentation.
+RESERVE_FRACTION = 0.10
+
+# GPU types by `--gpu-type` name: memory in GiB and compute capability (NVIDIA datasheets;
+# the "16GB" of a V100 is 16 GiB of HBM2).
+GPU_TYPES: dict[str, tuple[float, tuple[int, int]]] = {
+    "V100-16GB": (16, (7, 0)),
+    "V100-32GB": (32, (7, 0)),
+    "T4-16GB": (16, (7, 5)),
+    "A10G-24GB": (24, (8, 6)),
+    "L4-24GB": (24, (8, 9)),
+    "L40S-48GB": (48, (8, 9)),
+    "A100-40GB": (40, (8, 0)),
+    "A100-80GB": (80, (8, 0)),
+    "H100-80GB": (80, (9, 0)),
+    "H200-141GB": (141, (9, 0)),
+}
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One way to run the job: a ZeRO stage and what it offloads to CPU memory."""
+
+    stage: int
+    offload_optimizer: bool = False
+    offload_param: bool = False
+
+    @property
+    def label(self) -> str:
+        offload = [
+            name
+            for name, on in (("optimizer", self.offload_optimizer), ("params", self.offload_param))
+            if on
+        ]
+        return f"ZeRO-{self.stage}" + (f" + offload {' + '.join(offload)}" if offload else "")
+
+    def settings(self) -> list[str]:
+        return [
+            f"zero.stage={self.stage}",
+            f"zero.offload_optimizer={str(self.offload_optimizer).lower()}",
+            f"zero.offload_param={str(self.offload_param).lower()}",
+        ]
+
+
+# The setups DeepSpeed's estimators cover, cheapest in speed first: offloading moves
+# optimizer steps (and parameters) over PCIe.
+SETUPS = (
+    Setup(2),
+    Setup(3),
+    Setup(2, offload_optimizer=True),
+    Setup(3, offload_optimizer=True),
+    Setup(3, offload_optimizer=True, offload_param=True),
+)
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    total_params: int  # shared (tied) parameters once, as DeepSpeed counts them
+    largest_layer_params: int  # the biggest module's own parameters (ZeRO-3 gathers one)
+
+
+@dataclass(frozen=True)
+class Row:
+    setup: Setup
+    states_bytes: int  # per GPU
+    cpu_bytes: int  # per node
+    activation_bytes: int | None  # per GPU, None for a model the formula does not know
+    checkpointed_bytes: int | None
+
+
+def model_size(config: Config) -> ModelSize:
+    """Parameter counts of the config's model, built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = build_model(config)
+    total = sum({id(p): p.numel() for p in model.parameters()}.values())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return ModelSize(total, largest)
+
+
+def model_states(size: ModelSize, setup: Setup, *, gpus_per_node: int, nodes: int):
+    """(GPU bytes per rank, CPU bytes per node) for the parameters, gradients and optimizer."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    params = size.total_params
+    if setup.stage < 3:
+        unpartitioned = setup.stage == 0
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            total_params=params,
+            num_gpus_per_node=1 if unpartitioned else gpus_per_node,
+            num_nodes=1 if unpartitioned else nodes,
+            cpu_offload=setup.offload_optimizer,
+        )
+        return gpu, cpu
+    cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+        total_params=params,
+        largest_layer_params=size.largest_layer_params,
+        num_gpus_per_node=gpus_per_node,
+        num_nodes=nodes,
+        cpu_offload=setup.offload_optimizer,
+        cpu_offload_params=setup.offload_param,
+    )
+    return gpu, cpu
+
+
+def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int | None:
+    """Activation bytes per rank for one micro batch of a built-in GPT preset."""
+    if config.model.builder is not None:
+        return None
+    shape = PRESETS[config.model.preset] | {
+        key: value
+        for key in ("n_layer", "n_embd")
+        if (value := getattr(config.model, key)) is not None
+    }
+    layers, width = shape["n_layer"], shape["n_embd"]
+    element = 2 if (config.precision.bf16 or config.precision.fp16) else 4
+    tokens = micro_batch * config.data.seq_len
+    per_layer = 34 * tokens * width * element // 2
+    # Checkpointed: every layer keeps its input, one layer's activations are rebuilt at a time.
+    kept = layers * tokens * width * element + per_layer if checkpointing else layers * per_layer
+    logits = tokens * config.vocab_size * (element + 4 + 4)
+    return kept + logits
+
+
+def estimate(config: Config, *, gpus: int, nodes: int = 1) -> tuple[ModelSize, int, list[Row]]:
+    """(model size, micro batch, one row per ZeRO setup) for `gpus` ranks over `nodes`."""
+    if gpus < 1 or nodes < 1 or gpus % nodes:
+        raise ConfigError(f"--gpus {gpus} over --nodes {nodes}: give a GPU count nodes divide")
+    micro = validate(config, gpus).micro_batch_size
+    size = model_size(config)
+    zero = config.zero
+    current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
+    rows = []
+    for setup in (() if current in SETUPS else (current,)) + SETUPS:
+        states, cpu = model_states(size, setup, gpus_per_node=gpus // nodes, nodes=nodes)
+        plain = activations(config, micro, checkpointing=False)
+        saved = activations(config, micro, checkpointing=True)
+        rows.append(Row(setup, states, cpu, plain, saved))
+    return size, micro, rows
+
+
+def _gib(value: int | None) -> str:
+    return "?" if value is None else f"{value / GIB:.2f}"
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
+
+
+def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
+    memory_gib, capability = GPU_TYPES[gpu_type]
+    usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
+    size, micro, rows = estimate(config, gpus=gpus, nodes=nodes)
+    model = config.model.builder or config.model.preset
+    lines = [
+        f"model        {model}: {_count(size.total_params)} parameters "
+        f"(largest layer {_count(size.largest_layer_params)})",
+        f"batch        micro batch {micro} x {config.data.seq_len} tokens per GPU, "
+        f"{'bf16' if config.precision.bf16 else 'fp16' if config.precision.fp16 else 'fp32'}",
+        f"target       {gpus} x {gpu_type} ({nodes} node(s)): {memory_gib:g} GiB per GPU, "
+        f"{usable / GIB:.1f} GiB usable ({RESERVE_FRACTION:.0%} kept for CUDA, NCCL, "
+        "fragmentation)",
+        "",
+        _table(rows, usable),
+        "",
+    ]
+    try:
+        check_precision(
+            bf16=config.precision.bf16,
+            fp16=config.precision.fp16,
+            on_gpu=True,
+            capability=capability,
+        )
+    except SelfCheckError as exc:
+        lines.append(f"precision    {exc}")
+    lines += _verdict(config, rows, usable)
+    return "\n".join(lines)
+
+
+def _total(row: Row, checkpointing: bool) -> int | None:
+    act = row.checkpointed_bytes if checkpointing else row.activation_bytes
+    return None if act is None else row.states_bytes + act
+
+
+def _table(rows: list[Row], usable: float) -> str:
+    headers = ("SETUP", "STATES GiB", "ACT GiB", "TOTAL GiB", "ACT CKPT", "TOTAL CKPT", "CPU/NODE")
+    cells = []
+    for row in rows:
+        plain, saved = _total(row, False), _total(row, True)
+        cells.append(
+            (
+                row.setup.label,
+                _gib(row.states_bytes),
+                _gib(row.activation_bytes),
+                _gib(plain) + _fit_mark(plain, usable),
+                _gib(row.checkpointed_bytes),
+                _gib(saved) + _fit_mark(saved, usable),
+                _gib(row.cpu_bytes),
+            )
+        )
+    widths = [max(len(str(c[i])) for c in [headers, *cells]) for i in range(len(headers))]
+    out = []
+    for line in [headers, *cells]:
+        first, *rest = line
+        numbers = [cell.rjust(width) for cell, width in zip(rest, widths[1:], strict=True)]
+        out.append("  ".join([first.ljust(widths[0]), *numbers]))
+    return "\n".join(out) + "\n(* fits; GiB per GPU except CPU/NODE, the host memory offload needs)"
+
+
+def _fit_mark(total: int | None, usable: float) -> str:
+    return "*" if total is not None and total <= usable else " "
+
+
+def _verdict(config: Config, rows: list[Row], usable: float) -> list[str]:
+    zero, ckpt = config.zero, config.model.activation_checkpointing
+    current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
+    mine = next(row for row in rows if row.setup == current)
+    total = _total(mine, ckpt)
+    what = f"{current.label}{', activation checkpointing' if ckpt else ''}"
+    if total is None:
+        return [
+            f"your config  {what}: model states {_gib(mine.states_bytes)} GiB per GPU; "
+            "activations of a model.builder model are not estimated: leave room for them"
+        ]
+    if total <= usable:
+        return [f"your config  {what}: {_gib(total)} GiB per GPU: fits"]
+    verdict = [f"your config  {what}: {_gib(total)} GiB per GPU: does not fit"]
+    # The cheapest change first (checkpointing, then more partitioning, then offload), and
+    # never less partitioning or offload than the config already has.
+    candidates = [
+        row
+        for row in rows
+        if row.setup.stage >= current.stage
+        and row.setup.offload_optimizer >= current.offload_optimizer
+        and row.setup.offload_param >= current.offload_param
+    ]
+    for row in candidates:
+        for checkpointing in (False, True):
+            candidate = _total(row, checkpointing)
+            if candidate is not None and candidate <= usable:
+                settings = [s for s in row.setup.settings() if s not in current.settings()]
+                if checkpointing and not ckpt:
+                    settings.append("model.activation_checkpointing=true")
+                sets = " ".join(f"--set {s}" for s in settings)
+                return [
+                    *verdict,
+                    f"change       {row.setup.label}"
+                    f"{' with activation checkpointing' if checkpointing else ''} "
+                    f"fits ({_gib(candidate)} GiB): {sets}",
+                ]
+    return [
+        *verdict,
+        "change       nothing here fits: lower train.micro_batch_size, use more GPUs "
+        "(--gpus) or a GPU with more memory (--gpu-type)",
+    ]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training estimate",
+        description="GPU memory per rank for a config on a target GPU count and type.",
+    )
+    p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs in the job, all nodes (default 1)")
+    p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs sit on (default 1)")
+    p.add_argument(
+        "--gpu-type",
+        default="A100-40GB",
+        help=f"one of {', '.join(GPU_TYPES)} (default A100-40GB)",
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    try:
+        if args.gpu_type not in GPU_TYPES:
+            raise ConfigError(
+                f"--gpu-type {args.gpu_type!r} is not known: use one of {', '.join(GPU_TYPES)}"
+            )
+        config = load_config(args.config or os.environ.get("TRAIN_CONFIG"), args.overrides)
+        print(report(config, gpus=args.gpus, nodes=args.nodes, gpu_type=args.gpu_type))
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
