@@ -27,6 +27,7 @@ from images.base import buildah_command
 from images.build_args import IMAGE_NAME
 from images.ci_matrix import expectations
 from images.matrix import Matrix, Variant
+from training.checkpoint.layout import COMMIT_MARKER  # written last: a checkpoint counts with it
 from training.contract import ExitCode
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
@@ -42,7 +43,6 @@ TRAINING_OVERRIDES = (
 )
 # Off EC2 there is no metadata service to poll for spot notices: empty turns polling off.
 JOB_ENV = {"TRAIN_OUTPUT_DIR": "/smoke/out", "TRAIN_NPROC_PER_NODE": "2", "TRAIN_SPOT_ENDPOINT": ""}
-COMMIT_MARKER = "commit.json"  # the trainer writes it last: a checkpoint only counts with it
 
 
 class SmokeError(RuntimeError):

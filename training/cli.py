@@ -19,11 +19,19 @@ from typing import NoReturn
 
 import torch
 
+from training import startup
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
+from training.environment import check_environment, rendezvous_port
 from training.fresh import move_aside
-from training.launcher import TopologyError, launch, topology_from_env
+from training.launcher import (
+    TopologyError,
+    die_with_launcher,
+    launch,
+    stopped_before_training,
+    topology_from_env,
+)
 from training.machine import gpu_capability, installed_driver
 from training.metrics import usd_per_hour
 from training.oom import OutOfMemory
@@ -87,6 +95,7 @@ def _load(args: argparse.Namespace, world_size: int) -> tuple[Config, BatchSizes
 def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     _configure_logging(rank=None)
     try:
+        check_environment(os.environ)
         topo = topology_from_env(os.environ)
         config, batch = _load(args, topo.world_size)
         preflight(config)
@@ -105,6 +114,11 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    try:
+        topo = rendezvous_port(topo, os.environ)
+    except TopologyError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
     if args.fresh:
         try:
             moved = move_aside(config, os.environ)
@@ -113,6 +127,8 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
             return ExitCode.BAD_CONFIG
         for old, new in moved:
             log.info("--fresh: moved %s aside to %s", old, new)
+    if startup.stop_requested():
+        return stopped_before_training(startup.stop_requested())
     log.info(
         "starting %d worker(s) on node %d of %d (world size %d), output in %s",
         topo.nproc_per_node,
@@ -125,16 +141,27 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _worker(args: argparse.Namespace) -> NoReturn:
+    from training.checkpoint.checkpointer import CheckpointError
+    from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
 
+    die_with_launcher()
     placement = Placement.from_env()
     _configure_logging(rank=placement.rank)
+    # Listening from here on; a request that came during start-up is handed over.
+    stop = StopFlag(spot_endpoint=spot_endpoint_from_env(os.environ))
+    stop.start()
+    if startup.stop_requested():
+        stop.request_stop(startup.stop_requested())
     try:
         config, _ = _load(args, placement.world_size)
-        code = Trainer(config, placement).run()
+        code = Trainer(config, placement, stop=stop).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         code = ExitCode.BAD_CONFIG
+    except CheckpointError as error:  # says what happened and what to do: no traceback
+        log.error("rank %d: %s", placement.rank, error)
+        code = ExitCode.FAILED
     except OutOfMemory as error:
         print(f"error: {error}", file=sys.stderr)
         code = error.exit_code

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,13 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
+from training.data import (
+    MaskedTokens,
+    SyntheticSequences,
+    sampled_max_token,
+    text_bytes,
+    token_file,
+)
 from training.model import build_gpt, mask_token_id
 from training.spec.config import Config, ConfigError
 from training.spec.presets import ENCODER_PRESETS, VISION_PRESETS
@@ -49,9 +56,11 @@ def preflight(config: Config) -> None:
     """Checks that need imports or files, run by the launcher so they fail before any rank
     starts: the user's builders import, the data path exists."""
     if config.model.builder:
-        resolve(config.model.builder, "model.builder")
+        build = resolve(config.model.builder, "model.builder")
+        _check_arguments(build, model_builder_arguments(config), "model", config.model.builder)
     if config.data.builder:
-        resolve(config.data.builder, "data.builder")
+        build = resolve(config.data.builder, "data.builder")
+        _check_arguments(build, data_builder_arguments(config), "data", config.data.builder)
     elif (
         config.data.path
         and not config.data.path.startswith("s3://")
@@ -60,6 +69,56 @@ def preflight(config: Config) -> None:
         raise ConfigError(
             f"data.path = {config.data.path!r} does not exist: point it (or TRAIN_DATA_PATH) "
             "at a file or directory"
+        )
+    elif config.data.kind == "tokens" and not config.data.path.startswith("s3://"):
+        file = Path(config.data.path)
+        check_token_ids(file / "train.bin" if file.is_dir() else file, config)
+
+
+def model_builder_arguments(config: Config) -> dict:
+    """What model.builder is called with: the user's options and the data's shape."""
+    return {
+        **config.model.options,
+        "vocab_size": config.vocab_size,
+        "seq_len": config.data.seq_len,
+    }
+
+
+def data_builder_arguments(config: Config) -> dict:
+    data = config.data
+    return {
+        **data.options,
+        "seq_len": data.seq_len,
+        "seed": config.run.seed,
+        "vocab_size": config.vocab_size,
+    }
+
+
+def _check_arguments(build: Callable, arguments: dict, section: str, name: str) -> None:
+    """A typo in {section}.options fails here, not as a TypeError on every rank."""
+    try:
+        signature = inspect.signature(build)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable: nothing to read
+    try:
+        signature.bind(**arguments)
+    except TypeError as error:
+        raise ConfigError(
+            f"{section}.options do not fit {section}.builder = {name!r} {signature}: {error}; "
+            f"fix the key in {section}.options"
+        ) from None
+
+
+def check_token_ids(file: Path, config: Config) -> None:
+    """Refuse a token file whose ids reach vocab_size, from an evenly spread sample."""
+    if not file.is_file():
+        return  # token_file() says what is missing
+    largest = sampled_max_token(file, config.data.dtype)
+    if largest is not None and largest >= config.vocab_size:
+        raise ConfigError(
+            f"data.path {file} holds token id {largest}, not below data.vocab_size = "
+            f"{config.vocab_size}: set data.vocab_size to at least {largest + 1} (or the "
+            "tokenizer's vocabulary size), or check data.dtype"
         )
 
 
@@ -87,7 +146,7 @@ def _build_model(config: Config) -> nn.Module:
         return build_resnet(model_cfg.preset, num_classes=config.data.num_classes)
     if model_cfg.builder:
         build = resolve(model_cfg.builder, "model.builder")
-        return build(**model_cfg.options, vocab_size=config.vocab_size, seq_len=seq_len)
+        return build(**model_builder_arguments(config))
     return build_gpt(
         model_cfg.preset,
         vocab_size=config.vocab_size,
@@ -139,9 +198,7 @@ def _token_dataset(config: Config) -> Dataset:
     data = config.data
     if data.builder:
         build = resolve(data.builder, "data.builder")
-        return build(
-            **data.options, seq_len=data.seq_len, seed=config.run.seed, vocab_size=config.vocab_size
-        )
+        return build(**data_builder_arguments(config))
     if data.kind == "synthetic":
         return SyntheticSequences(
             vocab_size=config.vocab_size,

@@ -17,21 +17,31 @@ class ExitCode(IntEnum):
     DONE = 0  # trained to train.steps: nothing to restart
     FAILED = 1  # a crash: see the traceback; the boot unit retries a few times
     BAD_CONFIG = 2  # bad configuration or environment: nothing started; fix it, do not retry
-    # Interrupted (SIGTERM, spot notice) and checkpointed: run the same command again.
+    # Interrupted (SIGTERM, spot notice) and checkpointed, or stopped before training
+    # started (nothing to save): either way nothing is lost, run the same command again.
     # 75 is EX_TEMPFAIL (sysexits.h): systemd's RestartForceExitStatus and Slurm's
-    # RequeueExit both key on it.
+    # RequeueExit both key on it, so both cases are restarted or requeued.
     INTERRUPTED = 75
 
 
 EXIT_MEANING = {
     ExitCode.DONE: "done",
-    ExitCode.FAILED: "a worker failed: see its traceback above",
+    ExitCode.FAILED: "a worker failed: see its error above",
     ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
     ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
 }
 
+# What the launcher says when a stop request came before any worker trained (exit 75).
+STOPPED_BEFORE_TRAINING = (
+    "stopped before training started: nothing to checkpoint; run the same command again"
+)
+
 # The rendezvous port of node 0 when TRAIN_MASTER_PORT is unset (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
+
+# Set by the launcher for its workers (not by users): the launcher's process id, so
+# that a worker started after the launcher died knows it is an orphan.
+LAUNCHER_PID_ENV = "TRAIN_LAUNCHER_PID"
 
 # The environment the trainer reads. Each name maps to what it means; the boot
 # script and the Slurm batch script set only names from this table.

@@ -61,7 +61,31 @@ class TokenWindows(Dataset):
             raise IndexError(f"window {index} is outside 0..{len(self) - 1}")
         start = index * self.seq_len
         window = torch.from_numpy(self.tokens[start : start + self.seq_len + 1].astype(np.int64))
+        if window.max() >= self.vocab_size:  # the launcher's check reads a sample only
+            raise ValueError(
+                f"token id {int(window.max())} at window {index} is not below the vocabulary "
+                f"size {self.vocab_size}: set data.vocab_size to the tokenizer's size"
+            )
         return window[:-1], window[1:]
+
+
+# Tokens read by the launcher's check of the largest id: a few MB, whatever the file's size.
+_SAMPLE_TOKENS = 1 << 20
+_SAMPLE_RUNS = 256
+
+
+def sampled_max_token(file: Path, dtype: str) -> int | None:
+    """The largest token id in an evenly spread sample of a token file (None when empty).
+
+    Runs of consecutive tokens from evenly spaced offsets, the first and last ones
+    included: a file from a tokenizer with a larger vocabulary shows its ids anywhere.
+    """
+    tokens = np.memmap(file, dtype=dtype, mode="r") if file.stat().st_size else np.array([])
+    if len(tokens) == 0:
+        return None
+    run = max(1, _SAMPLE_TOKENS // _SAMPLE_RUNS)
+    starts = np.linspace(0, max(0, len(tokens) - run), num=_SAMPLE_RUNS, dtype=np.int64)
+    return int(max(tokens[start : start + run].max() for start in np.unique(starts)))
 
 
 def token_file(path: Path, *, dtype: str, seq_len: int, vocab_size: int) -> TokenWindows:

@@ -7,23 +7,31 @@ waits for them to checkpoint, and exits with their exit code (docs/contracts.md,
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import psutil
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-from training.contract import DEFAULT_MASTER_PORT, EXIT_MEANING, ExitCode
+from training import startup
+from training.contract import (
+    DEFAULT_MASTER_PORT,
+    EXIT_MEANING,
+    LAUNCHER_PID_ENV,
+    STOPPED_BEFORE_TRAINING,
+    ExitCode,
+)
 
 log = logging.getLogger(__name__)
 
 CPU_WORKERS = 2
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -81,11 +89,7 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
     # do not oversubscribe the CPU cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    # Workers must import this package whatever their working directory.
-    package_parent = str(Path(__file__).resolve().parent.parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [package_parent, os.environ.get("PYTHONPATH")])
-    )
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
     config = LaunchConfig(
         min_nodes=topo.nnodes,
         max_nodes=topo.nnodes,
@@ -104,9 +108,14 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
         sig: signal.signal(sig, _forward_to_workers) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
+        if startup.stop_requested():  # between the caller's check and the handlers above
+            return stopped_before_training(startup.stop_requested())
         elastic_launch(config, sys.executable)("-m", "training", *worker_args)
     except ChildFailedError as error:
-        code = _job_exit_code([failure.exitcode for failure in error.failures.values()])
+        code = _job_exit_code(
+            [failure.exitcode for failure in error.failures.values()],
+            stop_requested=bool(_forwarded),
+        )
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         return code
     finally:
@@ -115,8 +124,17 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     return 0
 
 
+def stopped_before_training(signal_name: str | None) -> int:
+    log.warning("received %s: %s (exit code 75)", signal_name, STOPPED_BEFORE_TRAINING)
+    return ExitCode.INTERRUPTED
+
+
+_forwarded: list[str] = []  # the stop signals passed on to the workers
+
+
 def _forward_to_workers(signum: int, _frame) -> None:
     """Pass the signal on; the workers' stop flag checkpoints and they exit with 75."""
+    _forwarded.append(signal.Signals(signum).name)
     workers = psutil.Process().children(recursive=False)
     log.warning(
         "received %s: asking %d worker(s) to checkpoint and stop",
@@ -128,16 +146,37 @@ def _forward_to_workers(signum: int, _frame) -> None:
             worker.send_signal(signum)
 
 
-def _job_exit_code(exit_codes: list[int]) -> int:
+def _job_exit_code(exit_codes: list[int], *, stop_requested: bool = False) -> int:
     """One code for the job from the failed workers' codes.
 
     75 from any rank means the collective checkpoint was written; ranks the launcher
-    stopped meanwhile (negative: killed by a signal) do not change that.
+    stopped meanwhile (negative: killed by a signal) do not change that. After a stop
+    request passed on to the workers, ranks killed by it before they listened (still
+    starting) count as stopped too: nothing had trained, nothing is lost.
     """
     if ExitCode.BAD_CONFIG in exit_codes:
         return ExitCode.BAD_CONFIG
-    if ExitCode.INTERRUPTED in exit_codes and all(
-        code == ExitCode.INTERRUPTED or code < 0 for code in exit_codes
-    ):
+    stopped = [code == ExitCode.INTERRUPTED or code < 0 for code in exit_codes]
+    if all(stopped) and (stop_requested or ExitCode.INTERRUPTED in exit_codes):
         return ExitCode.INTERRUPTED
     return ExitCode.FAILED
+
+
+def die_with_launcher(env: dict[str, str] = os.environ) -> None:
+    """Worker side: be killed the moment the launcher dies, however it died.
+
+    torch's elastic agent starts workers in their own sessions, so a launcher
+    killed alone (SIGKILL, OOM) would leave them training, racing the next run
+    for the same checkpoint folder. The kernel's parent-death signal
+    (prctl(2) PR_SET_PDEATHSIG, Linux) kills them instead; a checkpoint cut short
+    that way is never committed, so the next run resumes from the last one.
+    """
+    launcher = env.get(LAUNCHER_PID_ENV)
+    if launcher is None or not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        log.warning("cannot ask to die with the launcher: %s", os.strerror(ctypes.get_errno()))
+        return
+    if os.getppid() != int(launcher):  # it died before the request took effect
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -98,10 +98,17 @@ class Job:
 
 
 class Trainer:
-    def __init__(self, config: Config, placement: Placement, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        config: Config,
+        placement: Placement,
+        env: dict[str, str] | None = None,
+        stop: StopFlag | None = None,
+    ):
         self.config = config
         self.placement = placement
         self.env = os.environ if env is None else env
+        self.stop = stop
         self.on_gpu = torch.cuda.is_available()
         self.is_rank0 = placement.rank == 0
 
@@ -109,7 +116,7 @@ class Trainer:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
         # Listen for SIGTERM and spot notices from the start: one that arrives while the
         # engine is being built stops the job after its first step, with a checkpoint.
-        stop = StopFlag(spot_endpoint=spot_endpoint_from_env(self.env))
+        stop = self.stop or StopFlag(spot_endpoint=spot_endpoint_from_env(self.env))
         stop.start()
         try:
             job = self._setup()
@@ -247,7 +254,7 @@ class Trainer:
                     or job.step == config.train.steps
                 ):
                     job.checkpointer.save(job.engine, job.step, self._client_state(job))
-                if stopping:
+                if stopping and job.step < config.train.steps:  # at the end: done, not stopped
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
                     if metrics is not None:
                         metrics.publish("interrupted")

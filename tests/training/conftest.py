@@ -88,3 +88,25 @@ def single_rank(_process_group, monkeypatch):
     """
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
         monkeypatch.setenv(key, value)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 4 MiB tmpfs mounted for the test (root only; CI runs as root); its path."""
+    from tests.support.tools import require_root
+
+    require_root("mounts a small tmpfs to fill")
+    mount_point = tmp_path / "small_disk"
+    mount_point.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mount_point)], check=True)
+    yield mount_point
+    subprocess.run(["umount", "-l", str(mount_point)], check=False)
+
+
+def fill_disk(folder, *, leave: int) -> None:
+    """Write a filler file in ``folder`` until its filesystem has about ``leave`` bytes free."""
+    import shutil
+
+    free = shutil.disk_usage(folder).free
+    with open(folder / "filler", "wb") as handle:
+        handle.write(b"\0" * max(0, free - leave))

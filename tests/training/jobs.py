@@ -84,12 +84,12 @@ def job_command(*overrides: str, config: Path | None = None) -> list[str]:
 
 
 def job_env(output_dir: Path, **extra: str) -> dict[str, str]:
-    return launch_env(
-        TRAIN_OUTPUT_DIR=str(output_dir),
-        TRAIN_MASTER_PORT=str(free_port()),
-        TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
-        **extra,
-    )
+    defaults = {
+        "TRAIN_OUTPUT_DIR": str(output_dir),
+        "TRAIN_MASTER_PORT": str(free_port()),
+        "TRAIN_SPOT_ENDPOINT": "",  # no metadata service here: do not poll one
+    }
+    return launch_env(**{**defaults, **extra})
 
 
 def start_job(

@@ -29,9 +29,12 @@ def free_port() -> int:
 
 
 def launch_env(**extra: str) -> dict[str, str]:
-    """This process's environment without rank variables, with the repo importable."""
+    """This process's environment without rank variables.
+
+    The project is installed (scripts/bootstrap: editable), so nothing is added to
+    PYTHONPATH; test scripts run as modules from the repository root (see _torchrun).
+    """
     env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(extra)
     return env
 
@@ -61,13 +64,16 @@ def torchrun_nodes(script: Path, nnodes: int, *args: str) -> list[subprocess.Pop
 
 
 def _torchrun(options: list[str], script: Path, args: tuple[str, ...], **popen) -> subprocess.Popen:
+    # As a module (python -m), from the repository root: the script imports tests.*.
+    module = ".".join(script.resolve().relative_to(REPO_ROOT).with_suffix("").parts)
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
         "--master_addr=127.0.0.1",
         *options,
-        str(script),
+        "--module",
+        module,
         *args,
     ]
     return subprocess.Popen(command, env=launch_env(), cwd=REPO_ROOT, **popen)

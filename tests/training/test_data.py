@@ -7,7 +7,13 @@ import pytest
 import torch
 
 from training.components import build_dataset
-from training.data import MaskedTokens, SyntheticSequences, text_bytes, token_file
+from training.data import (
+    MaskedTokens,
+    SyntheticSequences,
+    sampled_max_token,
+    text_bytes,
+    token_file,
+)
 from training.spec.config import load_config
 
 
@@ -89,3 +95,20 @@ def test_encoder_preset_gets_masked_data():
     config = load_config(None, ["model.preset=bert-tiny", "data.vocab_size=40"], env={})
     inputs, targets = build_dataset(config)[0]
     assert (inputs == 40).any() and (targets == -100).any()
+
+
+def test_the_sampled_maximum_sees_ids_at_both_ends_of_a_large_file(tmp_path):
+    tokens = np.zeros(5_000_000, dtype=np.uint16)
+    tokens[-1] = 60_000  # the last token: a sample that skipped the end would miss it
+    tokens.tofile(tmp_path / "end.bin")
+    assert sampled_max_token(tmp_path / "end.bin", "uint16") == 60_000
+    tokens[-1], tokens[0] = 0, 50_000
+    tokens.tofile(tmp_path / "start.bin")
+    assert sampled_max_token(tmp_path / "start.bin", "uint16") == 50_000
+
+
+def test_a_window_with_an_id_beyond_the_vocabulary_says_so(tmp_path):
+    np.array([1, 2, 99, 3, 4], dtype=np.uint16).tofile(tmp_path / "t.bin")
+    windows = token_file(tmp_path / "t.bin", dtype="uint16", seq_len=4, vocab_size=64)
+    with pytest.raises(ValueError, match="token id 99 at window 0 is not below the vocabulary"):
+        windows[0]

@@ -21,7 +21,7 @@ import pytest
 
 from tests.training.fake_imds import FakeImds
 from tests.training.multirank import free_port, launch_env
-from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, tag_for
 from training.checkpoint.s3 import STATUS_NAME, S3Mirror
 from training.contract import ExitCode
 

@@ -63,6 +63,19 @@ def test_job_exit_code_from_worker_codes(codes, job):
     assert _job_exit_code(codes) == job
 
 
+@pytest.mark.parametrize(
+    ("codes", "job"),
+    [
+        ([-15, -15], 75),  # stopped while starting: nothing trained, nothing lost
+        ([75, -15], 75),
+        ([1, -15], 1),  # a real failure stays one
+        ([2, -15], 2),
+    ],
+)
+def test_job_exit_code_after_a_stop_request(codes, job):
+    assert _job_exit_code(codes, stop_requested=True) == job
+
+
 @pytest.mark.slow
 def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     """The user's model raises in the workers (after the launcher's checks passed)."""

@@ -1,62 +1,68 @@
-"""Crash-safe DeepSpeed checkpoints: commit marker, keep-last pruning, S3 mirror, resume.
+"""Crash-safe DeepSpeed checkpoints: commit manifest, keep-last pruning, a remote mirror, resume.
 
-Layout under the checkpoint root (``TRAIN_CHECKPOINT_DIR``):
-
-    step_00000100/            DeepSpeed's files for step 100
-    step_00000100/commit.json written last: lists every file of the checkpoint and its size
-    latest_committed          names the newest committed step (for people and tools)
-    universal/step_00000100/  converted copy, made when the data-parallel size changes
+The folder layout and the manifest are ``training.checkpoint.layout``'s; the
+remote copy is any ``training.checkpoint.store.CheckpointStore`` (the S3 mirror
+in the stack), and ``universal/step_NNNNNNNN/`` holds a converted copy made when
+the data-parallel size changes.
 
 DeepSpeed's own ``latest`` file is never written or read: it is not written
 atomically, and a missing one makes ``load_checkpoint`` start from scratch
-without an error. A step folder is loadable only when its marker parses and
-every file it lists is present with the recorded size.
+without an error.
 
 The root may be shared by all nodes (one filesystem) or local to each node.
 Rank 0 does the file work on a shared root; on node-local roots each node's
 first rank does it for its node. A node-local folder then holds only that
-node's part of the checkpoint (its marker still lists every file), and the
-S3 mirror is what joins the parts: on resume each node fetches what it lacks.
+node's part of the checkpoint (its manifest still lists every file), and the
+mirror is what joins the parts: on resume each node fetches what it lacks.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import contextlib
+import errno
 import logging
 import os
-import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import torch.distributed as dist
 
-if TYPE_CHECKING:
-    from training.checkpoint.s3 import S3Mirror
+from training.checkpoint.layout import (
+    COMMIT_MARKER,
+    COMPLETE,
+    DAMAGED,
+    DEEPSPEED_RECOVERY_SCRIPTS,
+    PARTIAL,
+    POINTER_NAME,
+    UNCOMMITTED,
+    UNIVERSAL_DIR,
+    committed_tags,
+    describe_file,
+    examine,
+    fsync_path,
+    manifest_bytes,
+    parse_step,
+    read_manifest,
+    step_dirs,
+    tag_for,
+    write_atomically,
+)
+from training.checkpoint.store import CheckpointStore, prune
 
 log = logging.getLogger(__name__)
 
-COMMIT_MARKER = "commit.json"
-# DeepSpeed copies these beside every ZeRO save; they import huggingface_hub, which the
-# trainer does not install, so they cannot run: `python -m training export` converts.
-DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
-POINTER_NAME = "latest_committed"
-UNIVERSAL_DIR = "universal"
-_TAG_RE = re.compile(r"^step_(\d{8,})$")
 # ds_to_universal refuses checkpoints that lack this client_state entry.
 _UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
 # The caller's client_state sits under one key, apart from DeepSpeed's own entries.
 _CLIENT_STATE_KEY = "training_client_state"
-
-# What a step folder holds, as seen by the node looking at it.
-COMPLETE = "complete"  # marker and every listed file: loadable
-PARTIAL = "partial"  # marker, some files absent (another node's part): needs S3
-DAMAGED = "damaged"  # marker, but a file has the wrong size or the marker is unreadable
-UNCOMMITTED = "uncommitted"  # no marker: the save never finished
+# Free space below this after a failed write means the disk filled (torch's writer
+# reports ENOSPC as "basic_ios::clear: iostream error", without the errno).
+_LOW_SPACE = 1 << 20
 
 T = TypeVar("T")
 
@@ -65,50 +71,19 @@ class CheckpointError(RuntimeError):
     """A checkpoint exists but cannot be written, committed or loaded."""
 
 
-def tag_for(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def parse_step(tag: str) -> int | None:
-    """The step of a ``step_NNNNNNNN`` tag, or None for any other name."""
-    match = _TAG_RE.match(tag)
-    return int(match.group(1)) if match else None
-
-
-def examine(folder: Path) -> tuple[str, str]:
-    """(state, reason) of a step folder: COMPLETE, PARTIAL, DAMAGED or UNCOMMITTED."""
-    try:
-        record = json.loads((folder / COMMIT_MARKER).read_text())
-        files = dict(record["files"])
-    except FileNotFoundError:
-        return UNCOMMITTED, f"no {COMMIT_MARKER} (the save did not finish)"
-    except (ValueError, KeyError, TypeError) as exc:
-        return DAMAGED, f"unreadable {COMMIT_MARKER}: {exc}"
-    missing = []
-    for name, size in files.items():
-        path = folder / name
-        if not path.is_file():
-            missing.append(name)
-        elif path.stat().st_size != size:
-            return DAMAGED, f"{name} has {path.stat().st_size} bytes, {size} were saved"
-    if missing:
-        return PARTIAL, f"{len(missing)} of {len(files)} files are not here ({missing[0]}, ...)"
-    return COMPLETE, "every file present"
-
-
-def committed_tags(root: Path) -> list[str]:
-    """Tags of the loadable (complete) step folders under ``root``, oldest first."""
-    return [tag for tag in _step_dirs(root) if examine(root / tag)[0] == COMPLETE]
+class DiskFullError(CheckpointError):
+    """The checkpoint root's filesystem ran out of space during a save."""
 
 
 class Checkpointer:
-    def __init__(self, root: Path, *, keep_last: int = 3, mirror: S3Mirror | None = None):
+    def __init__(self, root: Path, *, keep_last: int = 3, mirror: CheckpointStore | None = None):
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be at least 1 (the newest checkpoint)")
         self.root = Path(root)
         self.keep_last = keep_last
         self.mirror = mirror
         self._shared_root: bool | None = None  # found out on first use, by every rank at once
+        self._verified: set[str] = set()  # tags whose checksums this process checked
 
     # ----------------------------------------------------------------- save
 
@@ -122,14 +97,33 @@ class Checkpointer:
         # Committed on some nodes only (one was replaced): those copies go too, so that
         # no committed folder is rewritten in place.
         self._on_writers(lambda: self._clear_save_dir(step_dir))
+        self._on_writers(self._warn_if_short_of_space)
+        try:
+            self._write(engine, step, step_dir, client_state)
+        except CheckpointError as error:
+            # Nothing half-written stays behind; the committed checkpoints are untouched.
+            self._on_writers(lambda: _remove_step_dir(step_dir))
+            raise self._explain(error, step_dir) from error
+        if self.mirror is not None:
+            self._mirror(step_dir, tag)
+        self._on_writers(self._prune_local)
+        if self.mirror is not None:
+            _on_rank0(self._prune_mirror)
+        return step_dir
 
+    def _write(self, engine, step: int, step_dir: Path, client_state: dict) -> None:
         saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
-        engine.save_checkpoint(str(self.root), tag=tag, client_state=saved_state, save_latest=False)
+        with _recording_writes(engine) as written:
+            engine.save_checkpoint(
+                str(self.root), tag=step_dir.name, client_state=saved_state, save_latest=False
+            )
         self._on_writers(self._drop_recovery_scripts)
-        _barrier()  # every rank's files are written before any is listed
-        files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir)))
+        # Each rank checksums the files it wrote, all ranks at once, while the bytes are
+        # still in the page cache; a write that failed on any rank fails the save on all.
+        reported = _merge_listings(_collective(lambda: written.entries(step_dir), runs_here=True))
+        files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir, reported)))
         record = {
-            "tag": tag,
+            "tag": step_dir.name,
             "step": step,
             "dp_world_size": engine.dp_world_size,
             "zero_stage": engine.zero_optimization_stage(),
@@ -137,12 +131,47 @@ class Checkpointer:
             "files": files,
         }
         self._on_writers(lambda: self._commit(step_dir, record))
-        if self.mirror is not None:
-            self._mirror(step_dir, tag)
-        self._on_writers(self._prune_local)
-        if self.mirror is not None:
-            _on_rank0(self._prune_mirror)
-        return step_dir
+
+    def _warn_if_short_of_space(self) -> None:
+        """Writers: say before the save, not after, when the last checkpoint would not fit."""
+        committed = committed_tags(self.root)
+        if not committed:
+            return
+        needed = _folder_bytes(self.root / committed[-1])
+        free = shutil.disk_usage(self.root).free
+        if free < needed:
+            log.warning(
+                "%s has %s free, less than the last checkpoint's %s: this save will likely "
+                "fail with 'No space left on device'; free space there or lower "
+                "checkpoint.keep_last",
+                self.root,
+                _bytes(free),
+                _bytes(needed),
+            )
+
+    def _explain(self, error: CheckpointError, step_dir: Path) -> CheckpointError:
+        """A DiskFullError naming the folder, the sizes and the way out, when that is what
+        happened; ``error`` otherwise."""
+        if not self.root.is_dir():
+            return error
+        free = shutil.disk_usage(self.root).free
+        committed = committed_tags(self.root)
+        needed = _folder_bytes(self.root / committed[-1]) if committed else None
+        out_of_space = "No space left" in str(error) or free < max(needed or 0, _LOW_SPACE)
+        if not out_of_space:
+            return error
+        size = (
+            f"about {_bytes(needed)} (the size of {committed[-1]})"
+            if needed
+            else "more than was free"
+        )
+        return DiskFullError(
+            f"No space left on device in {step_dir.parent}: the checkpoint {step_dir.name} needs "
+            f"{size} and {_bytes(free)} are free there. The half-written {step_dir.name} was "
+            "removed and the checkpoints committed before it are intact: free space on that "
+            "disk, point TRAIN_CHECKPOINT_DIR (checkpoint.dir) at a bigger one, or lower "
+            f"checkpoint.keep_last, then run the same command again ({error})"
+        )
 
     def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():
@@ -151,7 +180,7 @@ class Checkpointer:
         self.root.mkdir(parents=True, exist_ok=True)
 
     def _commit(self, step_dir: Path, record: dict) -> None:
-        write_atomically(step_dir / COMMIT_MARKER, json.dumps(record, indent=1).encode())
+        write_atomically(step_dir / COMMIT_MARKER, manifest_bytes(record))
         write_atomically(self.root / POINTER_NAME, (record["tag"] + "\n").encode())
         log.info("committed checkpoint %s (%d files)", step_dir, len(record["files"]))
 
@@ -180,7 +209,7 @@ class Checkpointer:
             _on_rank0(commit_in_s3)
 
     def _prune_local(self) -> None:
-        states = {tag: examine(self.root / tag)[0] for tag in _step_dirs(self.root)}
+        states = {tag: examine(self.root / tag)[0] for tag in step_dirs(self.root)}
         kept = [tag for tag, state in states.items() if state in (COMPLETE, PARTIAL)]
         keep = set(kept[-self.keep_last :])
         for tag in states:
@@ -195,11 +224,8 @@ class Checkpointer:
 
     def _prune_mirror(self) -> None:
         try:
-            keep = set(self.mirror.committed_tags()[-self.keep_last :])
-            for tag in self.mirror.tags():
-                if tag not in keep:
-                    log.info("pruning checkpoint %s/%s", self.mirror.uri, tag)
-                    self.mirror.delete(tag)
+            for tag in prune(self.mirror, self.keep_last):
+                log.info("pruned checkpoint %s/%s", self.mirror.uri, tag)
         except Exception:
             log.exception("could not prune old checkpoints in %s", self.mirror.uri)
 
@@ -211,11 +237,27 @@ class Checkpointer:
         Every rank calls it, on a freshly built engine. Returns the saved
         client_state, or None when no checkpoint was ever committed.
         """
-        inventories = self._on_writers(self._inventory)
         remote = _on_rank0(self._remote_tags)
-        tag = _choose(inventories, remote)
+        refused: set[str] = set()
+        while True:
+            inventories = self._on_writers(lambda: self._inventory(refused))
+            tag = _choose(inventories, [t for t in remote if t not in refused])
+            if tag is None:
+                break
+            try:
+                self._on_writers(lambda tag=tag: self._make_complete(tag, remote))
+            except CheckpointError as error:
+                _log_rank0(
+                    logging.WARNING,
+                    "%s cannot be loaded (%s): resuming from the committed checkpoint before it",
+                    tag,
+                    error,
+                )
+                refused.add(tag)
+                continue
+            break
         if tag is None:
-            damaged = sorted({t for inventory in inventories for t in inventory})
+            damaged = sorted({t for inventory in inventories for t in inventory} | refused)
             if damaged:
                 raise CheckpointError(
                     f"no checkpoint in {self.root} can be loaded, though {', '.join(damaged)} "
@@ -235,8 +277,7 @@ class Checkpointer:
             _newest(t for inventory in inventories for t, s in inventory.items() if s == COMPLETE),
             _newest(remote) if self.mirror is not None else "no mirror",
         )
-        self._on_writers(lambda: self._make_complete(tag, remote))
-        record = json.loads((self.root / tag / COMMIT_MARKER).read_text())
+        record = read_manifest(self.root / tag)
 
         load_root = self.root
         if record["zero_stage"] > 0 and record["dp_world_size"] != engine.dp_world_size:
@@ -254,17 +295,27 @@ class Checkpointer:
         _log_rank0(logging.INFO, "resumed from %s at step %d", load_root / tag, record["step"])
         return loaded[_CLIENT_STATE_KEY]
 
-    def _inventory(self) -> dict[str, str]:
-        """Writers: state of every committed step folder here (uncommitted ones are logged)."""
+    def _inventory(self, refused: set[str]) -> dict[str, str]:
+        """Writers: state of every committed step folder here (the others are logged).
+
+        Newest first, each folder's checksums are verified until one is complete;
+        the older ones are only sized, since resume will not reach them.
+        """
         inventory = {}
-        for tag in _step_dirs(self.root):
-            state, reason = examine(self.root / tag)
+        verifying = True
+        for tag in reversed(step_dirs(self.root)):
+            if tag in refused:
+                continue
+            state, reason = examine(self.root / tag, verify=verifying)
+            if state == COMPLETE and verifying:
+                self._verified.add(tag)
+                verifying = False
             if state != COMPLETE:
                 level = logging.INFO if state == PARTIAL else logging.WARNING
                 log.log(level, "%s is %s: %s", self.root / tag, state, reason)
             if state != UNCOMMITTED:
                 inventory[tag] = state
-        return inventory
+        return dict(reversed(inventory.items()))
 
     def _remote_tags(self) -> list[str]:
         if self.mirror is None:
@@ -279,15 +330,19 @@ class Checkpointer:
     def _make_complete(self, tag: str, remote: list[str]) -> None:
         """Writers: fetch from S3 whatever this node's copy of ``tag`` lacks."""
         folder = self.root / tag
-        state, reason = examine(folder)
+        state, reason = (
+            (COMPLETE, "verified") if tag in self._verified else examine(folder, verify=True)
+        )
         if state == COMPLETE:
             log.info("loading %s from local disk", folder)
             return
         if tag not in remote:
             raise CheckpointError(f"{folder} cannot be loaded ({reason}) and S3 has no copy")
         log.info("fetching %s from %s (%s here: %s)", tag, self.mirror.uri, state, reason)
+        if state == DAMAGED:
+            _remove_step_dir(folder)  # a same-size damaged file would otherwise be kept
         self.mirror.download(tag, self.root)
-        state, reason = examine(folder)
+        state, reason = examine(folder, verify=True)
         if state != COMPLETE:
             raise CheckpointError(f"{tag} fetched from {self.mirror.uri} is {state}: {reason}")
 
@@ -310,9 +365,9 @@ class Checkpointer:
                 inject_missing_state=False,
             )
         )
-        record = json.loads((self.root / tag / COMMIT_MARKER).read_text())
-        record["files"] = _make_durable(out)
-        write_atomically(out / COMMIT_MARKER, json.dumps(record, indent=1).encode())
+        record = read_manifest(self.root / tag)
+        record["files"] = _make_durable(out, {})
+        write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
 
     # ------------------------------------------------------ who does file work
 
@@ -401,56 +456,104 @@ def _load(engine, load_root: Path, tag: str, *, universal: bool) -> dict:
 # ------------------------------------------------------------------ files
 
 
-def _step_dirs(root: Path) -> list[str]:
-    if not root.is_dir():
-        return []
-    tags = [p.name for p in root.iterdir() if p.is_dir() and parse_step(p.name) is not None]
-    return sorted(tags, key=parse_step)
+def _make_durable(folder: Path, known: dict[str, dict]) -> dict[str, dict]:
+    """fsync every file under ``folder`` and the folders; returns each file's manifest entry.
 
-
-def _make_durable(folder: Path) -> dict[str, int]:
-    """fsync every file under ``folder`` and the folders; returns {relative path: size}."""
+    ``known`` holds the entries the writing ranks computed; a file no rank reported
+    (written by DeepSpeed outside its checkpoint engine) is checksummed here.
+    """
     files = {}
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != COMMIT_MARKER):
-        _fsync(path, os.O_RDONLY)
-        files[path.relative_to(folder).as_posix()] = path.stat().st_size
+        fsync_path(path)
+        name = path.relative_to(folder).as_posix()
+        entry = known.get(name)
+        if entry is None or entry["size"] != path.stat().st_size:
+            entry = describe_file(path)
+        files[name] = entry
     for sub in {p.parent for p in folder.rglob("*")} | {folder}:
-        _fsync(sub, os.O_RDONLY | os.O_DIRECTORY)
+        fsync_path(sub, directory=True)
     return files
 
 
-def _merge_listings(listings: list[dict[str, int]]) -> dict[str, int]:
-    merged: dict[str, int] = {}
+def _merge_listings(listings: list[dict[str, dict]]) -> dict[str, dict]:
+    merged: dict[str, dict] = {}
     for listing in listings:
-        for name, size in listing.items():
-            if merged.setdefault(name, size) != size:
-                raise CheckpointError(f"{name} differs in size between nodes")
+        for name, entry in listing.items():
+            if merged.setdefault(name, entry) != entry:
+                raise CheckpointError(f"{name} differs between nodes ({merged[name]} vs {entry})")
     return dict(sorted(merged.items()))
+
+
+class _Writes:
+    """The files one rank's checkpoint engine wrote during a save, and its failures."""
+
+    def __init__(self) -> None:
+        self.paths: list[Path] = []
+        self.failures: list[str] = []
+
+    def entries(self, step_dir: Path) -> dict[str, dict]:
+        if self.failures:
+            raise CheckpointError("; ".join(self.failures))
+        return {
+            path.relative_to(step_dir).as_posix(): describe_file(path)
+            for path in self.paths
+            if path.is_relative_to(step_dir)
+        }
+
+
+@contextlib.contextmanager
+def _recording_writes(engine) -> Iterator[_Writes]:
+    """Note every file ``engine``'s checkpoint engine saves.
+
+    A failed write is recorded rather than raised: DeepSpeed's save goes through
+    barriers after each file, and a rank leaving early would leave the others
+    waiting there. The caller turns a recorded failure into an error on every rank.
+    """
+    writes = _Writes()
+    checkpoint_engine = engine.checkpoint_engine
+    original = checkpoint_engine.save
+
+    def save(state_dict, path, *args, **kwargs):
+        try:
+            original(state_dict, path, *args, **kwargs)
+        except Exception as exc:
+            reason = os.strerror(errno.ENOSPC) if _is_enospc(exc) else f"{type(exc).__name__}"
+            writes.failures.append(f"could not write {path}: {reason}: {exc}")
+            with contextlib.suppress(OSError):
+                Path(path).unlink()
+        else:
+            writes.paths.append(Path(path))
+
+    checkpoint_engine.save = save
+    # DeepSpeed's recovery scripts are removed after every save (DEEPSPEED_RECOVERY_SCRIPTS):
+    # not copying them at all also keeps a full disk from failing outside the engine.
+    engine._copy_recovery_script = lambda save_path: None
+    try:
+        yield writes
+    finally:
+        del checkpoint_engine.save  # the class's method again
+        del engine._copy_recovery_script
+
+
+def _is_enospc(exc: BaseException) -> bool:
+    return isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _bytes(count: int) -> str:
+    """A byte count for messages: exact, with MiB beside it when that helps."""
+    return (
+        f"{count:,} bytes" if count < 1 << 20 else f"{count:,} bytes ({count / (1 << 20):.1f} MiB)"
+    )
 
 
 def _remove_step_dir(step_dir: Path) -> None:
     # Marker first: a folder whose removal is interrupted is never taken as committed.
     (step_dir / COMMIT_MARKER).unlink(missing_ok=True)
     shutil.rmtree(step_dir, ignore_errors=True)
-
-
-def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so that a reader sees the old or the new file, whole."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    _fsync(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-
-
-def _fsync(path: Path, flags: int) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # ------------------------------------------------------------ distributed

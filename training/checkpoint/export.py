@@ -8,37 +8,67 @@ with no DeepSpeed needed to read it.
 from __future__ import annotations
 
 import argparse
-import json
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME
+from training.checkpoint.layout import (
+    COMMIT_MARKER,
+    COMPLETE,
+    examine,
+    parse_step,
+    read_manifest,
+    step_dirs,
+)
 
 
 class ExportError(Exception):
-    """The path holds no committed checkpoint; str(error) is the one-line reason."""
+    """The path holds no loadable checkpoint, or the output cannot be written;
+    str(error) is the one-line reason."""
 
 
-def locate(path: Path) -> tuple[Path, str]:
-    """(checkpoint root, tag) of a step folder, or of a root's newest committed step."""
-    if (path / COMMIT_MARKER).is_file():
+def locate(path: Path, *, warn=lambda message: None) -> tuple[Path, str]:
+    """(checkpoint root, tag) of a step folder, or of a root's newest loadable step.
+
+    Every file is verified against the manifest's checksums first. In a root, a
+    damaged newer checkpoint is skipped with a warning naming the file, as resume does.
+    """
+    if parse_step(path.name) is not None and (path / COMMIT_MARKER).exists():
+        state, reason = examine(path, verify=True)
+        if state != COMPLETE:
+            raise ExportError(f"{path} cannot be exported: it is {state} ({reason})")
         return path.parent, path.name
-    pointer = path / POINTER_NAME
-    if pointer.is_file():
-        tag = pointer.read_text().strip()
-        if (path / tag / COMMIT_MARKER).is_file():
+    tags = step_dirs(path)
+    for tag in reversed(tags):
+        state, reason = examine(path / tag, verify=True)
+        if state == COMPLETE:
             return path, tag
-        raise ExportError(f"{pointer} names {tag}, which is not a committed checkpoint")
+        if (path / tag / COMMIT_MARKER).exists():
+            warn(f"skipping {path / tag}: it is {state} ({reason})")
     raise ExportError(
-        f"{path} is not a committed checkpoint: expected a step folder with {COMMIT_MARKER} "
-        f"or a checkpoint root with {POINTER_NAME}"
+        f"{path} holds no loadable checkpoint: expected a step folder with {COMMIT_MARKER} "
+        f"or a checkpoint root holding such folders ({len(tags)} step folder(s) there, "
+        "none complete)"
     )
 
 
+def check_output(out: Path) -> None:
+    """Refuse an output that is a directory or cannot be written, before anything loads."""
+    if out.is_dir():
+        raise ExportError(f"{out} is a directory: give a file name, e.g. {out / 'model.pt'}")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ExportError(f"cannot write {out}: {parent} is a file, not a folder")
+    if not os.access(out if out.exists() else parent, os.W_OK):
+        raise ExportError(f"cannot write {out}: permission denied; choose a writable path")
+
+
 def fp32_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
-    record = json.loads((root / tag / COMMIT_MARKER).read_text())
+    record = read_manifest(root / tag)
     if record["zero_stage"] == 0:
         # Without ZeRO the model file holds every weight (in the training dtype).
         states = torch.load(
@@ -53,12 +83,18 @@ def fp32_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
 
 def export(checkpoint: Path, out: Path) -> tuple[str, int]:
     """Write the weights to `out`; return the tag exported and the number of parameters."""
-    root, tag = locate(checkpoint)
+    check_output(out)
+    root, tag = locate(
+        checkpoint, warn=lambda message: print(f"warning: {message}", file=sys.stderr)
+    )
     state = fp32_state_dict(root, tag)
-    out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(state, out)
     unique = {tensor.data_ptr(): tensor.numel() for tensor in state.values()}
     return tag, sum(unique.values())
+
+
+def _warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
 
 
 def main(argv: list[str]) -> int:

@@ -19,18 +19,14 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 from pathlib import Path
 
 import boto3
 from botocore.exceptions import ClientError
 
-from training.checkpoint.checkpointer import (
-    COMMIT_MARKER,
-    POINTER_NAME,
-    parse_step,
-    write_atomically,
-)
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +34,30 @@ _DELETE_BATCH = 1000  # S3 DeleteObjects limit
 # Beside the checkpoints, where `python -m infra status` reads the job's step, loss and speed.
 STATUS_NAME = "status.json"
 
+# Bucket names: 3-63 lowercase letters, digits, dots and hyphens, starting and ending
+# with a letter or digit (https://docs.aws.amazon.com/AmazonS3/latest/userguide/bucketnamingrules.html).
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """(bucket, prefix) of ``s3://BUCKET/PREFIX``; ValueError with the fix otherwise."""
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    if not uri.startswith("s3://") or not bucket or not prefix.strip("/"):
+        raise ValueError(
+            f"TRAIN_S3_URI = {uri!r} is not a checkpoint location: "
+            "expected s3://BUCKET/PREFIX, e.g. s3://my-bucket/runs/gpt-demo"
+        )
+    if not _BUCKET_NAME.match(bucket):
+        raise ValueError(
+            f"TRAIN_S3_URI = {uri!r}: {bucket!r} is not a valid S3 bucket name "
+            "(3-63 lowercase letters, digits, dots and hyphens)"
+        )
+    return bucket, prefix
+
 
 class S3Mirror:
+    """The checkpoint store (training.checkpoint.store.CheckpointStore) in an S3 prefix."""
+
     def __init__(self, bucket: str, prefix: str, *, client=None):
         self.bucket = bucket
         self.prefix = prefix.strip("/")
@@ -47,13 +65,7 @@ class S3Mirror:
 
     @classmethod
     def from_uri(cls, uri: str) -> S3Mirror:
-        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-        if not uri.startswith("s3://") or not bucket or not prefix.strip("/"):
-            raise ValueError(
-                f"TRAIN_S3_URI={uri!r} is not a checkpoint location: "
-                "expected s3://BUCKET/PREFIX, e.g. s3://my-bucket/runs/gpt-demo"
-            )
-        return cls(bucket, prefix)
+        return cls(*parse_uri(uri))
 
     @property
     def uri(self) -> str:

@@ -41,6 +41,24 @@ def test_bad_stack_file_is_one_line_naming_the_file(tmp_path, config, expected):
     assert expected in str(caught.value) and "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("word", ["yes", "no", "on", "off", "y", "n", "Yes", "ON"])
+def test_yaml_1_1_booleans_are_refused_as_the_pulumi_cli_passes_them(tmp_path, word):
+    """The Pulumi CLI reads YAML 1.2, where these are strings; the schema refuses them."""
+    path = tmp_path / "Pulumi.bad.yaml"
+    path.write_text(f"config:\n  gpu:profile: v100x1\n  gpu:spot: {word}\n")
+    with pytest.raises(ConfigError, match=f"gpu:spot is '{word}'"):
+        load_stack_file(path)
+
+
+def test_an_unknown_aws_setting_is_warned_about(tmp_path, caplog):
+    path = tmp_path / "Pulumi.typo.yaml"
+    path.write_text("config:\n  aws:regoin: eu-west-1\n  aws:region: us-east-1\n")
+    load_stack_file(path)
+    assert "Pulumi.typo.yaml: aws:regoin is not a setting of the AWS provider" in caplog.text
+    assert "did you mean aws:region?" in caplog.text
+    assert "aws:region is not" not in caplog.text
+
+
 @pytest.mark.parametrize("path", sorted(REPO_ROOT.glob("Pulumi.*.yaml")), ids=lambda p: p.name)
 def test_every_example_stack_stops_a_runaway_node_within_its_budget(path):
     """A hung job keeps its GPUs busy, so only the runtime alarm stops it before the budget:

@@ -11,18 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
 from tests.training.multirank import torchrun, torchrun_nodes
-from training.checkpoint.checkpointer import (
+from training.checkpoint.checkpointer import Checkpointer, CheckpointError, committed_tags
+from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
     PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
-    Checkpointer,
-    CheckpointError,
-    committed_tags,
     examine,
     parse_step,
     tag_for,
@@ -103,7 +102,11 @@ def test_nothing_to_resume_returns_none(single_rank, tmp_path, caplog):
 def test_commit_marker_lists_every_file_and_deepspeed_latest_is_not_written(single_rank, tmp_path):
     step_dir = Checkpointer(tmp_path).save(trained_engine(2), 2, {"step": 2})
     record = json.loads((step_dir / COMMIT_MARKER).read_text())
-    on_disk = {p.name: p.stat().st_size for p in step_dir.iterdir() if p.name != COMMIT_MARKER}
+    on_disk = {
+        p.name: {"size": p.stat().st_size, "xxh3_64": xxhash.xxh3_64_hexdigest(p.read_bytes())}
+        for p in step_dir.iterdir()
+        if p.name != COMMIT_MARKER
+    }
     assert record["files"] == on_disk
     assert record["step"] == 2 and record["dp_world_size"] == 1 and record["zero_stage"] == 2
     assert (tmp_path / POINTER_NAME).read_text().strip() == "step_00000002"
@@ -163,10 +166,17 @@ def test_only_an_unfinished_first_save_starts_fresh(single_rank, tmp_path, caplo
 
 def test_unloadable_committed_checkpoint_raises_instead_of_starting_fresh(single_rank, tmp_path):
     checkpointer = Checkpointer(tmp_path)
-    checkpointer.save(trained_engine(2), 2, {"step": 2})
-    # Same size, garbage content: the marker is satisfied but torch.load is not.
-    states = tmp_path / tag_for(2) / "mp_rank_00_model_states.pt"
+    step_dir = checkpointer.save(trained_engine(2), 2, {"step": 2})
+    # Same size, garbage content, under a manifest of sizes only (as written before
+    # checksums): the manifest is satisfied but torch.load is not.
+    states = step_dir / "mp_rank_00_model_states.pt"
     states.write_bytes(b"\0" * states.stat().st_size)
+    sizes = {p.name: p.stat().st_size for p in step_dir.iterdir() if p.name != COMMIT_MARKER}
+    (step_dir / COMMIT_MARKER).write_text(
+        json.dumps(
+            {"tag": tag_for(2), "step": 2, "dp_world_size": 1, "zero_stage": 2, "files": sizes}
+        )
+    )
     with pytest.raises(CheckpointError, match="could not load"):
         checkpointer.resume(build_engine())
 

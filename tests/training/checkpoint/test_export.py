@@ -49,7 +49,7 @@ def test_export_writes_the_trained_weights(single_rank, tmp_path, stage, capsys)
 def test_export_refuses_a_folder_without_committed_checkpoint(tmp_path, capsys):
     (tmp_path / "step_00000005").mkdir()
     assert main([str(tmp_path), str(tmp_path / "out.pt")]) == 2
-    assert "is not a committed checkpoint" in capsys.readouterr().err
+    assert "holds no loadable checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out.pt").exists()
     with pytest.raises(ExportError):
         locate(tmp_path / "step_00000005")

@@ -10,7 +10,7 @@ import pytest
 
 from infra.components.iam import instance_policy
 from infra.components.storage import CHECKPOINT_PREFIX
-from training.checkpoint.checkpointer import COMMIT_MARKER, POINTER_NAME
+from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME
 from training.checkpoint.s3 import S3Mirror
 
 
@@ -60,7 +60,7 @@ def test_bad_uri_names_the_variable_and_the_form(uri):
     with pytest.raises(ValueError) as error:
         S3Mirror.from_uri(uri)
     message = str(error.value)
-    assert f"TRAIN_S3_URI={uri!r}" in message and "s3://BUCKET/PREFIX" in message
+    assert f"TRAIN_S3_URI = {uri!r}" in message and "s3://BUCKET/PREFIX" in message
 
 
 def test_uri_parts():

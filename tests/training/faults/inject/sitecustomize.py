@@ -1,0 +1,78 @@
+"""A machine dying at an exact moment, for the fault tests.
+
+Python imports ``sitecustomize`` at start-up from the first folder on sys.path
+that has one; the fault tests put this folder on PYTHONPATH. In the worker of
+rank FAULT_RANK (default 0) it counts the calls of FAULT_POINT and, at call
+FAULT_AT, SIGKILLs the launcher and then itself (the other ranks die with the
+launcher): no handler runs, nothing is flushed, as in a power cut.
+
+    save    after the checkpoint engine wrote a file (the step folder is half written)
+    upload  before a file goes to S3 (the S3 copy is half uploaded)
+    commit  after an atomic write of the manifest or the pointer (odd: marker only)
+
+With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
+sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+POINT = os.environ.get("FAULT_POINT")
+
+
+def _act() -> None:
+    if os.environ.get("FAULT_ACTION") == "pause":
+        import pathlib
+        import time
+
+        pathlib.Path(os.environ["FAULT_FLAG"]).touch()
+        time.sleep(float(os.environ["FAULT_PAUSE_S"]))
+        return
+    os.kill(int(os.environ["TRAIN_LAUNCHER_PID"]), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _counting(function, *, before: bool):
+    at = int(os.environ["FAULT_AT"])
+    calls = 0
+
+    def wrapper(*args, **kwargs):
+        nonlocal calls
+        calls += 1
+        if before and calls == at:
+            _act()
+        result = function(*args, **kwargs)
+        if not before and calls == at:
+            _act()
+        return result
+
+    return wrapper
+
+
+def _install() -> None:
+    if POINT == "save":
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine,
+        )
+
+        TorchCheckpointEngine.save = _counting(TorchCheckpointEngine.save, before=False)
+    elif POINT == "upload":
+        from training.checkpoint.s3 import S3Mirror
+
+        original_init = S3Mirror.__init__
+
+        def init(self, *args, **kwargs):
+            original_init(self, *args, **kwargs)
+            self._s3.upload_file = _counting(self._s3.upload_file, before=True)
+
+        S3Mirror.__init__ = init
+    elif POINT == "commit":
+        from training.checkpoint import checkpointer
+
+        checkpointer.write_atomically = _counting(checkpointer.write_atomically, before=False)
+
+
+if POINT and "RANK" in os.environ and os.environ["RANK"] == os.environ.get("FAULT_RANK", "0"):
+    _install()

@@ -1,0 +1,91 @@
+"""Bad input fails in one line with exit 2, before any rank starts (`python -m training`
+as a user runs it, one subprocess per input)."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.training.jobs import TINY, job_command, job_env
+from tests.training.multirank import REPO_ROOT
+
+CUSTOM_MODEL = "model.builder=examples.custom_model.model:build"
+CUSTOM_DATA = "data.builder=examples.custom_model.data:build"
+
+
+def run_training(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(args, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+def assert_refused(result: subprocess.CompletedProcess, words: str, output_dir) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: ") and words in lines[0], lines[0]
+    assert "starting" not in result.stderr  # the launcher never started a worker
+    assert not (output_dir / "metrics.jsonl").exists()
+
+
+def token_file(path, largest: int):
+    np.arange(largest + 1, dtype=np.uint16).repeat(3)[::-1].tofile(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("env", "overrides", "words"),
+    [
+        ({"TRAIN_MASTER_PORT": "99999"}, (), "TRAIN_MASTER_PORT = '99999' is not a TCP port"),
+        ({"TRAIN_MASTER_PORT": "http"}, (), "TRAIN_MASTER_PORT = 'http' is not a TCP port"),
+        ({"TRAIN_S3_URI": "my-bucket"}, (), "expected s3://BUCKET/PREFIX"),
+        ({"TRAIN_S3_URI": "s3://My_Bucket/runs"}, (), "is not a valid S3 bucket name"),
+        ({"TRAIN_NNODES": "two"}, (), "TRAIN_NNODES = 'two' is not an integer"),
+        ({"TRAIN_NODE_RANK": "1"}, (), "TRAIN_NODE_RANK = 1 is outside 0..0"),
+        ({"TRAIN_NPROC_PER_NODE": "0"}, (), "must both be at least 1"),
+        ({"TRAIN_MASTER_ADDR": "10.0.0.1:29500"}, (), "is not a host name or IP address"),
+        ({"TRAIN_SPOT_ENDPOINT": "169.254.169.254"}, (), "is not an http(s) URL"),
+        ({"TRAIN_CONFIG": "/nonexistent/job.toml"}, (), "does not exist"),
+        ({}, (CUSTOM_MODEL, "model.options={hiden_size = 8}"), "unexpected keyword argument"),
+        ({}, (CUSTOM_DATA, "data.options={motif = 8}"), "data.options do not fit"),
+    ],
+)
+def test_bad_environment_or_options_fail_in_one_line(tmp_path, env, overrides, words):
+    result = run_training(job_command(*TINY, *overrides), job_env(tmp_path, **env))
+    assert_refused(result, words, tmp_path)
+
+
+def test_a_checkpoint_dir_under_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("")
+    env = job_env(tmp_path, TRAIN_CHECKPOINT_DIR=str(tmp_path / "file" / "checkpoints"))
+    result = run_training(job_command(*TINY), env)
+    assert_refused(result, "is a file, not a folder", tmp_path)
+
+
+def test_a_port_in_use_is_refused_in_one_line(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = job_env(tmp_path)
+        env["TRAIN_MASTER_PORT"] = str(port)
+        result = run_training(job_command(*TINY), env)
+    assert_refused(result, f"TRAIN_MASTER_PORT = {port} is already in use", tmp_path)
+
+
+def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
+    data = token_file(tmp_path / "train.bin", largest=100)
+    overrides = (*TINY, "data.kind=tokens", f"data.path={data}")  # TINY: vocab_size = 64
+    result = run_training(job_command(*overrides), job_env(tmp_path))
+    assert_refused(result, "holds token id 100, not below data.vocab_size = 64", tmp_path)
+
+
+@pytest.mark.parametrize("target", ["directory", "under a file"])
+def test_export_to_an_unusable_path_fails_in_one_line(tmp_path, target):
+    (tmp_path / "file").write_text("")
+    out = tmp_path if target == "directory" else tmp_path / "file" / "model.pt"
+    result = run_training([*job_command(), "export", str(tmp_path), str(out)], job_env(tmp_path))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert ("is a directory" if target == "directory" else "is a file") in lines[0]
