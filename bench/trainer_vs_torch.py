@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import time
 
 import deepspeed
 import torch
 from torch.utils.data import default_collate
 
+from bench.single import init_single_process
 from training.data import SyntheticSequences
 from training.ds_config import build_ds_config
 from training.metrics import mfu, peak_tflops
@@ -76,7 +75,7 @@ def main() -> None:
 
     plain = model().to(device)
     flops = flops_per_token(plain, args.seq_len)
-    _init_single_process(on_gpu)
+    init_single_process(on_gpu)
     net = model()
     engine, *_ = deepspeed.initialize(
         model=net,
@@ -170,23 +169,6 @@ def _timed(step, batches, on_gpu: bool) -> float:
 def _sync(on_gpu: bool) -> None:
     if on_gpu:
         torch.cuda.synchronize()
-
-
-def _init_single_process(on_gpu: bool) -> None:
-    # deepspeed.initialize reads the rank variables a launcher would set.
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
-        os.environ.setdefault(name, value)
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    deepspeed.init_distributed(
-        dist_backend="nccl" if on_gpu else "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=0,
-        world_size=1,
-        auto_mpi_discovery=False,
-        verbose=False,
-    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,0 +1,98 @@
+"""Starting real jobs: `python -m training` (launcher and ranks) and bench workers."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+# Set by a launcher for its workers; a job started from here must not inherit them.
+_RANK_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+# The demo job made quiet: rank 0 writes no progress bar and no TensorBoard unless asked.
+QUIET = ("logging.progress_bar=false", "logging.tensorboard=false")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """This environment without rank variables, the repo importable, one thread per rank.
+
+    DeepSpeed's JIT ops are cached per interpreter: torch's default cache
+    (~/.cache/torch_extensions) is shared by every venv of the user, and a build from
+    another venv's paths is rebuilt (about 40 s on 2 cores), which would land in whichever
+    benchmark starts next. bench/startup.py measures that cold build on its own.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+    env.update(extra)
+    return env
+
+
+def training_command(overrides: list[str] | tuple[str, ...]) -> list[str]:
+    return [sys.executable, "-m", "training", *(a for o in overrides for a in ("--set", o))]
+
+
+def training_env(work: Path, ranks: int, **extra: str) -> dict[str, str]:
+    """The environment of a `python -m training` job whose outputs go under ``work``."""
+    return job_env(
+        TRAIN_OUTPUT_DIR=str(work / "out"),
+        TRAIN_CHECKPOINT_DIR=str(work / "ckpt"),
+        TRAIN_NPROC_PER_NODE=str(ranks),
+        TRAIN_MASTER_PORT=str(free_port()),
+        **{"TRAIN_SPOT_ENDPOINT": "", **extra},
+    )
+
+
+def run_training(work: Path, ranks: int, overrides, *, timeout: float = 600, **env: str):
+    """Run a job to its end; the completed process (output captured)."""
+    work.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        training_command(overrides),
+        cwd=work,
+        env=training_env(work, ranks, **env),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def run_ranks(module: str, ranks: int, args: list[str], *, timeout: float = 600):
+    """`python -m module args` on ``ranks`` local ranks through torch's elastic launcher."""
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={ranks}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        "-m",
+        module,
+        *args,
+    ]
+    result = subprocess.run(
+        command, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
+    )
+    if result.returncode != 0:
+        # torchrun ends stderr with its own banner: name the workers' error first.
+        named = [line for line in result.stderr.splitlines() if "Error" in line]
+        first = named[0].strip() if named else f"exit {result.returncode}"
+        raise RuntimeError(f"{module} on {ranks} ranks failed: {first}\n{result.stderr[-3000:]}")
+    return result
