@@ -1,10 +1,10 @@
-"""The GPU nodes: one launch template, N instances, EFA and placement for multi-node.
+"""The GPU node: one launch template, one instance (more nodes run on the Slurm cluster).
 
 The launch template carries what every node shares: the AMI (resolved by EC2
 from the DLAMI family's public SSM parameter at launch), the instance type, an
 encrypted gp3 root volume, IMDSv2, the instance profile and the network
-interfaces. Each node is an aws.ec2.Instance built from it, so its instance ID is
-known to budgets and alarms, with its own user data (node rank, node 0's address).
+interface. The node is an aws.ec2.Instance built from it, so its instance ID is
+known to budgets and alarms, with its own user data.
 
 Spot nodes use a persistent request that stops (not terminates) on interruption:
 EC2 starts the same instance, with the same root volume, when capacity returns,
@@ -15,14 +15,13 @@ given an end date, a RunInstances one stays until cancelled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pulumi
 import pulumi_aws as aws
 
 from infra.components.spot_request import SpotRequestCanceller
-from infra.knowledge.layout import Interface
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
 ROOT_VOLUME_THROUGHPUT_MIBPS = 500
@@ -35,16 +34,13 @@ class ComputeArgs:
     image_id: str  # an AMI id, or "resolve:ssm:<public parameter>" that EC2 resolves at launch
     root_device_name: str  # the AMI's own root device: under another name it would add a volume
     description: str
-    interfaces: Sequence[Interface]  # per node (infra.knowledge.layout.interface_layout)
-    nodes: int
     spot: bool
     root_volume_gib: int
     availability_zone: pulumi.Input[str]
     subnet_id: pulumi.Input[str]
     security_group_id: pulumi.Input[str]
     instance_profile_arn: pulumi.Input[str]
-    # user_data(node_rank, master_addr): one node's boot document
-    user_data: Callable[[int, pulumi.Input[str]], pulumi.Output[str]]
+    user_data: pulumi.Input[str]  # the node's boot document (infra.node.boot)
     # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
     wait_for: Sequence[pulumi.Resource] = ()
     # A capacity reservation to launch into: an On-Demand Capacity Reservation, or with
@@ -59,7 +55,7 @@ class ComputeArgs:
 
 
 class Compute(pulumi.ComponentResource):
-    """Launch template, placement group, nodes (and their public addresses)."""
+    """Launch template and the node."""
 
     instance_ids: list[pulumi.Output[str]]
     private_ips: list[pulumi.Output[str]]
@@ -73,16 +69,6 @@ class Compute(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Compute", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        interfaces = args.interfaces
-        # EC2 auto-assigns a public address only to an instance with one interface;
-        # multi-interface (EFA) nodes get an Elastic IP for their outbound traffic.
-        needs_elastic_ip = len(interfaces) > 1
-
-        placement: dict = {"availability_zone": args.availability_zone}
-        if args.nodes > 1:
-            group = aws.ec2.PlacementGroup(f"{name}-cluster", strategy="cluster", opts=child)
-            placement["group_name"] = group.name
-
         template = aws.ec2.LaunchTemplate(
             f"{name}-node",
             description=args.description,
@@ -110,19 +96,16 @@ class Compute(pulumi.ComponentResource):
             ],
             network_interfaces=[
                 {
-                    "network_card_index": interface.network_card_index,
-                    "device_index": interface.device_index,
-                    "interface_type": interface.interface_type,
+                    "network_card_index": 0,
+                    "device_index": 0,
+                    "interface_type": None,  # a plain ENA interface
                     "subnet_id": args.subnet_id,
                     "security_groups": [args.security_group_id],
                     "delete_on_termination": "true",
-                    "associate_public_ip_address": (
-                        None if needs_elastic_ip or interface.device_index else "true"
-                    ),
+                    "associate_public_ip_address": "true",
                 }
-                for interface in interfaces
             ],
-            placement=placement,
+            placement={"availability_zone": args.availability_zone},
             # Provider default tags reach the instance but not what it creates: volumes,
             # interfaces and spot requests would escape the cost tag a budget filters on
             # (hashicorp/terraform-provider-aws issue 19890; EC2 User Guide, "Tag your
@@ -162,52 +145,43 @@ class Compute(pulumi.ComponentResource):
             else None
         )
         self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
-        master_addr: pulumi.Input[str] = "127.0.0.1"
-        for rank in range(args.nodes):
-            node = aws.ec2.Instance(
-                f"{name}-node-{rank}",
-                launch_template={"id": template.id, "version": template.latest_version.apply(str)},
-                instance_market_options=market,
-                capacity_reservation_specification=reservation,
-                user_data=args.user_data(rank, master_addr),
-                # Changed user data would only stop and start the instance, and cloud-init
-                # writes its files once per instance: the node would keep its first boot's
-                # scripts and job (pulumi-aws Instance, user_data: "Updates to this field will
-                # trigger a stop/start"). Replace the node instead.
-                user_data_replace_on_change=True,
-                tags={"Name": f"{name}-node-{rank}", "gpu-node-rank": str(rank)},
-                opts=pulumi.ResourceOptions(
-                    parent=self,
-                    depends_on=list(args.wait_for),
-                    # A replacement (new user data or launch template version, which is
-                    # ForceNew) deletes the old node first: two p4d.24xlarge at once would need
-                    # twice the vCPU quota (VcpuLimitExceeded) or double the bill.
-                    delete_before_replace=True,
-                ),
+        # "-node-0" and rank 0, as when stacks could have more nodes: an existing stack
+        # keeps its instance. Lists, as the command line reads them (instance_ids...).
+        node_name = f"{name}-node-0"
+        node = aws.ec2.Instance(
+            node_name,
+            launch_template={"id": template.id, "version": template.latest_version.apply(str)},
+            instance_market_options=market,
+            capacity_reservation_specification=reservation,
+            user_data=args.user_data,
+            # Changed user data would only stop and start the instance, and cloud-init
+            # writes its files once per instance: the node would keep its first boot's
+            # scripts and job (pulumi-aws Instance, user_data: "Updates to this field will
+            # trigger a stop/start"). Replace the node instead.
+            user_data_replace_on_change=True,
+            tags={"Name": node_name, "gpu-node-rank": "0"},
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=list(args.wait_for),
+                # A replacement (new user data or launch template version, which is
+                # ForceNew) deletes the old node first: two p4d.24xlarge at once would need
+                # twice the vCPU quota (VcpuLimitExceeded) or double the bill.
+                delete_before_replace=True,
+            ),
+        )
+        self.instance_ids.append(node.id)
+        self.private_ips.append(node.private_ip)
+        if args.spot:
+            self.spot_request_ids.append(node.spot_instance_request_id)
+            # Deleted before its node (it depends on it), on destroy and on replacement.
+            SpotRequestCanceller(
+                f"{node_name}-spot-request",
+                spot_request_id=node.spot_instance_request_id,
+                instance_id=node.id,
+                region=args.region,
+                profile=args.aws_profile,
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )
-            if rank == 0 and args.nodes > 1:
-                # Every other node's user data waits for node 0's address.
-                master_addr = node.private_ip
-            if needs_elastic_ip:
-                aws.ec2.Eip(
-                    f"{name}-node-{rank}",
-                    domain="vpc",
-                    network_interface=node.primary_network_interface_id,
-                    opts=child,
-                )
-            self.instance_ids.append(node.id)
-            self.private_ips.append(node.private_ip)
-            if args.spot:
-                self.spot_request_ids.append(node.spot_instance_request_id)
-                # Deleted before its node (it depends on it), on destroy and on replacement.
-                SpotRequestCanceller(
-                    f"{name}-node-{rank}-spot-request",
-                    spot_request_id=node.spot_instance_request_id,
-                    instance_id=node.id,
-                    region=args.region,
-                    profile=args.aws_profile,
-                    opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
-                )
 
         self.register_outputs(
             {

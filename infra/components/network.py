@@ -4,8 +4,7 @@ A VPC with one public subnet in the availability zone the nodes use, an internet
 gateway for outbound traffic (ECR, S3, SSM, CloudWatch) and an S3 gateway
 endpoint so checkpoint and image-layer traffic skips the internet; or the
 account's default VPC when `gpu:useDefaultVpc` asks. One security group: nothing
-inbound from the internet (SSH only from `gpu:sshCidr`, when set), all traffic
-between the stack's own nodes (EFA and NCCL need it).
+inbound from the internet (SSH only from `gpu:sshCidr`, when set).
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from infra.components.zone import KeptZone
 from infra.knowledge.layout import choose_zone
 
 VPC_CIDR = "10.42.0.0/16"
-# /20: 4091 usable addresses; a p5 node with EFA interfaces on every card may use 32.
+# /20: 4091 usable addresses, room for the Slurm cluster's nodes.
 SUBNET_CIDR = "10.42.0.0/20"
 
 
@@ -29,7 +28,6 @@ class NetworkArgs:
     instance_type: str  # the zone chosen must offer it
     availability_zone: str | None  # None: the first zone (by name) that offers the type
     use_default_vpc: bool
-    multi_node: bool  # the nodes' security group lets them reach each other
     ssh_cidr: ipaddress.IPv4Network | None
 
 
@@ -78,17 +76,6 @@ class Network(pulumi.ComponentResource):
             self._create_vpc(name, child)
 
         ingress = []
-        if args.multi_node:
-            # EFA and NCCL: every port, every protocol, but only between the nodes.
-            ingress.append(
-                {
-                    "protocol": "-1",
-                    "from_port": 0,
-                    "to_port": 0,
-                    "self": True,
-                    "description": "all traffic between the stack's nodes (EFA, NCCL)",
-                }
-            )
         if args.ssh_cidr is not None:
             ingress.append(
                 {

@@ -36,6 +36,7 @@ from infra.functions.ledger import PERIOD_KEY
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
@@ -52,6 +53,9 @@ class SpendGuardArgs:
     guardrails: GuardrailConfig  # budget, period and alert thresholds
     cost_tag: tuple[str, str]  # (key, value) on every instance of the stack
     alert_topic_arn: pulumi.Input[str]
+    # A Slurm cluster's head node: on demand, a type outside the GPU catalog, so priced from
+    # infra/knowledge/data/parallelcluster.toml (without it the guard would fail safe).
+    head_node: HeadNode | None = None
 
 
 class SpendGuard(pulumi.ComponentResource):
@@ -102,6 +106,10 @@ class SpendGuard(pulumi.ComponentResource):
             instance_type: price.by_market()
             for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
         }
+        if args.head_node is not None:
+            prices[args.head_node.instance_type] = {
+                "on-demand": args.head_node.on_demand_usd_per_hour
+            }
         environment = pulumi.Output.all(self.ledger.name, args.alert_topic_arn).apply(
             lambda values: GuardSettings(
                 table=values[0],

@@ -20,7 +20,6 @@ from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
 from infra.knowledge.costs import cost_summary, hourly_usd, price_model
-from infra.knowledge.layout import interface_layout
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
@@ -55,7 +54,6 @@ class TrainingStack(pulumi.ComponentResource):
             opts=pulumi.ResourceOptions(parent=self),
         )
         child = pulumi.ResourceOptions(parent=self, providers={"aws": provider})
-        multi_node = plan.nodes > 1 and config.cluster is None
 
         network = Network(
             name,
@@ -63,7 +61,6 @@ class TrainingStack(pulumi.ComponentResource):
                 instance_type=plan.instance.type,
                 availability_zone=config.availability_zone,
                 use_default_vpc=config.use_default_vpc,
-                multi_node=multi_node,
                 ssh_cidr=config.ssh_cidr,
             ),
             opts=child,
@@ -76,8 +73,12 @@ class TrainingStack(pulumi.ComponentResource):
             ),
             opts=child,
         )
+        # The budget, its alert topic and subscriptions exist before any node starts.
+        guardrails = Guardrails(
+            name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
+        )
         if config.cluster is not None:
-            self._slurm_cluster(name, config, plan, network, storage, provider, child)
+            self._slurm_cluster(name, config, plan, network, storage, guardrails, provider, child)
             return
         role = InstanceRole(
             name,
@@ -88,10 +89,6 @@ class TrainingStack(pulumi.ComponentResource):
                 data=config.data_s3_uri,
             ),
             opts=child,
-        )
-        # The budget, its alert topic and subscriptions exist before any node starts.
-        guardrails = Guardrails(
-            name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
         )
         # Finds the instances by their tag, so it counts them from their launch whenever it
         # starts; it needs the guardrails' alert topic. The nodes wait for it too.
@@ -110,32 +107,24 @@ class TrainingStack(pulumi.ComponentResource):
         region = aws.get_region_output(
             opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
         )
-        interfaces = interface_layout(plan)
-        efa = any(i.interface_type for i in interfaces)
-
-        def user_data(rank: int, master_addr: pulumi.Input[str]) -> pulumi.Output[str]:
-            known_at_deploy = pulumi.Output.all(
-                image_uri=self.image_uri,
-                region=region.region,
-                log_group=storage.log_group_name,
-                checkpoint_s3_uri=storage.checkpoint_uri,
-                master_addr=master_addr,
-            )
-            return known_at_deploy.apply(
-                lambda values: render_user_data(
-                    NodeBoot(
-                        **values,
-                        min_driver=plan.variant.min_driver,
-                        nnodes=plan.nodes,
-                        node_rank=rank,
-                        instance_store_drives=plan.instance.instance_store_nvme,
-                        efa=efa,
-                        data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
-                        train_config=config.train_config_text,
-                        usd_per_hour=hourly_usd(plan, spot=config.spot),
-                    )
+        known_at_deploy = pulumi.Output.all(
+            image_uri=self.image_uri,
+            region=region.region,
+            log_group=storage.log_group_name,
+            checkpoint_s3_uri=storage.checkpoint_uri,
+        )
+        user_data = known_at_deploy.apply(
+            lambda values: render_user_data(
+                NodeBoot(
+                    **values,
+                    min_driver=plan.variant.min_driver,
+                    instance_store_drives=plan.instance.instance_store_nvme,
+                    data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
+                    train_config=config.train_config_text,
+                    usd_per_hour=hourly_usd(plan, spot=config.spot),
                 )
             )
+        )
 
         compute = Compute(
             name,
@@ -144,8 +133,6 @@ class TrainingStack(pulumi.ComponentResource):
                 image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
                 root_device_name=plan.ami.root_device_name,
                 description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-                interfaces=interfaces,
-                nodes=plan.nodes,
                 spot=config.spot,
                 root_volume_gib=config.root_volume_gib,
                 availability_zone=network.availability_zone,
@@ -227,17 +214,31 @@ class TrainingStack(pulumi.ComponentResource):
         plan: Plan,
         network: Network,
         storage: Storage,
+        guardrails: Guardrails,
         provider: aws.Provider,
         child: pulumi.ResourceOptions,
     ) -> None:
         """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
         tag_key, tag_value = cost_tag()
+        head_node = load_parallelcluster().head_node
+        # The guard finds the head node and every node Slurm starts by the cost tag that
+        # ParallelCluster puts on them (infra/cluster/config.py, Tags).
+        spend_guard = SpendGuard(
+            name,
+            SpendGuardArgs(
+                plan=plan,
+                guardrails=config.guardrails,
+                cost_tag=(tag_key, tag_value),
+                alert_topic_arn=guardrails.alert_topic_arn,
+                head_node=head_node,
+            ),
+            opts=child,
+        )
         image_tag = config.image_tag or plan.image_tag
         self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
         region = aws.get_region_output(
             opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
         )
-        head_node = load_parallelcluster().head_node
         cluster = SlurmCluster(
             name,
             ClusterArgs(
@@ -258,7 +259,10 @@ class TrainingStack(pulumi.ComponentResource):
                 data=config.data_s3_uri,
                 log_retention_days=config.log_retention_days,
             ),
-            opts=child,
+            # No node runs unwatched: the budget, its alerts and the guard come first.
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(depends_on=[*guardrails.ready, spend_guard])
+            ),
         )
         self.outputs = {
             "cluster": "slurm",
@@ -277,6 +281,9 @@ class TrainingStack(pulumi.ComponentResource):
             "idle_usd_per_hour": head_node.on_demand_usd_per_hour,
             "on_demand_usd_per_hour": plan.on_demand_usd_per_hour,
             "spot_usd_per_hour": plan.spot_usd_per_hour,
+            "budget_name": guardrails.budget_name,
+            "alert_topic_arn": guardrails.alert_topic_arn,
+            "spend_ledger_table": spend_guard.ledger_table_name,
             "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         self.register_outputs(self.outputs)

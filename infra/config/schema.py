@@ -91,9 +91,8 @@ class StackConfig(BaseModel):
     nodes: int | None = Field(
         None,
         ge=1,
-        description="number of instances; more than 1 adds EFA (where the type has it), a "
-        "cluster placement group and the rendezvous wiring. Without EFA the plan warns that "
-        "NCCL falls back to TCP",
+        description="number of nodes; more than 1 needs `gpu:cluster: slurm` (the queue's "
+        "node limit). Without EFA the plan warns that NCCL falls back to TCP",
         json_schema_extra={"default_text": "the profile's (1)"},
     )
     spot: bool = Field(
@@ -280,6 +279,16 @@ class StackConfig(BaseModel):
             raise ValueError(
                 f"{' and '.join(chosen)} are both set, but a node is bought one way only: "
                 "spot, in a capacity reservation, or in a capacity block; keep one"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _more_nodes_on_the_cluster(self) -> StackConfig:
+        # One scale-out path: more than one node is a Slurm cluster, never EC2 nodes.
+        if self.nodes is not None and self.nodes > 1 and self.cluster is None:
+            raise ValueError(
+                f"gpu:nodes is {self.nodes}, but more than one node runs on a Slurm cluster "
+                "only; set gpu:cluster: slurm or set gpu:nodes to 1"
             )
         return self
 

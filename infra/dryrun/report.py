@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import yaml
-
 from infra.config.schema import StackConfig
 from infra.dryrun.mocks import Recorded
 from infra.dryrun.runner import ProgramRun
@@ -85,21 +83,11 @@ def _describe(resource: Recorded) -> str:
         details.append(f"inbound={'; '.join(rules) or 'none'}")
     if resource.type == "aws:cloudformation/stack:Stack":
         details.append(_describe_cluster(json.loads(resource.inputs["templateBody"])))
-    if resource.type == "aws:ec2/instance:Instance":
-        if not resource.inputs.get("instanceMarketOptions"):
-            details.append("market=on-demand")
-        env = _user_data_env(resource.inputs.get("userData", ""))
-        details += [f"{key}={env[key]}" for key in ("TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR")]
+    if resource.type == "aws:ec2/instance:Instance" and not resource.inputs.get(
+        "instanceMarketOptions"
+    ):
+        details.append("market=on-demand")
     return "  ".join(details)
-
-
-def _user_data_env(user_data: str) -> dict[str, str]:
-    """The container environment a node's user data ships (its training.env file)."""
-    document = yaml.safe_load(user_data.removeprefix("#cloud-config\n"))
-    for item in document["write_files"]:
-        if item["path"].endswith("/training.env"):
-            return dict(line.split("=", 1) for line in item["content"].splitlines())
-    return {}
 
 
 def _describe_cluster(template: dict) -> str:

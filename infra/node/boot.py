@@ -7,7 +7,7 @@ spot interruption the persistent request restarts the stopped node and the job
 resumes from its last checkpoint without anyone logging in.
 
 Pure Python: the Pulumi program calls `render_user_data` inside an apply once the
-image URI, bucket and node 0's address are known; the tests call it directly.
+image URI and bucket are known; the tests call it directly.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from infra.node.agent import cloudwatch_agent_config
-from training.contract import DEFAULT_MASTER_PORT, ExitCode
+from training.contract import ExitCode
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -45,17 +45,6 @@ UNIT_NAME = "gpu-training.service"
 # EC2 rejects user data over 16 KB (RunInstances).
 MAX_USER_DATA_BYTES = 16 * 1024
 
-# What the EFA path needs in the container (EC2 User Guide, "Get started with EFA and NCCL",
-# https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/efa-start-nccl.html).
-# FI_EFA_USE_DEVICE_RDMA is left to libfabric's detection: forcing it to 1 aborts on EFA
-# devices without RDMA support.
-EFA_ENVIRONMENT = {
-    "FI_PROVIDER": "efa",
-    "FI_EFA_FORK_SAFE": "1",
-    "RDMAV_FORK_SAFE": "1",
-    "NCCL_SOCKET_IFNAME": "^docker,lo,veth",
-}
-
 # Values end up inside double-quoted shell strings and an env file: refuse
 # anything that could break out of them (all values come from checked config).
 _SAFE_VALUE = re.compile(r'^[^"$`\\\n\r]*$')
@@ -76,12 +65,8 @@ class NodeBoot:
     region: str
     log_group: str
     min_driver: str
-    nnodes: int
-    node_rank: int
-    master_addr: str
     checkpoint_s3_uri: str
     instance_store_drives: int
-    efa: bool
     data_s3_uri: str | None = None
     train_config: str | None = None  # the TOML text shipped to the node
     usd_per_hour: float | None = None  # the whole stack's price: the trainer's summary cost
@@ -93,10 +78,6 @@ class NodeBoot:
     def environment(self) -> dict[str, str]:
         """The container's environment (docs/contracts.md section 3)."""
         env = {
-            "TRAIN_NNODES": str(self.nnodes),
-            "TRAIN_NODE_RANK": str(self.node_rank),
-            "TRAIN_MASTER_ADDR": self.master_addr,
-            "TRAIN_MASTER_PORT": str(DEFAULT_MASTER_PORT),
             **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
             "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
@@ -106,8 +87,6 @@ class NodeBoot:
             env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
         if self.usd_per_hour is not None:
             env["TRAIN_USD_PER_HOUR"] = f"{self.usd_per_hour:.4f}"
-        if self.efa:
-            env.update(EFA_ENVIRONMENT)
         return env
 
 
@@ -172,9 +151,6 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "region": node.region,
                 "min_driver": node.min_driver,
                 "log_group": node.log_group,
-                "node_rank": node.node_rank,
-                "host_network": str(node.nnodes > 1).lower(),
-                "use_efa": str(node.efa).lower(),
                 "data_s3_uri": node.data_s3_uri or "",
                 "data_dir": DATA_DIR,
                 "env_file": ENV_FILE,
@@ -206,7 +182,7 @@ def render_user_data(node: NodeBoot) -> str:
     size = len(text.encode())
     if size > MAX_USER_DATA_BYTES:
         raise ValueError(
-            f"user data for node {node.node_rank} is {size} bytes, over EC2's "
+            f"the node's user data is {size} bytes, over EC2's "
             f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
         )
     return text
@@ -248,12 +224,8 @@ def largest_user_data_bytes(train_config: str | None) -> int:
         region="ap-southeast-2",
         log_group=f"/gpu-training/{'s' * 128}",
         min_driver="999.999.99",
-        nnodes=999,
-        node_rank=998,
-        master_addr="255.255.255.255",
         checkpoint_s3_uri=f"s3://{'b' * 63}/checkpoints",
         instance_store_drives=99,
-        efa=True,
         data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
         train_config=train_config,
     )

@@ -13,9 +13,6 @@ readonly REGISTRY="@@registry@@"
 readonly REGION="@@region@@"
 readonly MIN_DRIVER="@@min_driver@@"
 readonly LOG_GROUP="@@log_group@@"
-readonly NODE_RANK="@@node_rank@@"
-readonly HOST_NETWORK="@@host_network@@"
-readonly USE_EFA="@@use_efa@@"
 readonly DATA_S3_URI="@@data_s3_uri@@"
 readonly DATA_DIR="@@data_dir@@"
 readonly SCRATCH_DIR="@@scratch_dir@@"
@@ -88,24 +85,17 @@ docker_args=(
   --log-driver awslogs
   --log-opt "awslogs-region=$REGION"
   --log-opt "awslogs-group=$LOG_GROUP"
-  --log-opt "awslogs-stream=node-$NODE_RANK"
+  --log-opt "awslogs-stream=node-0"
   --volume "$SCRATCH_DIR:$SCRATCH_DIR"
   --volume "$STATE_DIR:$STATE_DIR"
 )
-if [ "$HOST_NETWORK" = true ]; then
-  # Other nodes reach this one's rendezvous and NCCL ports at the host's address.
-  docker_args+=(--network host)
-fi
-if [ "$USE_EFA" = true ]; then
-  docker_args+=(--device=/dev/infiniband --cap-add=IPC_LOCK --ulimit memlock=-1:-1)
-fi
 if [ -n "$TRAIN_CONFIG_FILE" ]; then
   docker_args+=(--volume "$TRAIN_CONFIG_FILE:$TRAIN_CONFIG_FILE:ro")
 fi
 
 # Metrics failing must not stop training: the alarm on missing metrics reports it.
 "$GPU_METRICS" start || log "could not start the CloudWatch agent: the idle alarm sees no data"
-log "starting $IMAGE_URI as node $NODE_RANK"
+log "starting $IMAGE_URI"
 status=0
 docker run "${docker_args[@]}" "$IMAGE_URI" || status=$?
 log "training container exited with status $status"

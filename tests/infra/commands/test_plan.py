@@ -52,13 +52,13 @@ def test_stack_file_that_changes_the_profiles_plan_is_not_priced_as_the_profile(
     tmp_path, monkeypatch, capsys
 ):
     (tmp_path / "Pulumi.a100x8.yaml").write_text(
-        "config:\n  gpu:profile: a100x8\n  gpu:nodes: 2\n  gpu:budgetUsd: 5000\n"
+        "config:\n  gpu:profile: a100x8\n  gpu:instanceType: p4de.24xlarge\n  gpu:budgetUsd: 5000\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
     monkeypatch.setattr(plan, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
     assert cli.main(["plan", "a100x8"]) == 0
     out = capsys.readouterr().out
-    assert "Pulumi.a100x8.yaml runs 2 x p4d.24xlarge (cu130)" in out
+    assert "Pulumi.a100x8.yaml runs 1 x p4de.24xlarge (cu130)" in out
     assert "--resources` prices that stack" in out
     assert "runway" not in out
 

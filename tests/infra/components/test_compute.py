@@ -1,4 +1,4 @@
-"""Nodes: root device, multi-node wiring."""
+"""The node: root device, interface, market, replacement."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     INSTANCE,
     LAUNCH_TEMPLATE,
-    boot_env,
     nodes_in_rank_order,
     run_stack,
 )
@@ -26,22 +25,15 @@ def test_root_volume_is_mapped_on_the_amis_root_device():
         assert root["deviceName"] == "/dev/xvda"
 
 
-def test_p5_stack_lays_out_32_interfaces_with_elastic_ips_and_node0_as_master():
-    run = run_stack(instanceType="p5.48xlarge", nodes=3)
-    interfaces = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
-    assert len(interfaces) == 32
-    assert sum(i["interfaceType"] == "efa-only" for i in interfaces) == 31
-    # More than one interface: EC2 assigns no public address, so each node gets an Elastic IP.
-    assert all("associatePublicIpAddress" not in i for i in interfaces)
-    nodes = nodes_in_rank_order(run)
-    eips = of_type(run, "aws:ec2/eip:Eip")
-    assert sorted(e.inputs["networkInterface"] for e in eips) == sorted(
-        n.state["primaryNetworkInterfaceId"] for n in nodes
-    )
-    master = nodes[0].state["privateIp"]
-    assert [boot_env(n)["TRAIN_MASTER_ADDR"] for n in nodes] == ["127.0.0.1", master, master]
-    assert [boot_env(n)["TRAIN_NODE_RANK"] for n in nodes] == ["0", "1", "2"]
-    assert len(of_type(run, INSTANCE)) == 3
+def test_a_p5_node_has_one_plain_interface_and_its_own_public_address():
+    # EFA interfaces and Elastic IPs serve multi-node jobs, which run on the Slurm cluster.
+    run = run_stack(instanceType="p5.48xlarge")
+    (interface,) = one(run, LAUNCH_TEMPLATE).inputs["networkInterfaces"]
+    assert not interface.get("interfaceType")
+    assert interface["associatePublicIpAddress"] == "true"
+    assert of_type(run, "aws:ec2/eip:Eip") == []
+    (node,) = nodes_in_rank_order(run)
+    assert node.name.endswith("-test-node-0") and node.inputs["tags"]["gpu-node-rank"] == "0"
 
 
 def test_root_volume_size_follows_the_config():

@@ -6,12 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
 from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
+from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
@@ -21,6 +23,9 @@ SCHEDULE = "aws:scheduler/schedule:Schedule"
 TABLE = "aws:dynamodb/table:Table"
 TOPIC = "aws:sns/topic:Topic"
 ROLE = "aws:iam/role:Role"
+SUBSCRIPTION = "aws:sns/topicSubscription:TopicSubscription"
+BUDGET = "aws:budgets/budget:Budget"
+STACK = "aws:cloudformation/stack:Stack"
 COST_TAG = ("gpu-stack", "gpu-training-stack-test")
 LAMBDA_ENVIRONMENT_BYTES = 4096  # Lambda quotas: 4 KB of environment variables
 
@@ -110,6 +115,39 @@ def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     assert settings.region == "eu-west-1"
     assert set(settings.prices) == set(ireland)
     assert settings.price("p3.2xlarge", "on-demand") == ireland["p3.2xlarge"].on_demand_usd_per_hour
+
+
+@pytest.mark.parametrize("profile", sorted(load_profiles().profiles))
+def test_a_slurm_cluster_stack_has_the_guard_the_topic_its_subscriptions_and_the_budget(profile):
+    run = run_stack(profile=profile, cluster="slurm", nodes=2, alertEmails=["a@x.org", "b@x.org"])
+    topic_arn = one(run, TOPIC).state["arn"]
+    subscriptions = of_type(run, SUBSCRIPTION)
+    assert {(s.inputs["protocol"], s.inputs["endpoint"]) for s in subscriptions} == {
+        ("email", "a@x.org"),
+        ("email", "b@x.org"),
+    }
+    assert all(s.inputs["topic"] == topic_arn for s in subscriptions)
+    budget = one(run, BUDGET).inputs
+    assert float(budget["limitAmount"]) == BASE_CONFIG["budgetUsd"]
+    assert budget["costFilters"] == [
+        {"name": "TagKeyValue", "values": [f"user:{COST_TAG[0]}${COST_TAG[1]}"]}
+    ]
+    assert run.outputs["budget_name"] == budget["name"]
+    assert run.outputs["alert_topic_arn"] == topic_arn
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
+    assert settings.topic_arn == topic_arn and settings.cost_tag == COST_TAG
+    assert run.outputs["spend_ledger_table"] == one(run, TABLE).state["name"]
+    assert one(run, SCHEDULE).inputs["scheduleExpression"] == "rate(5 minutes)"
+    # Priced for the queue's nodes and the head node: an unknown type would stop the cluster.
+    head = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
+    assert settings.price(head["instance_type"], "on-demand") == head["on_demand_usd_per_hour"]
+    instance_type = run.outputs["instance_type"]
+    price = load_catalog().prices.price("us-east-1", instance_type)
+    assert settings.price(instance_type, "spot") == price.spot_usd_per_hour
+    # ParallelCluster puts the stack's cost tag on every node it starts: the guard finds them.
+    config = json.loads(one(run, STACK).inputs["templateBody"])["Resources"]["PclusterCluster"]
+    tags = config["Properties"]["ClusterConfiguration"]["Tags"]
+    assert {"Key": COST_TAG[0], "Value": COST_TAG[1]} in tags
 
 
 def test_the_archive_holds_the_function_package_and_imports_on_its_own(tmp_path):

@@ -1,4 +1,4 @@
-"""The whole program, per profile, for one and two nodes, on-demand and spot (one run per case)."""
+"""The whole program, per profile, on-demand and spot (one run per case)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import pulumi
 import pytest
 
+from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import run_program
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
@@ -29,12 +30,9 @@ from tests.support.stack_runs import (
     training_log_group,
 )
 from tests.support.tools import require_tool
-from training.contract import DEFAULT_MASTER_PORT
 
 PROFILES = tuple(load_profiles().profiles)
-CASES = [
-    (profile, nodes, spot) for profile in PROFILES for nodes in (1, 2) for spot in (False, True)
-]
+CASES = [(profile, 1, spot) for profile in PROFILES for spot in (False, True)]
 
 
 def test_every_profile_is_covered():
@@ -80,41 +78,22 @@ def test_root_volume_is_encrypted_gp3_and_sized(case):
 
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
-    plan, _, run = case
+    _, _, run = case
     ingress = one(run, SECURITY_GROUP).inputs.get("ingress", [])
     assert all(not rule.get("cidrBlocks") for rule in ingress)
     assert all(not rule.get("ipv6CidrBlocks") for rule in ingress)
-    if plan.nodes > 1:
-        # Members reach each other on every port (EFA, NCCL, rendezvous), nobody else does.
-        assert ingress == [rule | {"self": True, "protocol": "-1"} for rule in ingress]
-        assert len(ingress) == 1
-    else:
-        assert ingress == []
+    assert ingress == []
 
 
-def test_efa_and_placement_group_only_for_multi_node(case):
-    plan, _, run = case
+def test_one_plain_interface_with_a_public_address_and_no_placement_group(case):
+    _, _, run = case
     template = one(run, LAUNCH_TEMPLATE).inputs
-    interfaces = sorted(template["networkInterfaces"], key=lambda i: i["networkCardIndex"])
-    groups = of_type(run, PLACEMENT_GROUP)
-    if plan.nodes == 1:
-        assert groups == []
-        assert "groupName" not in template["placement"]
-        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
-        assert interfaces[0]["associatePublicIpAddress"] == "true"
-        return
-    (group,) = groups
-    assert group.inputs["strategy"] == "cluster"
-    assert template["placement"]["groupName"] == group.state["name"]
-    if plan.instance.efa_interfaces == 0:
-        assert len(interfaces) == 1 and not interfaces[0].get("interfaceType")
-        return
-    assert len(interfaces) == plan.instance.efa_interfaces
-    primary, *others = interfaces
-    assert (primary["networkCardIndex"], primary["deviceIndex"]) == (0, 0)
-    assert primary["interfaceType"] == "efa"
-    assert [i["networkCardIndex"] for i in others] == list(range(1, plan.instance.efa_interfaces))
-    assert all(i["deviceIndex"] == 1 and i["interfaceType"] == "efa" for i in others)
+    (interface,) = template["networkInterfaces"]
+    assert not interface.get("interfaceType")
+    assert interface["associatePublicIpAddress"] == "true"
+    assert "groupName" not in template["placement"]
+    assert of_type(run, PLACEMENT_GROUP) == []
+    assert of_type(run, "aws:ec2/eip:Eip") == []
 
 
 def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
@@ -138,11 +117,9 @@ def test_one_instance_per_node_from_the_template_in_the_chosen_market(case):
             assert market is None
 
 
-def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case):
+def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case):
     plan, _, run = case
-    nodes = nodes_in_rank_order(run)
-    master_ip = nodes[0].state["privateIp"]
-    for rank, node in enumerate(nodes):
+    for node in nodes_in_rank_order(run):
         files = boot_files(node)
         script = files["/opt/gpu-stack/run-training.sh"]
         assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
@@ -150,14 +127,12 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_each_nodes_env(case
         assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
         assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
         env = boot_env(node)
-        assert env["TRAIN_NNODES"] == str(plan.nodes)
-        assert env["TRAIN_NODE_RANK"] == str(rank)
-        assert env["TRAIN_MASTER_PORT"] == str(DEFAULT_MASTER_PORT)
+        # One node: the trainer's own rendezvous defaults, no EFA wiring (that is the cluster's).
+        rendezvous = ("TRAIN_NNODES", "TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR", "TRAIN_MASTER_PORT")
+        assert not set(rendezvous) & set(env)
+        assert "FI_PROVIDER" not in env
         assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
         assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
-        # Node 0 hosts the rendezvous; every other node dials node 0's private address.
-        assert env["TRAIN_MASTER_ADDR"] == ("127.0.0.1" if rank == 0 else master_ip)
-        assert ("FI_PROVIDER" in env) == (plan.nodes > 1 and plan.instance.efa_interfaces > 0)
         unit = files["/etc/systemd/system/gpu-training.service"]
         assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
 
@@ -280,7 +255,7 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
     shellcheck = require_tool("shellcheck", "shellcheck")
     toml = tmp_path / "job.toml"
     toml.write_text("[optimizer]\nlr = 3e-4\n")
-    run = run_stack(nodes=2, spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
+    run = run_stack(spot=True, dataS3Uri="s3://corpus/tokens", trainConfig=str(toml))
     for node in nodes_in_rank_order(run):
         user_data = tmp_path / f"{node.name}.yaml"
         user_data.write_text(node.inputs["userData"])
@@ -303,9 +278,9 @@ def test_programs_user_data_is_valid_cloud_config_with_clean_shell(tmp_path):
         assert lint.returncode == 0, lint.stdout
 
 
-@pytest.mark.parametrize(("nodes", "spot"), [(1, False), (2, True)])
-def test_the_stack_passes_the_policy_packs_checks(nodes, spot):
-    run = run_stack(nodes=nodes, spot=spot, sshCidr="203.0.113.7/32")
+@pytest.mark.parametrize("spot", [False, True])
+def test_the_stack_passes_the_policy_packs_checks(spot):
+    run = run_stack(spot=spot, sshCidr="203.0.113.7/32")
     allowed = rules.catalog_instance_types()
     for resource in run.resources:
         props = resource.state
@@ -342,3 +317,14 @@ def test_a_region_without_prices_fails_preview_in_one_sentence():
     message = str(caught.value)
     assert "\n" not in message and message.startswith("aws:region is 'eu-west-3': ")
     assert "regions with prices: eu-west-1, us-east-1, us-west-2" in message
+
+
+@pytest.mark.parametrize("nodes", [2, 16])
+def test_more_than_one_node_without_the_cluster_fails_preview_creating_nothing(nodes):
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as caught:
+        run_stack(mocks, nodes=nodes)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert f"gpu:nodes is {nodes}" in message and "set gpu:cluster: slurm" in message
+    assert mocks.resources == []

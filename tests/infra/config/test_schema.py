@@ -78,7 +78,8 @@ def test_train_config_too_big_for_user_data_is_refused(tmp_path):
         load_stack_config({**BASE_CONFIG, "trainConfig": str(big)})
 
 
-# A job the trainer accepts on one or two a100x8 nodes (8 or 16 GPUs, compute capability 8.0).
+# A job the trainer accepts on one a100x8 node or two on the cluster (8 or 16 GPUs, compute
+# capability 8.0).
 BF16_JOB = "[precision]\nbf16 = true\n[train]\nglobal_batch_size = 64\nmicro_batch_size = 4\n"
 
 
@@ -90,9 +91,9 @@ def check_job(tmp_path: Path, toml: str, **config: str) -> None:
     stack.check_plan(stack.resolve_plan("us-east-1"))
 
 
-@pytest.mark.parametrize("nodes", ["1", "2"])
+@pytest.mark.parametrize("nodes", [{"nodes": "1"}, {"nodes": "2", "cluster": "slurm"}])
 def test_a_job_the_trainer_accepts_passes(tmp_path, nodes):
-    check_job(tmp_path, BF16_JOB, profile="a100x8", nodes=nodes)
+    check_job(tmp_path, BF16_JOB, profile="a100x8", **nodes)
 
 
 def test_bf16_on_a_v100_fails_before_any_resource_with_the_trainers_message(tmp_path):
@@ -114,7 +115,7 @@ def test_global_batch_size_must_divide_by_every_gpu_of_every_node(tmp_path):
     job = "[train]\nglobal_batch_size = 24\n"
     check_job(tmp_path, job, profile="a100x8")  # 24 = 3 x 8 GPUs
     with pytest.raises(ConfigError) as raised:
-        check_job(tmp_path, job, profile="a100x8", nodes="2")
+        check_job(tmp_path, job, profile="a100x8", nodes="2", cluster="slurm")
     message = str(raised.value)
     assert "gpu:trainConfig" in message and "2 x p4d.24xlarge (world size 16" in message
     assert "train.global_batch_size = 24 is not divisible by world size = 16" in message
@@ -158,6 +159,7 @@ def test_values_arrive_as_pulumi_strings_and_parse_strictly():
     config = load_stack_config(
         {
             "nodes": "2",
+            "cluster": "slurm",
             "spot": "True",
             "sshCidr": "203.0.113.7/32",
             "dataS3Uri": "s3://my-data/corpus/v2/",
@@ -178,14 +180,25 @@ def test_overrides_resolve_against_the_profile():
         "us-east-1"
     )
     assert v100.instance.type == "p3.2xlarge" and v100.variant.name != "cu130"
-    # Only the node count changes: the profile's instance and variant stay.
-    two = load_stack_config({"profile": "a100x8-80g", "nodes": "2", **BASE_CONFIG}).resolve_plan(
-        "us-east-1"
-    )
+    # Only the node count changes (on the cluster): the profile's instance and variant stay.
+    cluster = {"profile": "a100x8-80g", "cluster": "slurm", **BASE_CONFIG}
+    two = load_stack_config({**cluster, "nodes": "2"}).resolve_plan("us-east-1")
     assert (two.instance.type, two.nodes) == ("p4de.24xlarge", 2)
-    profile = load_stack_config({"profile": "a100x8-80g", **BASE_CONFIG}).resolve_plan("us-east-1")
+    profile = load_stack_config(cluster).resolve_plan("us-east-1")
     assert two.variant == profile.variant
     assert two.on_demand_usd_per_hour == pytest.approx(2 * profile.on_demand_usd_per_hour)
+
+
+@pytest.mark.parametrize("nodes", ["2", "64"])
+def test_more_than_one_node_needs_the_slurm_cluster(nodes):
+    with pytest.raises(ConfigError) as raised:
+        load_stack_config({**BASE_CONFIG, "nodes": nodes})
+    message = str(raised.value)
+    assert "\n" not in message
+    assert f"gpu:nodes is {nodes}" in message and "set gpu:cluster: slurm" in message
+    assert load_stack_config({**BASE_CONFIG, "nodes": nodes, "cluster": "slurm"}).nodes == int(
+        nodes
+    )
 
 
 def test_every_key_is_documented():

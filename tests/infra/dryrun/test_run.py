@@ -36,7 +36,7 @@ def test_describe_lists_resources_and_key_properties():
     assert f"{len(run.resources)} resources" in text
     assert f"ami=resolve:ssm:{plan.ami.ssm_parameter}" in text
     assert "imds=required" in text and "encrypted=true" in text
-    assert "aws.ec2.Instance" in text and "TRAIN_NODE_RANK=0" in text
+    assert "aws.ec2.Instance" in text
     assert "inbound=none" in text
     assert f"image: {run.outputs['image_uri']}" in text
 
@@ -86,18 +86,18 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
-        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:nodes: 2\n"
+        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:instanceType: g5.xlarge\n"
         "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    p3 = data_file_prices("p3.2xlarge")
-    on_demand, spot = 2 * p3.on_demand_usd_per_hour, 2 * p3.spot_usd_per_hour
+    g5 = data_file_prices("g5.xlarge")
+    on_demand, spot = g5.on_demand_usd_per_hour, g5.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
-    # Two nodes is not the v100x1 profile: its description would not hold.
+    # Another instance type is not the v100x1 profile: its description would not hold.
     assert not any(line.startswith("profile ") for line in lines)
-    assert "instance       2 x p3.2xlarge" in lines
+    assert "instance       1 x g5.xlarge" in lines
     assert f"market         spot: ${spot:.2f}/h for the stack" in lines
     assert f"budget         $40.00 a day (${40 * 365 / 12:,.2f} a month)" in lines
     assert (
@@ -107,7 +107,18 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, caps
     assert (
         f"longest run    ${12 * spot:,.2f} spot: gpu:maxRuntimeHours stops each node after 12 h"
     ) in lines
-    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 2
+    assert sum(line.startswith("  aws.ec2.Instance ") for line in lines) == 1
+
+
+def test_plan_resources_refuses_more_nodes_without_the_cluster_in_one_line(tmp_path):
+    stack = tmp_path / "Pulumi.two.yaml"
+    stack.write_text("config:\n  gpu:profile: a100x8\n  gpu:nodes: 2\n")
+    result = run_cli("plan", "--resources", "--stack-file", str(stack))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0
+    assert "gpu:nodes is 2" in result.stderr and "gpu:cluster: slurm" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert "aws.ec2.Instance" not in result.stdout
 
 
 def test_plan_resources_reports_bad_stack_config_in_one_line(tmp_path):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import tomllib
 
 import pytest
 from botocore.exceptions import ClientError
@@ -10,7 +12,11 @@ from botocore.exceptions import ClientError
 from infra.functions.ledger import read_ledger
 from infra.functions.settings import GuardSettings, SettingsError
 from infra.functions.spend_guard import handler, market, run_guard, running_hours
+from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from tests.infra.functions.world import COST_TAG, PRICES, World, notices
+from tests.support.infra import data_file_prices
+from tests.support.mock_runs import one
+from tests.support.stack_runs import run_stack
 
 SCHEDULE = datetime.timedelta(minutes=5)
 MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
@@ -333,3 +339,27 @@ def test_an_instance_ec2_will_not_stop_does_not_keep_the_others_running(aws, top
     assert outcome.unstoppable == (f"{stubborn} (UnsupportedOperation)",)
     assert world.running_ids() == {stubborn}
     assert f"{COST_TAG[1]}: spend guard could not stop 1 instance(s)" in notices(aws["sqs"], queue)
+
+
+def test_a_slurm_clusters_head_node_and_compute_node_are_priced_not_failed_safe(aws, topic):
+    # The settings a cluster stack hands its function (the program under mocks), pointed at
+    # this moto server's table and topic.
+    run = run_stack(cluster="slurm", nodes=2)
+    variables = one(run, "aws:lambda/function:Function").inputs["environment"]["variables"]
+    topic_arn, queue = topic
+    config = dataclasses.replace(
+        GuardSettings.from_environment(variables), table="ledger", topic_arn=topic_arn
+    )
+    head = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
+    compute_type = run.outputs["instance_type"]
+    world = World(aws["ec2"], MONDAY)
+    head_node, compute_node = world.launch(head["instance_type"]), world.launch(compute_type)
+    world.advance(minutes=30)
+    outcome = guard(aws, world, config)
+    assert not outcome.ledger.stopped and outcome.ledger.stop_reason == ""
+    assert outcome.stopped_instances == ()
+    assert world.running_ids() == {head_node, compute_node}
+    compute_price = data_file_prices(compute_type).on_demand_usd_per_hour
+    expected = 0.5 * (head["on_demand_usd_per_hour"] + compute_price)
+    assert outcome.ledger.spent_usd == pytest.approx(expected)
+    assert notices(aws["sqs"], queue) == []

@@ -1,4 +1,4 @@
-"""Node layout rules: EFA interfaces per AWS's multi-card guide, the zone a stack uses."""
+"""Node layout rules: the zone a stack uses."""
 
 from __future__ import annotations
 
@@ -9,49 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from infra.errors import ConfigError
-from infra.knowledge.catalog import load_catalog
-from infra.knowledge.layout import choose_zone, interface_layout
-from infra.knowledge.resolver import resolve
-
-
-def kinds(plan) -> list[tuple[int, int, str | None]]:
-    return [
-        (i.network_card_index, i.device_index, i.interface_type) for i in interface_layout(plan)
-    ]
-
-
-def test_single_node_gets_one_plain_interface_even_on_an_efa_type():
-    assert kinds(resolve("p4d.24xlarge", nodes=1)) == [(0, 0, None)]
-
-
-def test_p4d_multi_node_gets_four_efa_interfaces_one_per_card():
-    assert kinds(resolve("p4d.24xlarge", nodes=2)) == [
-        (0, 0, "efa"),
-        (1, 1, "efa"),
-        (2, 1, "efa"),
-        (3, 1, "efa"),
-    ]
-
-
-def test_p5_multi_node_gets_32_cards_with_efa_only_secondaries():
-    layout = kinds(resolve("p5.48xlarge", nodes=2))
-    assert len(layout) == 32
-    # The primary interface cannot be EFA-only: it carries the node's IP traffic.
-    assert layout[0] == (0, 0, "efa")
-    assert layout[1:] == [(card, 1, "efa-only") for card in range(1, 32)]
-
-
-def test_multi_node_without_efa_keeps_one_plain_interface():
-    assert kinds(resolve("p3.2xlarge", nodes=2)) == [(0, 0, None)]
-
-
-def test_only_families_documented_efa_only_get_efa_only_secondaries():
-    for instance in load_catalog().instances.values():
-        if instance.efa_interfaces < 2:
-            continue
-        layout = kinds(resolve(instance.type, nodes=2))
-        expected = "efa-only" if instance.type.startswith("p5") else "efa"
-        assert {kind for _, _, kind in layout[1:]} == {expected}, instance.type
+from infra.knowledge.layout import choose_zone
 
 
 def test_zone_is_the_first_by_name_that_offers_the_type():
@@ -92,23 +50,3 @@ def test_a_set_zone_is_kept_exactly_when_offered(offered, requested):
     else:
         with pytest.raises(ConfigError, match=re.escape(repr(requested))):
             choose_zone("p4d.24xlarge", requested, offered)
-
-
-_EFA_TYPES = sorted(
-    instance.type for instance in load_catalog().instances.values() if instance.efa_interfaces
-)
-
-
-@given(instance_type=st.sampled_from(_EFA_TYPES), nodes=st.integers(min_value=1, max_value=64))
-def test_every_layout_has_one_primary_and_one_interface_per_card(instance_type, nodes):
-    plan = resolve(instance_type, nodes=nodes)
-    layout = interface_layout(plan)
-    cards = [interface.network_card_index for interface in layout]
-    assert len(set(cards)) == len(cards)  # never two interfaces on one card
-    assert (layout[0].network_card_index, layout[0].device_index) == (0, 0)
-    if nodes == 1:
-        assert layout == [layout[0]] and layout[0].interface_type is None
-    else:
-        assert len(layout) == plan.instance.efa_interfaces
-        assert layout[0].interface_type == "efa"  # the primary carries IP traffic too
-        assert all(interface.device_index == 1 for interface in layout[1:])

@@ -37,12 +37,8 @@ def node(**overrides) -> NodeBoot:
         "region": "us-east-1",
         "log_group": "/gpu-training/stack",
         "min_driver": "580.65.06",
-        "nnodes": 2,
-        "node_rank": 1,
-        "master_addr": "10.42.0.7",
         "checkpoint_s3_uri": "s3://stack-checkpoints/checkpoints",
         "instance_store_drives": 8,
-        "efa": True,
         "data_s3_uri": "s3://corpus/tokens",
         "train_config": "[optimizer]\nlr = 3e-4\n",
     }
@@ -50,12 +46,8 @@ def node(**overrides) -> NodeBoot:
 
 
 SHAPES = {
-    "multi-node-efa-data-config": node(),
+    "data-config": node(),
     "single-node-plain": node(
-        nnodes=1,
-        node_rank=0,
-        master_addr="127.0.0.1",
-        efa=False,
         data_s3_uri=None,
         train_config=None,
         instance_store_drives=0,
@@ -341,25 +333,24 @@ def test_boot_image_and_resolver_agree_on_every_catalog_driver_and_variant(tmp_p
         assert len(set(verdicts.values())) == 1, (variant.name, ami.name, verdicts)
 
 
-def test_multi_node_efa_job_gets_host_network_devices_logs_and_data(tmp_path):
+def test_job_gets_gpus_logs_config_and_data(tmp_path):
     result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
     for flag in (
         "--gpus",
         "--ipc=host",
-        "--device=/dev/infiniband",
-        "--cap-add=IPC_LOCK",
-        "memlock=-1:-1",
-        "host",
         "awslogs",
         "awslogs-group=/gpu-training/stack",
-        "awslogs-stream=node-1",
+        "awslogs-stream=node-0",
         f"{root}/etc/gpu-stack/training.env",
         f"{root}/etc/gpu-stack/train.toml:{root}/etc/gpu-stack/train.toml:ro",
     ):
         assert flag in args, flag
     assert args[-1] == IMAGE
+    # One node: the container stays on docker's bridge, with no EFA devices.
+    assert "--network" not in args
+    assert "--device=/dev/infiniband" not in args
     aws_calls = (calls / "aws").read_text()
     assert f"s3 sync s3://corpus/tokens {root}/scratch/data" in aws_calls
     assert "ecr get-login-password --region us-east-1" in aws_calls
@@ -379,14 +370,12 @@ def test_a_failed_data_sync_is_retried_whatever_the_aws_cli_exit_code(tmp_path, 
     assert not (calls / "docker-run").exists()
 
 
-def test_single_node_job_stays_on_the_bridge_without_efa_devices(tmp_path):
+def test_a_job_without_data_syncs_nothing(tmp_path):
     result, calls, _ = run_training_script(
         tmp_path, SHAPES["single-node-plain"], driver="595.91.07"
     )
     assert result.returncode == 0, result.stdout + result.stderr
     args = docker_run_args(calls)
-    assert "--network" not in args
-    assert "--device=/dev/infiniband" not in args
     assert "--gpus" in args and "--ipc=host" in args
     assert not (calls / "aws").read_text().count("s3 sync")
 
@@ -584,8 +573,9 @@ def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
     boot = node()
     env = boot_environment(boot)
     topology = topology_from_env(env)
-    assert (topology.nnodes, topology.node_rank) == (boot.nnodes, boot.node_rank)
-    assert (topology.master_addr, topology.master_port) == (boot.master_addr, DEFAULT_MASTER_PORT)
+    # One node, rendezvous on itself: the trainer's defaults (more nodes run under Slurm).
+    assert (topology.nnodes, topology.node_rank) == (1, 0)
+    assert (topology.master_addr, topology.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
     # The training config the stack ships is the one the container loads, and the
     # directories the environment names are the bind-mounted host paths.
     train_config = tmp_path / "train.toml"

@@ -121,12 +121,8 @@ def p4d_node() -> NodeBoot:
         region="us-east-1",
         log_group="/gpu-training/stack",
         min_driver="580.65.06",
-        nnodes=1,
-        node_rank=0,
-        master_addr="127.0.0.1",
         checkpoint_s3_uri="s3://stack-checkpoints/checkpoints",
         instance_store_drives=8,
-        efa=False,
     )
 
 
