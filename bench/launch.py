@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 # Set by a launcher for its workers; a job started from here must not inherit them.
 _RANK_VARIABLES = (
@@ -96,3 +98,16 @@ def run_ranks(module: str, ranks: int, args: list[str], *, timeout: float = 600)
         first = named[0].strip() if named else f"exit {result.returncode}"
         raise RuntimeError(f"{module} on {ranks} ranks failed: {first}\n{result.stderr[-3000:]}")
     return result
+
+
+def exit_worker() -> None:
+    """End a bench rank once its results are written, as the trainer's workers end.
+
+    Interpreter shutdown with a live communication backend can abort the process
+    ("terminate called without an active exception", SIGABRT) after the work is done;
+    the trainer's workers skip it the same way (training/cli.py).
+    """
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
+from bench.launch import exit_worker
 from bench.measure import interleaved
 from training.components import build_dataset, build_model
 from training.ds_config import build_ds_config
@@ -200,3 +201,4 @@ def _parser() -> argparse.ArgumentParser:
 
 if __name__ == "__main__":
     main()
+    exit_worker()

@@ -20,6 +20,7 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from bench.launch import exit_worker
 from training.components import build_model
 from training.ds_config import build_ds_config
 from training.spec.config import load_config, validate
@@ -137,3 +138,4 @@ def _parser() -> argparse.ArgumentParser:
 
 if __name__ == "__main__":
     main()
+    exit_worker()
