@@ -7,14 +7,13 @@ its peak. One build per process, so that neither sees the other's freed memory.
 Two measures, written to OUT_DIR/<MODE>-rank<r>.json:
 - live_param_elements: the most parameter elements alive at once, sampled each time a
   module registers a parameter (a partitioned parameter counts its local shard);
-- rss_growth_bytes: the process's peak resident memory after the build less its resident
+- rss_growth_bytes: the process's peak resident memory during the build less its resident
   memory before (an upper bound of what the build held at once).
 """
 
 from __future__ import annotations
 
 import json
-import resource
 import sys
 import weakref
 from pathlib import Path
@@ -52,13 +51,25 @@ class LiveParameters:
         self.peak = max(self.peak, live)
 
 
+def reset_peak_rss() -> None:
+    """Start the peak over from now: writing 5 to clear_refs resets VmHWM (Linux 4.0+,
+    Documentation/filesystems/proc.rst), so what the process held before the build
+    (imports, the backend's start-up) does not count as the build's."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def peak_rss_bytes() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """VmHWM, the peak resident memory since the last reset."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def measure(build) -> dict:
     counter = LiveParameters()
     handle = register_module_parameter_registration_hook(counter)
+    reset_peak_rss()
     before = psutil.Process().memory_info().rss
     try:
         model = build()
