@@ -16,7 +16,8 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
 
 from training.components import build_model
 from training.estimate import GPU_TYPES, RESERVE_FRACTION, Setup, estimate, model_size, report
-from training.spec.config import load_config
+from training.oom import remedies
+from training.spec.config import load_config, validate
 from training.spec.presets import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,3 +133,38 @@ def test_unknown_gpu_type_exits_2_in_one_line():
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --gpu-type")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "gpus", "gpu_type"),
+    [
+        (["model.preset=gpt-1.3b", "precision.fp16=true", "zero.stage=2"], 1, "V100-16GB"),
+        (["model.preset=gpt-1.3b", "precision.bf16=true", "zero.stage=1"], 1, "A10G-24GB"),
+        (["model.preset=gpt-6.7b", "precision.bf16=true", "zero.stage=2"], 8, "A100-40GB"),
+        (
+            ["model.preset=gpt-350m", "precision.fp16=true", "train.micro_batch_size=64"],
+            1,
+            "T4-16GB",
+        ),
+    ],
+)
+def test_the_estimates_change_is_advice_the_out_of_memory_sentence_gives(overrides, gpus, gpu_type):
+    """A job the estimate says does not fit is one that would end in a CUDA OOM: the
+    settings the estimate says would make it fit are among the OOM sentence's remedies
+    (training/oom.py), so the two never send a user different ways."""
+    config = load_config(None, ["data.seq_len=1024", "data.vocab_size=50304", *overrides])
+    text = report(config, gpus=gpus, nodes=1, gpu_type=gpu_type)
+    verdict = next(line for line in text.splitlines() if line.startswith("your config"))
+    assert "does not fit" in verdict, text
+    advice = remedies(config, validate(config, gpus))
+    assert advice, "the OOM sentence must name something to change"
+    change = next(line for line in text.splitlines() if line.startswith("change"))
+    settings = re.findall(r"--set (\S+)=(\S+)", change)
+    if not settings:  # nothing fits: the estimate says lower the micro batch, as the OOM does
+        assert "lower train.micro_batch_size" in change
+        assert any("train.micro_batch_size" in remedy for remedy in advice)
+    for key, value in settings:
+        named = [remedy for remedy in advice if key in remedy]
+        assert named, f"the estimate sets {key}={value}; the OOM sentence names {advice}"
+        if key == "zero.stage":
+            assert value in named[0]
