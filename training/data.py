@@ -5,6 +5,8 @@ targets being inputs shifted by one token.
 - `TokenWindows`: non-overlapping windows over a memory-mapped token array, used both for
   nanoGPT-style `.bin` token files and for raw text read as bytes (vocab 256).
 - `MaskedTokens`: any of these turned into a masked-token task for encoders (BERT-style).
+
+`worker_processes` is how every DataLoader of the trainer starts its workers.
 """
 
 from __future__ import annotations
@@ -14,6 +16,19 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
+
+
+def worker_processes(num_workers: int) -> dict:
+    """DataLoader arguments: `num_workers` workers started by a fork server.
+
+    A plain fork copies every lock another thread holds at that moment (the stop flag's and
+    spot poller's threads, gloo's, boto3's), and a child that takes one waits forever
+    (https://docs.python.org/3/library/os.html#os.fork, "forking a multi-threaded process").
+    The fork server is a fresh single-threaded process; datasets reach it pickled.
+    """
+    if num_workers == 0:  # DataLoader refuses a context without workers
+        return {"num_workers": 0}
+    return {"num_workers": num_workers, "multiprocessing_context": "forkserver"}
 
 
 class SyntheticSequences(Dataset):

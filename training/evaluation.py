@@ -17,6 +17,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
+from training.data import worker_processes
+
 
 class Evaluator:
     def __init__(
@@ -34,7 +36,7 @@ class Evaluator:
             dataset,
             batch_size=batch_size,
             sampler=indices,
-            num_workers=num_workers,
+            **worker_processes(num_workers),
             pin_memory=device.type == "cuda",
         )
         self.device = device

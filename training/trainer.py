@@ -26,6 +26,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset, build_model
 from training.contract import ExitCode
+from training.data import worker_processes
 from training.ds_config import build_ds_config
 from training.evaluation import Evaluator
 from training.interrupt import StopFlag, spot_endpoint_from_env
@@ -161,7 +162,7 @@ class Trainer:
             batch_size=batch.micro_batch_size,
             sampler=sampler,
             drop_last=True,
-            num_workers=config.data.num_workers,
+            **worker_processes(config.data.num_workers),
             pin_memory=self.on_gpu,
             # Its own generator: making an iterator then draws no number from the global one,
             # which dropout uses and a resumed run restores exactly.

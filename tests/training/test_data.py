@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from training.components import build_dataset
 from training.data import (
@@ -13,6 +16,7 @@ from training.data import (
     sampled_max_token,
     text_bytes,
     token_file,
+    worker_processes,
 )
 from training.spec.config import load_config
 
@@ -112,3 +116,45 @@ def test_a_window_with_an_id_beyond_the_vocabulary_says_so(tmp_path):
     windows = token_file(tmp_path / "t.bin", dtype="uint16", seq_len=4, vocab_size=64)
     with pytest.raises(ValueError, match="token id 99 at window 0 is not below the vocabulary"):
         windows[0]
+
+
+# Held by a thread of the test process while DataLoader starts its workers.
+HELD_BY_A_THREAD = threading.Lock()
+
+
+class NeedsTheLock(Dataset):
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> int:
+        # A forked worker inherits the lock as held, and no thread of its own will release it.
+        if not HELD_BY_A_THREAD.acquire(timeout=5):
+            raise RuntimeError("the worker inherited a lock another thread held")
+        HELD_BY_A_THREAD.release()
+        return index
+
+
+def test_workers_do_not_inherit_locks_other_threads_hold():
+    holding, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with HELD_BY_A_THREAD:
+            holding.set()
+            done.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    holding.wait()
+    try:
+        loaded = [int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(2))]
+        with pytest.raises(RuntimeError, match="inherited a lock"):
+            list(DataLoader(NeedsTheLock(), num_workers=1, multiprocessing_context="fork"))
+    finally:
+        done.set()
+        holder.join()
+    assert sorted(loaded) == [0, 1, 2, 3]
+
+
+def test_no_workers_loads_in_the_process_itself():
+    # DataLoader raises ValueError for a start method without workers.
+    assert [int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(0))] == [0, 1, 2, 3]
