@@ -29,6 +29,11 @@ OS = "ubuntu2204"
 # https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).
 REQUEUE_EXIT = int(ExitCode.INTERRUPTED)
+# Seconds between the SIGTERM and the SIGKILL when Slurm ends a job (slurm.conf(5),
+# KillWait; default 30): the time a stopped job has to checkpoint, as long as the
+# single-node unit gives it (docker stop --time 100) and a little more. Not on
+# ParallelCluster's deny list for CustomSlurmSettings (pcluster's slurm_settings_validator).
+KILL_WAIT_S = 120
 # ParallelCluster's default (Scheduling-v3.html, SlurmSettings): idle dynamic nodes are
 # terminated after this many minutes, so the queue costs nothing between jobs.
 SCALEDOWN_IDLE_MINUTES = 10
@@ -77,7 +82,10 @@ def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
             "Scheduler": "slurm",
             "SlurmSettings": {
                 "ScaledownIdletime": SCALEDOWN_IDLE_MINUTES,
-                "CustomSlurmSettings": [{"RequeueExit": str(REQUEUE_EXIT)}],
+                "CustomSlurmSettings": [
+                    {"RequeueExit": str(REQUEUE_EXIT)},
+                    {"KillWait": str(KILL_WAIT_S)},
+                ],
             },
             "SlurmQueues": [_gpu_queue(plan, settings)],
         },

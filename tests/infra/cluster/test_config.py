@@ -137,11 +137,12 @@ def test_a_capacity_block_has_static_nodes_and_no_placement_group():
     }
 
 
-def test_slurm_requeues_the_trainers_interrupted_exit_code():
-    """75 = interrupted and checkpointed (docs/contracts.md, section 3)."""
+def test_slurm_requeues_the_trainers_interrupted_exit_code_and_waits_for_its_checkpoint():
+    """75 = interrupted and checkpointed (docs/contracts.md, section 3); a stopped job gets
+    the 100 s the single-node unit gives it (docker stop --time 100) before SIGKILL."""
     plan = resolve("g6e.12xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
     slurm = cluster_config(plan, settings())["Scheduling"]["SlurmSettings"]
-    assert slurm["CustomSlurmSettings"] == [{"RequeueExit": "75"}]
+    assert slurm["CustomSlurmSettings"] == [{"RequeueExit": "75"}, {"KillWait": "120"}]
     assert slurm["ScaledownIdletime"] == 10
 
 

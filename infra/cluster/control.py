@@ -1,0 +1,123 @@
+"""What the commands run on the cluster's head node (through SSM, as root) and how they read it.
+
+The queue, a clean stop, a start and a job's log, each one shell script of Slurm's own
+commands; tests/infra/cluster/test_control.py runs them on a real Slurm cluster.
+
+Slurm facts they rely on (https://slurm.schedmd.com/scontrol.html, squeue.html):
+- `scontrol requeuehold JOB` ends a running batch job the way Slurm ends any job (SIGTERM,
+  KillWait seconds, SIGKILL: slurm.conf(5), KillWait) and puts it back in the queue,
+  pending and held; the trainer checkpoints on that SIGTERM. `scontrol hold` keeps a
+  pending job from starting, `scontrol release` lets both start again.
+- A held job is a pending job of priority 0: that is what `scontrol hold` sets (its
+  reason reads JobHeldUser, JobHeldAdmin or "job requeued in held state").
+- `scontrol show job` names the job's output file (StdOut=); the job writes it in the
+  shared /home, which the head node serves.
+
+Pure Python: no AWS here. infra/commands/ sends the scripts and parses the replies.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from infra.cluster.config import QUEUE
+
+# squeue --format fields, in order: id, name, state (long form), nodes, elapsed, priority
+# (an integer), reason.
+_QUEUE_FORMAT = "%i|%j|%T|%D|%M|%Q|%r"
+# SSM keeps the first 24,000 characters of a command's output (GetCommandInvocation,
+# StandardOutputContent): a log is read in pieces well under that.
+LOG_PIECE_BYTES = 16_000
+# How long the stop script waits for the jobs to end: KillWait (CustomSlurmSettings,
+# infra/cluster/config.py) plus the time Slurm takes to put them back in the queue.
+STOP_WAIT_S = 180
+
+
+@dataclass(frozen=True)
+class QueuedJob:
+    id: str
+    name: str
+    state: str  # RUNNING, PENDING, COMPLETING, ...
+    nodes: int
+    elapsed: str  # squeue's [days-]hours:minutes:seconds
+    priority: int
+    reason: str  # why it is pending; "None" while it runs
+
+    @property
+    def held(self) -> bool:
+        return self.state == "PENDING" and self.priority == 0
+
+
+def queue_script(partition: str = QUEUE) -> str:
+    return f"squeue --noheader --partition={partition} --format={shlex.quote(_QUEUE_FORMAT)}"
+
+
+def parse_queue(text: str) -> list[QueuedJob]:
+    """squeue's lines (queue_script) -> the jobs, in the order squeue printed them."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, name, state, nodes, elapsed, priority, reason = line.split("|", 6)
+        jobs.append(QueuedJob(job_id, name, state, int(nodes), elapsed, int(priority), reason))
+    return jobs
+
+
+def stop_script(partition: str = QUEUE, wait_s: int = STOP_WAIT_S) -> str:
+    """Hold every job of the queue; running ones checkpoint and end first. Prints the queue."""
+    list_jobs = f"squeue --noheader --partition={partition} --format=%i"
+    return f"""set -u
+for job in $({list_jobs} --states=PENDING); do scontrol hold "$job"; done
+for job in $({list_jobs} --states=RUNNING,CONFIGURING,SUSPENDED); do
+  scontrol requeuehold "$job"
+done
+deadline=$((SECONDS + {wait_s}))
+while [ -n "$({list_jobs} --states=RUNNING,CONFIGURING,COMPLETING,SUSPENDED)" ]; do
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "jobs still ending after {wait_s} s" >&2
+    exit 1
+  fi
+  sleep 2
+done
+{queue_script(partition)}
+"""
+
+
+def release_script(partition: str = QUEUE) -> str:
+    """Release every held job of the queue: Slurm starts nodes for them. Prints the queue."""
+    return f"""set -u
+{queue_script(partition)} --states=PENDING | while IFS='|' read -r job _ _ _ _ priority _; do
+  if [ "$priority" = 0 ]; then scontrol release "$job"; fi
+done
+{queue_script(partition)}
+"""
+
+
+def log_script(job_id: str, offset: int, piece_bytes: int = LOG_PIECE_BYTES) -> str:
+    """The job's output file from byte `offset` (-1: its last piece), at most a piece.
+
+    First line: the offset the piece starts at; then the piece itself.
+    """
+    if not job_id.isdigit():
+        raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
+    return f"""set -eu
+file=$(scontrol --oneliner show job {job_id} | sed -n 's/.* StdOut=\\([^ ]*\\).*/\\1/p')
+if [ -z "$file" ] || [ ! -f "$file" ]; then
+  echo "job {job_id} has no output file yet" >&2
+  exit 3
+fi
+size=$(stat -c %s "$file")
+offset={offset}
+if [ "$offset" -lt 0 ]; then
+  offset=$((size > {piece_bytes} ? size - {piece_bytes} : 0))
+fi
+echo "$offset"
+tail -c +$((offset + 1)) "$file" | head -c {piece_bytes}
+"""
+
+
+def parse_log_piece(text: str) -> tuple[int, str]:
+    """log_script's reply -> (offset the piece starts at, the piece)."""
+    first, _, piece = text.partition("\n")
+    return int(first), piece

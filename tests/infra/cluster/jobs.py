@@ -1,0 +1,96 @@
+"""Training jobs submitted to the loopback Slurm cluster (tests/support/slurm.py).
+
+Each job is infra/cluster/templates/train.sbatch in its host-launch form: one
+`python -m training` launcher per node, one gloo rank each (2 nodes x 1 rank),
+checkpoints in a folder both nodes share.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
+from tests.support.slurm import NODES, SlurmCluster
+from tests.training.jobs import TINY, read_metrics
+from tests.training.multirank import free_port, launch_env
+
+STEPS = 16
+# Dropout on, so a resumed run only matches if the RNG state came back; a periodic
+# checkpoint every 4 steps for the node loss, which leaves no time for a stop checkpoint.
+JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=4")
+JOB_TIMEOUT_S = 240
+JOB_NAME = "train"  # the script's default: checkpoints in ckpt/train, metrics in runs/train
+DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "BOOT_FAIL"}
+
+
+class Submitted:
+    """One submitted job: its id, folders and log."""
+
+    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME):
+        self.cluster, self.work, self.name = cluster, work, name
+        work.mkdir(parents=True, exist_ok=True)
+        script = work / "train.sbatch"
+        script.write_text(
+            render_sbatch(
+                BatchJob(
+                    nodes=len(NODES),
+                    launch=Launch.host(sys.executable),
+                    checkpoint_root=str(work / "ckpt"),
+                )
+            )
+        )
+        env = launch_env(
+            SLURM_CONF=str(cluster.conf),
+            TRAIN_NPROC_PER_NODE="1",
+            TRAIN_MASTER_PORT=str(free_port()),
+            TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
+        )
+        overrides = [arg for override in JOB for arg in ("--set", override)]
+        out = cluster.command(
+            "sbatch",
+            "--parsable",
+            f"--chdir={work}",
+            f"--job-name={name}",
+            str(script),
+            *overrides,
+            env=env,
+        )
+        self.id = out.strip().split(";")[0]
+
+    @property
+    def log(self) -> str:
+        path = self.work / f"train-{self.id}.out"
+        return path.read_text() if path.exists() else ""
+
+    @property
+    def metrics(self) -> list[dict]:
+        return read_metrics(self.work / "runs" / self.name)
+
+    def state(self) -> dict[str, str]:
+        return self.cluster.job(self.id)
+
+    def wait_for_step(self, step: int) -> None:
+        """Until rank 0 has logged `step` (the job trains on both nodes)."""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while not self.metrics or self.metrics[-1]["step"] < step:
+            state = self.state()["JobState"]
+            assert state not in DONE_STATES, f"job ended ({state}):\n{self.log[-3000:]}"
+            assert time.monotonic() < deadline, f"no step {step}:\n{self.log[-3000:]}"
+            time.sleep(0.2)
+
+    def wait_until_done(self) -> dict[str, str]:
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (state := self.state())["JobState"] not in DONE_STATES:
+            assert time.monotonic() < deadline, f"{state['JobState']}:\n{self.log[-3000:]}"
+            time.sleep(0.5)
+        return state
+
+
+def assert_completed(job: Submitted, state: dict) -> list[float]:
+    """The job ended with exit 0, one record per step: its losses."""
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", job.log[-3000:]
+    records = job.metrics
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # none twice or missing
+    return [r["loss"] for r in records]

@@ -1,0 +1,91 @@
+"""The head-node scripts (infra/cluster/control.py) on the real two-node Slurm cluster.
+
+A stop must leave every job of the queue held, a running one only after its SIGTERM
+checkpoint, and keep it from starting again; a release must start it, resuming from that
+checkpoint; the queue and the log must read what Slurm and the job wrote.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from infra.cluster.control import (
+    log_script,
+    parse_log_piece,
+    parse_queue,
+    queue_script,
+    release_script,
+    stop_script,
+)
+from tests.infra.cluster.jobs import STEPS, Submitted
+from tests.support.head_node import run_on_head_node
+from tests.support.slurm import PARTITION
+
+pytestmark = pytest.mark.slow
+
+
+def on_head_node(slurm, script: str) -> str:
+    result = run_on_head_node(slurm, script)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tmp_path):
+    running = Submitted(slurm, tmp_path / "a", name="first")
+    running.wait_for_step(3)
+    waiting = Submitted(slurm, tmp_path / "b", name="second")  # both nodes are taken
+    queue = {job.name: job for job in parse_queue(on_head_node(slurm, queue_script(PARTITION)))}
+    assert queue["first"].state == "RUNNING" and queue["first"].nodes == 2
+    assert queue["first"].id == running.id
+    assert queue["second"].state == "PENDING" and not queue["second"].held
+
+    held = parse_queue(on_head_node(slurm, stop_script(PARTITION)))
+    assert {job.id for job in held if job.held} == {running.id, waiting.id}, (held, running.log)
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", running.log)
+    assert len(stops) == 2 and stops[0] == stops[1], running.log[-3000:]  # both ranks
+    step = int(stops[0])
+    # Past the time a requeued job may start again (cred_expire + 1 s): still held.
+    time.sleep(12)
+    assert running.state()["JobState"] == "PENDING"
+    assert running.state()["Priority"] == "0"  # held
+
+    slurm.command("scancel", waiting.id)
+    released = parse_queue(on_head_node(slurm, release_script(PARTITION)))
+    assert [job.id for job in released] == [running.id] and not released[0].held
+    state = running.wait_until_done()
+    assert state["JobState"] == "COMPLETED", running.log[-3000:]
+    assert f"/ckpt/first/step_{step:08d} at step {step}" in running.log
+    assert [record["step"] for record in running.metrics] == list(range(1, STEPS + 1))
+
+
+def test_an_empty_queue_stops_and_releases_at_once(slurm):
+    assert parse_queue(on_head_node(slurm, stop_script(PARTITION))) == []
+    assert parse_queue(on_head_node(slurm, release_script(PARTITION))) == []
+
+
+def test_the_log_is_read_in_pieces_from_any_offset(slurm, tmp_path):
+    job = Submitted(slurm, tmp_path)
+    job.wait_until_done()
+    whole = (tmp_path / f"train-{job.id}.out").read_bytes()
+    assert len(whole) > 300
+
+    pieces, offset = [], 0
+    while True:
+        start, piece = parse_log_piece(
+            on_head_node(slurm, log_script(job.id, offset, piece_bytes=100))
+        )
+        assert start == offset
+        if not piece:
+            break
+        pieces.append(piece.encode())
+        offset += len(piece.encode())
+    assert b"".join(pieces) == whole
+
+    start, last = parse_log_piece(on_head_node(slurm, log_script(job.id, -1, piece_bytes=100)))
+    assert start == len(whole) - 100 and last.encode() == whole[-100:]
+
+    missing = run_on_head_node(slurm, log_script("999999", 0))
+    assert missing.returncode != 0
