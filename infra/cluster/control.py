@@ -85,12 +85,16 @@ done
 
 
 def release_script(partition: str = QUEUE) -> str:
-    """Release every held job of the queue: Slurm starts nodes for them. Prints the queue."""
+    """Release every held job of the queue: Slurm starts nodes for them. Prints the jobs it
+    released, as squeue listed them before (held)."""
     return f"""set -u
-{queue_script(partition)} --states=PENDING | while IFS='|' read -r job _ _ _ _ priority _; do
-  if [ "$priority" = 0 ]; then scontrol release "$job"; fi
+{queue_script(partition)} --states=PENDING | while IFS= read -r line; do
+  IFS='|' read -r job _ _ _ _ priority _ <<<"$line"
+  if [ "$priority" = 0 ]; then
+    scontrol release "$job"
+    echo "$line"
+  fi
 done
-{queue_script(partition)}
 """
 
 

@@ -14,6 +14,9 @@ from typing import Any
 
 POINTER_NAME = "latest_committed"
 STATUS_NAME = "status.json"
+# The node's clock is not this machine's, and status.json keeps whole seconds: a stop
+# reported up to this long before it was asked (by this clock) is taken as its answer.
+CLOCK_SKEW_S = 30
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,9 @@ def stop_report(s3: Any, uri: str | None, since: datetime.datetime) -> str:
     if status is None:
         return "the job published no progress (it may not have started): nothing to checkpoint"
     updated = datetime.datetime.fromisoformat(status["updated_at"])
-    if status["state"] in ("interrupted", "done") and updated >= since:
+    if status["state"] in ("interrupted", "done") and (
+        updated >= since - datetime.timedelta(seconds=CLOCK_SKEW_S)
+    ):
         checkpoint = last_checkpoint(s3, uri)
         where = checkpoint.describe() if checkpoint else "no checkpoint in S3"
         return f"the job stopped at step {status['step']:,} ({status['state']}); {where}"

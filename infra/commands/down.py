@@ -9,6 +9,9 @@ cannot be deleted until every version and delete marker is gone (S3 User Guide,
 "Deleting objects from a versioning-enabled bucket"; DeleteObjects takes 1,000 keys
 a call); a repository holding images is deleted with them only with `force`
 (ECR API reference, DeleteRepository).
+
+A Slurm cluster stack's queue is held first (`stop`): running jobs checkpoint to S3
+before CloudFormation deletes the cluster and its nodes.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.commands import nodes, workspace
+from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
 
 
@@ -64,9 +67,16 @@ def run(
         if part
     )
     fate = "DELETE" if args.delete_data else "keep"
-    question = f"Destroy stack {name} ({len(instance_ids)} node(s)) and {fate} {data or 'no data'}?"
+    cluster = workspace.Deployed(name, region, outputs) if outputs.get("head_node") else None
+    what = "its Slurm cluster" if cluster else f"{len(instance_ids)} node(s)"
+    question = f"Destroy stack {name} ({what}) and {fate} {data or 'no data'}?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"down {name}"):
         return "nothing was destroyed"
+
+    if cluster is not None:
+        found = head_node.cluster_nodes(workspace.aws("ec2", region), cluster.cost_tag)
+        if head_node.head_node_state(cluster, found) == "running":
+            head_node.hold_queue(cluster, say=say, sleep=sleep)
 
     if instance_ids:
         ec2 = workspace.aws("ec2", region)

@@ -4,6 +4,9 @@ The container's awslogs driver writes one stream per node, `node-<rank>`, into t
 stack's log group (infra/node/templates/run-training.sh). FilterLogEvents returns
 the events of several streams a page at a time (`nextToken`), from `startTime` in
 milliseconds (CloudWatch Logs API reference, FilterLogEvents).
+
+On a Slurm cluster stack the job's log is its output file (train-<job id>.out, every
+node's lines in one), read on the head node piece by piece (infra/cluster/control.py).
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from infra.commands import workspace
+from infra.cluster.control import log_script, parse_log_piece
+from infra.commands import head_node, workspace
 from infra.errors import ConfigError
 
 FOLLOW_POLL_S = 3.0
@@ -26,6 +30,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     parser.add_argument(
         "--since", type=float, default=60, help="start this many minutes back (default 60)"
+    )
+    parser.add_argument(
+        "--job",
+        help="a Slurm cluster's job id (default: the newest in the queue); its log starts "
+        "with its last 16 KB",
     )
 
 
@@ -39,6 +48,10 @@ def run(
     """The job's CloudWatch Logs, every node or one (--node), optionally followed."""
     out = out or sys.stdout
     stack = workspace.deployed(workspace.stack_name(args))
+    if stack.is_cluster:
+        return job_log(stack, args, out=out, sleep=sleep)
+    if args.job is not None:
+        raise ConfigError(f"--job: stack {stack.name} is not a Slurm cluster; use --node N")
     nodes = len(stack.instance_ids)
     if args.node is not None and not 0 <= args.node < nodes:
         raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {nodes - 1}")
@@ -92,3 +105,45 @@ def _line(event: dict) -> str:
     when = datetime.datetime.fromtimestamp(event["timestamp"] / 1000, datetime.UTC)
     message = event["message"].rstrip("\n")
     return f"{event['logStreamName']}  {when:%H:%M:%S}  {message}\n"
+
+
+def job_log(stack: workspace.Deployed, args: argparse.Namespace, *, out, sleep) -> str:
+    """A cluster job's output file, its last piece first, then (--follow) what it adds."""
+    if args.node is not None:
+        raise ConfigError(
+            f"--node: a job's log on the cluster {stack.name} holds every node's lines; "
+            "choose the job with --job ID"
+        )
+    job_id = args.job
+    if job_id is None:
+        jobs = head_node.queue(stack, sleep=sleep)
+        if not jobs:
+            raise ConfigError(
+                f"the queue of {stack.name} is empty: name a finished job with --job ID"
+            )
+        job_id = max(jobs, key=lambda job: int(job.id)).id
+    elif not job_id.isdigit():
+        raise ConfigError(f"--job {job_id}: a Slurm job id is a number, e.g. --job 12")
+    offset = -1  # the file's last piece
+    try:
+        while True:
+            start, piece = parse_log_piece(
+                head_node.on_head_node(
+                    stack,
+                    log_script(job_id, offset),
+                    what=f"read job {job_id}'s log",
+                    timeout_s=60,
+                    sleep=sleep,
+                )
+            )
+            out.write(piece)
+            out.flush()
+            offset = start + len(piece.encode())
+            if piece:
+                continue  # more may be there already: read on before waiting
+            if not args.follow:
+                break
+            sleep(FOLLOW_POLL_S)
+    except KeyboardInterrupt:
+        pass
+    return ""

@@ -97,6 +97,61 @@ def nodes(ec2: Any, instance_ids: Sequence[str]) -> list[Node]:
     ]
 
 
+@dataclass(frozen=True)
+class Invocation:
+    """How a script sent through SSM ended on one instance, and what it printed."""
+
+    status: str  # Success, Failed, Cancelled, TimedOut
+    stdout: str = ""
+    stderr: str = ""
+
+
+FINAL_STATUSES = ("Success", "Failed", "Cancelled", "TimedOut")
+
+
+def run_script(
+    ssm: Any,
+    instance_ids: Sequence[str],
+    script: str,
+    *,
+    comment: str,
+    timeout_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Invocation]:
+    """Run a shell script as root on each instance (AWS-RunShellScript), wait for the end.
+
+    Its `commands` are the script's lines, which SSM writes into one script file.
+    """
+    command = ssm.send_command(
+        InstanceIds=list(instance_ids),
+        DocumentName="AWS-RunShellScript",
+        Comment=comment,
+        Parameters={"commands": script.splitlines(), "executionTimeout": [str(int(timeout_s))]},
+    )["Command"]["CommandId"]
+    done: dict[str, Invocation] = {}
+    deadline = time.monotonic() + timeout_s + 60
+    while len(done) < len(instance_ids):
+        for instance_id in instance_ids:
+            if instance_id in done:
+                continue
+            try:
+                reply = ssm.get_command_invocation(CommandId=command, InstanceId=instance_id)
+            except ssm.exceptions.InvocationDoesNotExist:
+                continue  # not registered yet: SSM takes a moment after SendCommand
+            if reply["Status"] in FINAL_STATUSES:
+                done[instance_id] = Invocation(
+                    reply["Status"],
+                    reply.get("StandardOutputContent", ""),
+                    reply.get("StandardErrorContent", ""),
+                )
+        if len(done) < len(instance_ids):
+            if time.monotonic() > deadline:
+                done.update({i: Invocation("TimedOut") for i in instance_ids if i not in done})
+                break
+            sleep(POLL_S)
+    return done
+
+
 def stop_job(
     ssm: Any,
     instance_ids: Sequence[str],
@@ -112,32 +167,15 @@ def stop_job(
     if not instance_ids:
         return {}
     say(f"stopping the job on {len(instance_ids)} node(s): it checkpoints first (up to 2 min)")
-    command = ssm.send_command(
-        InstanceIds=list(instance_ids),
-        DocumentName="AWS-RunShellScript",
-        Comment="gpu-training-stack: checkpoint and stop the training job",
-        Parameters={"commands": [STOP_JOB], "executionTimeout": [str(int(timeout_s))]},
-    )["Command"]["CommandId"]
-    done: dict[str, str] = {}
-    deadline = time.monotonic() + timeout_s + 60
-    while len(done) < len(instance_ids):
-        for instance_id in instance_ids:
-            if instance_id in done:
-                continue
-            try:
-                status = ssm.get_command_invocation(CommandId=command, InstanceId=instance_id)[
-                    "Status"
-                ]
-            except ssm.exceptions.InvocationDoesNotExist:
-                continue  # not registered yet: SSM takes a moment after SendCommand
-            if status in ("Success", "Failed", "Cancelled", "TimedOut"):
-                done[instance_id] = status
-        if len(done) < len(instance_ids):
-            if time.monotonic() > deadline:
-                done.update({i: "TimedOut" for i in instance_ids if i not in done})
-                break
-            sleep(POLL_S)
-    return done
+    ended = run_script(
+        ssm,
+        instance_ids,
+        STOP_JOB,
+        comment="gpu-training-stack: checkpoint and stop the training job",
+        timeout_s=timeout_s,
+        sleep=sleep,
+    )
+    return {instance_id: invocation.status for instance_id, invocation in ended.items()}
 
 
 def cancel_spot_requests(ec2: Any, instance_ids: Sequence[str]) -> list[str]:

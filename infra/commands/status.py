@@ -3,6 +3,8 @@
 Nodes from EC2 (read through their spot requests: interrupted, waiting for capacity),
 the job from the status.json the trainer keeps beside its checkpoints, spend and
 budget from the spend guard's ledger (infra/functions/ledger.py: read_ledger).
+A Slurm cluster stack shows its instances by tag and its queue, read on the head node,
+with each queued job's progress and checkpoint (infra/commands/head_node.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from infra.commands import nodes, workspace
+from infra.cluster.control import QueuedJob
+from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.report import format_table
@@ -57,6 +60,8 @@ def run(
 
 def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     """The status text of a stack that is up, as of `now`."""
+    if stack.is_cluster:
+        return cluster_report(stack, now)
     out = stack.outputs
     ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
     lines = [
@@ -78,6 +83,68 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
     lines.append(f"spend       {_spend(stack, now)}")
     return "\n".join(lines)
+
+
+def cluster_report(stack: workspace.Deployed, now: datetime.datetime) -> str:
+    """A cluster stack: its instances, its queue and each queued job's progress."""
+    out = stack.outputs
+    found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
+    lines = [
+        f"stack       {stack.name} ({stack.region}): Slurm cluster, queue {out.get('queue')} of "
+        f"up to {out.get('nodes')} x {out.get('instance_type')}, {out.get('market')}, "
+        f"${out.get('hourly_cost_usd', 0):,.2f}/h with every node running; "
+        f"${out.get('idle_usd_per_hour', 0):,.2f}/h idle (the head node)",
+        "",
+        format_table(
+            ("ROLE", "INSTANCE", "TYPE", "STATE", "MARKET"),
+            [(n.role, n.instance_id, n.instance_type, n.state, n.market) for n in found],
+        ),
+        "",
+    ]
+    state = head_node.head_node_state(stack, found)
+    if state != "running":
+        lines.append(
+            f"queue       unknown: the head node is {state}; "
+            f"`python -m infra start {stack.name}` starts it"
+        )
+    else:
+        jobs = head_node.queue(stack)
+        lines.append(f"queue       {_queue_summary(jobs)}")
+        if jobs:
+            lines += [
+                "",
+                format_table(
+                    ("JOB", "NAME", "STATE", "NODES", "TIME", "REASON"),
+                    [(j.id, j.name, _job_state(j), j.nodes, j.elapsed, j.reason) for j in jobs],
+                ),
+                "",
+            ]
+        s3 = workspace.aws("s3", stack.region)
+        for job in jobs:
+            uri = head_node.run_uri(stack, job)
+            checkpoint = last_checkpoint(s3, uri)
+            lines.append(f"job {job.name:<8}{describe_job(job_status(s3, uri), now)}")
+            lines.append(f"  checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
+    lines.append(f"spend       {_spend(stack, now)}")
+    return "\n".join(lines)
+
+
+def _queue_summary(jobs: list[QueuedJob]) -> str:
+    if not jobs:
+        return "empty: no job, so no compute node runs (`pulumi stack output submit_command`)"
+    held = sum(job.held for job in jobs)
+    text = f"{len(jobs)} job(s)"
+    if held:
+        text += f", {held} held (`python -m infra start` releases them)"
+    return text
+
+
+def _job_state(job: QueuedJob) -> str:
+    if job.held:
+        return "held"
+    if job.state == "PENDING":
+        return "waiting for nodes"
+    return job.state.lower()
 
 
 def describe_job(status: dict | None, now: datetime.datetime) -> str:

@@ -1,5 +1,9 @@
 """`stop [STACK]`: checkpoint the job and stop the nodes; the disks, addresses and bill for
 storage stay, the GPU bill stops. `start` brings them back and the job resumes.
+
+On a Slurm cluster stack the queue is held instead (infra/cluster/control.py): running jobs
+checkpoint and go back to the queue, held, and ParallelCluster ends the idle compute nodes
+after ScaledownIdletime. The head node keeps running: it holds the queue.
 """
 
 from __future__ import annotations
@@ -10,7 +14,8 @@ import sys
 import time
 from collections.abc import Callable
 
-from infra.commands import nodes, workspace
+from infra.cluster.config import SCALEDOWN_IDLE_MINUTES
+from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
 
 
@@ -22,6 +27,8 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
     """Checkpoint the job, then stop every node (start resumes it)."""
     say = workspace.printer(out or sys.stdout)
     stack = workspace.deployed(workspace.stack_name(args))
+    if stack.is_cluster:
+        return stop_cluster(stack, say=say, sleep=sleep)
     ec2 = workspace.aws("ec2", stack.region)
     running = [n.instance_id for n in nodes.nodes(ec2, stack.instance_ids) if n.state == "running"]
     if not running:
@@ -47,4 +54,19 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
         f"stopped {len(running)} node(s) of {stack.name}; last checkpoint "
         f"{checkpoint.describe() if checkpoint else 'none in S3'}. "
         f"`python -m infra start {stack.name}` resumes the job."
+    )
+
+
+def stop_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
+    found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
+    state = head_node.head_node_state(stack, found)
+    if state != "running":
+        return f"the head node of {stack.name} is {state}: no job runs, nothing to stop"
+    held = head_node.hold_queue(stack, say=say, sleep=sleep)
+    idle = stack.outputs.get("idle_usd_per_hour", 0)
+    return (
+        f"held {len(held)} job(s) of {stack.name}; the compute nodes end after "
+        f"{SCALEDOWN_IDLE_MINUTES} idle minutes, and the head node keeps the queue "
+        f"(${idle:,.3f}/h). `python -m infra start {stack.name}` releases the jobs, "
+        f"`python -m infra down {stack.name}` removes the cluster."
     )

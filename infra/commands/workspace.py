@@ -65,7 +65,29 @@ class Deployed:
 
     @property
     def instance_ids(self) -> list[str]:
+        """The single-node stack's nodes in rank order (a cluster's come and go: none)."""
         return list(self.outputs.get("instance_ids") or [])
+
+    @property
+    def is_cluster(self) -> bool:
+        """gpu:cluster: slurm, a ParallelCluster cluster (infra/components/stack.py)."""
+        return self.outputs.get("cluster") == "slurm"
+
+    @property
+    def head_node(self) -> str | None:
+        return self.outputs.get("head_node")
+
+    @property
+    def cost_tag(self) -> tuple[str, str]:
+        """(key, value) of the tag on every instance of the stack."""
+        tag = self.outputs.get("cost_tag")
+        if not tag:
+            raise ConfigError(
+                f"stack {self.name} predates its cost_tag output: `python -m infra up "
+                f"{self.name}` adds it (no resource changes)"
+            )
+        key, _, value = tag.partition("=")
+        return key, value
 
     @property
     def spot(self) -> bool:
@@ -80,7 +102,7 @@ def deployed(name: str, stack: Any | None = None) -> Deployed:
     """The outputs and region of stack `name`; ConfigError when it is not up."""
     stack = stack if stack is not None else open_stack(name)
     outputs = {key: output.value for key, output in stack.outputs().items()}
-    if not outputs.get("instance_ids"):
+    if not outputs.get("instance_ids") and not outputs.get("head_node"):
         raise ConfigError(
             f"stack {name!r} has no instances (it is down or was never up): "
             f"`python -m infra up {name}` creates them"

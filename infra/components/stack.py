@@ -156,6 +156,8 @@ class TrainingStack(pulumi.ComponentResource):
             "instance_type": plan.instance.type,
             "nodes": plan.nodes,
             "market": config.market,
+            # How the commands and the spend guard find the stack's instances.
+            "cost_tag": f"{tag_key}={tag_value}",
             "price_model": price_model(
                 plan,
                 spot=config.spot,
@@ -264,8 +266,11 @@ class TrainingStack(pulumi.ComponentResource):
                 child, pulumi.ResourceOptions(depends_on=[*guardrails.ready, spend_guard])
             ),
         )
+        costs = cost_summary(plan, config.guardrails, spot=config.spot)
         self.outputs = {
             "cluster": "slurm",
+            # The head node and every node Slurm starts carry it (the commands find them by it).
+            "cost_tag": f"{tag_key}={tag_value}",
             "parallelcluster_version": plan.cluster.version,
             "instance_type": plan.instance.type,
             "nodes": plan.nodes,
@@ -279,8 +284,10 @@ class TrainingStack(pulumi.ComponentResource):
             "checkpoint_uri": storage.checkpoint_uri,
             # With no job the queue has no nodes: the head node is all the cluster costs.
             "idle_usd_per_hour": head_node.on_demand_usd_per_hour,
-            "on_demand_usd_per_hour": plan.on_demand_usd_per_hour,
-            "spot_usd_per_hour": plan.spot_usd_per_hour,
+            "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
+            "spot_usd_per_hour": costs["spot_usd_per_hour"],
+            "hourly_cost_usd": costs["hourly_usd"],  # every node of the queue running
+            "monthly_budget_usd": costs["monthly_budget_usd"],
             "budget_name": guardrails.budget_name,
             "alert_topic_arn": guardrails.alert_topic_arn,
             "spend_ledger_table": spend_guard.ledger_table_name,

@@ -22,6 +22,10 @@ class InvocationDoesNotExist(Exception):
     pass
 
 
+class InvalidInstanceId(Exception):
+    """SendCommand's error for an instance whose SSM agent has not registered (yet)."""
+
+
 def run_on_head_node(cluster: SlurmCluster, script: str, timeout: float = 300):
     """bash -c SCRIPT against the loopback cluster, as root on a head node would run it."""
     return subprocess.run(
@@ -36,16 +40,22 @@ def run_on_head_node(cluster: SlurmCluster, script: str, timeout: float = 300):
 class HeadNodeSSM:
     """The SSM client of a stack whose head node is `head_node_id` (one instance only)."""
 
-    exceptions = SimpleNamespace(InvocationDoesNotExist=InvocationDoesNotExist)
+    exceptions = SimpleNamespace(
+        InvocationDoesNotExist=InvocationDoesNotExist, InvalidInstanceId=InvalidInstanceId
+    )
 
     def __init__(self, cluster: SlurmCluster, head_node_id: str):
         self.cluster, self.head_node_id = cluster, head_node_id
         self.sent: list[list[str]] = []
+        self.unregistered_for = 0  # SendCommands to refuse before the agent registers
         self._results: dict[str, subprocess.CompletedProcess] = {}
 
     def send_command(self, *, InstanceIds, DocumentName, Parameters, **_):
         assert DocumentName == "AWS-RunShellScript"
         assert InstanceIds == [self.head_node_id], f"sent to {InstanceIds}, not the head node"
+        if self.unregistered_for > 0:
+            self.unregistered_for -= 1
+            raise InvalidInstanceId(self.head_node_id)
         commands = Parameters["commands"]
         self.sent.append(commands)
         command_id = str(uuid.uuid4())

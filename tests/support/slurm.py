@@ -25,11 +25,13 @@ from pathlib import Path
 import psutil
 import pytest
 
+from infra.cluster.config import QUEUE
 from tests.support.tools import _unavailable, find_tool, require_tool
 from tests.training.multirank import free_port
 
 NODES = ("n1", "n2")
-PARTITION = "debug"
+# Named as the stack's queue: the head-node scripts (infra/cluster/control.py) run unchanged.
+PARTITION = QUEUE
 # Debian package of each daemon and command the cluster needs.
 _PACKAGES = {
     "munged": "munge",

@@ -16,7 +16,9 @@ from tests.support.slurm import NODES, SlurmCluster
 from tests.training.jobs import TINY, read_metrics
 from tests.training.multirank import free_port, launch_env
 
-STEPS = 16
+# Enough steps that a stop sent after step 3 finds the job still training: these steps
+# take about 20 ms each here, so the job runs for seconds, not tenths of one.
+STEPS = 240
 # Dropout on, so a resumed run only matches if the RNG state came back; a periodic
 # checkpoint every 4 steps for the node loss, which leaves no time for a stop checkpoint.
 JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=4")
@@ -28,7 +30,7 @@ DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "
 class Submitted:
     """One submitted job: its id, folders and log."""
 
-    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME):
+    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME, s3_root: str = ""):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
         script = work / "train.sbatch"
@@ -38,6 +40,7 @@ class Submitted:
                     nodes=len(NODES),
                     launch=Launch.host(sys.executable),
                     checkpoint_root=str(work / "ckpt"),
+                    s3_root=s3_root,
                 )
             )
         )

@@ -1,4 +1,5 @@
-"""The head-node scripts (infra/cluster/control.py) on the real two-node Slurm cluster.
+"""The head-node scripts (infra/cluster/control.py) on the real two-node Slurm cluster, whose
+partition is named as the stack's queue.
 
 A stop must leave every job of the queue held, a running one only after its SIGTERM
 checkpoint, and keep it from starting again; a release must start it, resuming from that
@@ -22,7 +23,6 @@ from infra.cluster.control import (
 )
 from tests.infra.cluster.jobs import STEPS, Submitted
 from tests.support.head_node import run_on_head_node
-from tests.support.slurm import PARTITION
 
 pytestmark = pytest.mark.slow
 
@@ -37,12 +37,12 @@ def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tm
     running = Submitted(slurm, tmp_path / "a", name="first")
     running.wait_for_step(3)
     waiting = Submitted(slurm, tmp_path / "b", name="second")  # both nodes are taken
-    queue = {job.name: job for job in parse_queue(on_head_node(slurm, queue_script(PARTITION)))}
+    queue = {job.name: job for job in parse_queue(on_head_node(slurm, queue_script()))}
     assert queue["first"].state == "RUNNING" and queue["first"].nodes == 2
     assert queue["first"].id == running.id
     assert queue["second"].state == "PENDING" and not queue["second"].held
 
-    held = parse_queue(on_head_node(slurm, stop_script(PARTITION)))
+    held = parse_queue(on_head_node(slurm, stop_script()))
     assert {job.id for job in held if job.held} == {running.id, waiting.id}, (held, running.log)
     stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", running.log)
     assert len(stops) == 2 and stops[0] == stops[1], running.log[-3000:]  # both ranks
@@ -53,8 +53,9 @@ def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tm
     assert running.state()["Priority"] == "0"  # held
 
     slurm.command("scancel", waiting.id)
-    released = parse_queue(on_head_node(slurm, release_script(PARTITION)))
-    assert [job.id for job in released] == [running.id] and not released[0].held
+    released = parse_queue(on_head_node(slurm, release_script()))
+    assert [job.id for job in released] == [running.id]
+    assert not any(job.held for job in parse_queue(on_head_node(slurm, queue_script())))
     state = running.wait_until_done()
     assert state["JobState"] == "COMPLETED", running.log[-3000:]
     assert f"/ckpt/first/step_{step:08d} at step {step}" in running.log
@@ -62,8 +63,8 @@ def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tm
 
 
 def test_an_empty_queue_stops_and_releases_at_once(slurm):
-    assert parse_queue(on_head_node(slurm, stop_script(PARTITION))) == []
-    assert parse_queue(on_head_node(slurm, release_script(PARTITION))) == []
+    assert parse_queue(on_head_node(slurm, stop_script())) == []
+    assert parse_queue(on_head_node(slurm, release_script())) == []
 
 
 def test_the_log_is_read_in_pieces_from_any_offset(slurm, tmp_path):

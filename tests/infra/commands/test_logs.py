@@ -32,8 +32,8 @@ def put(client, stream, message, at_ms):
 
 
 def _args(**values):
-    return argparse.Namespace(**{"stack": "v100x1", "node": None, "follow": False, "since": 60,
-                                 **values})  # fmt: skip
+    defaults = {"stack": "v100x1", "node": None, "follow": False, "since": 60, "job": None}
+    return argparse.Namespace(**{**defaults, **values})
 
 
 def test_every_nodes_lines_in_time_order(log_stack):

@@ -72,7 +72,10 @@ def test_the_cluster_config_is_the_plans_queue_in_the_stacks_subnet_and_tags(run
     assert config["HeadNode"]["Networking"]["SubnetId"] == subnet.id
     assert config["HeadNode"]["InstanceType"] == DATA["head_node"]["instance_type"]
     assert {"Key": "gpu-stack", "Value": "gpu-training-stack-test"} in config["Tags"]
-    assert config["Scheduling"]["SlurmSettings"]["CustomSlurmSettings"] == [{"RequeueExit": "75"}]
+    assert config["Scheduling"]["SlurmSettings"]["CustomSlurmSettings"] == [
+        {"RequeueExit": "75"},
+        {"KillWait": "120"},
+    ]
 
 
 def test_the_nodes_policy_reaches_only_the_stacks_bucket_and_repository(run):
@@ -111,6 +114,9 @@ def test_outputs_name_the_head_node_the_submit_command_the_queue_and_the_idle_co
     assert "sbatch" in outputs["submit_command"]
     assert outputs["idle_usd_per_hour"] == DATA["head_node"]["on_demand_usd_per_hour"]
     assert outputs["market"] == "SPOT"
+    # The commands find the head node and the compute nodes by the tags the cluster passes on.
+    assert outputs["cost_tag"] == "gpu-stack=gpu-training-stack-test"
+    assert outputs["hourly_cost_usd"] == outputs["spot_usd_per_hour"] > 0  # a spot queue
 
 
 def test_a_variant_the_clusters_driver_cannot_run_fails_preview():

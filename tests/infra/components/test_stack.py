@@ -10,7 +10,7 @@ import pulumi
 import pytest
 
 from infra.dryrun.mocks import RecordingMocks
-from infra.dryrun.runner import run_program
+from infra.dryrun.runner import PROJECT, run_program
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import resolve
@@ -178,6 +178,8 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
         f"aws ssm start-session --target {instance_id}" for instance_id in outputs["instance_ids"]
     ]
     assert outputs["checkpoint_bucket"] == one(run, "aws:s3/bucket:Bucket").state["bucket"]
+    # The tag the nodes carry (tests/infra/components/test_compute.py), as the commands read it.
+    assert outputs["cost_tag"] == f"gpu-stack={PROJECT}-test"
     assert ("cancel_spot_requests" in outputs) == spot
     if spot:
         requests = [node.state["spotInstanceRequestId"] for node in nodes]
