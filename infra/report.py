@@ -55,8 +55,11 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
 
 
 def format_cluster(plan: Plan, head_node: HeadNode) -> str:
-    """The Slurm cluster a multi-node plan runs on (gpu:cluster: slurm), and its idle cost."""
+    """The Slurm cluster a multi-node plan runs on (gpu:cluster: slurm), and its idle cost at
+    the head node's price in the plan's region."""
     release, instance = plan.cluster, plan.instance
+    price = head_node.price_in(plan.price.region)
+    estimated = " (estimate)" if price.on_demand_estimated else ""
     return "\n".join(
         [
             f"cluster        Slurm on AWS ParallelCluster {release.version} (AMIs with NVIDIA "
@@ -64,8 +67,8 @@ def format_cluster(plan: Plan, head_node: HeadNode) -> str:
             f"queue          {QUEUE}: 0 to {plan.nodes} x {instance.type}, nodes start for a job "
             f"and stop after {SCALEDOWN_IDLE_MINUTES} min idle",
             f"head node      {head_node.instance_type} on-demand, "
-            f"${head_node.on_demand_usd_per_hour:.3f}/h",
-            f"idle cost      ${head_node.on_demand_usd_per_hour:.3f}/h (the head node only: "
+            f"${price.on_demand_usd_per_hour:.3f}/h in {plan.price.region}{estimated}",
+            f"idle cost      ${price.on_demand_usd_per_hour:.3f}/h (the head node only: "
             "no job, no compute nodes)",
         ]
     )

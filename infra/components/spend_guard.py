@@ -53,8 +53,9 @@ class SpendGuardArgs:
     guardrails: GuardrailConfig  # budget, period and alert thresholds
     cost_tag: tuple[str, str]  # (key, value) on every instance of the stack
     alert_topic_arn: pulumi.Input[str]
-    # A Slurm cluster's head node: on demand, a type outside the GPU catalog, so priced from
-    # infra/knowledge/data/parallelcluster.toml (without it the guard would fail safe).
+    # A Slurm cluster's head node: on demand, a type outside the GPU catalog, so priced for the
+    # plan's region from infra/knowledge/data/parallelcluster.toml (without it the guard would
+    # fail safe).
     head_node: HeadNode | None = None
 
 
@@ -107,9 +108,8 @@ class SpendGuard(pulumi.ComponentResource):
             for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
         }
         if args.head_node is not None:
-            prices[args.head_node.instance_type] = {
-                "on-demand": args.head_node.on_demand_usd_per_hour
-            }
+            head_node = args.head_node.price_in(args.plan.price.region)
+            prices[args.head_node.instance_type] = {"on-demand": head_node.on_demand_usd_per_hour}
         environment = pulumi.Output.all(self.ledger.name, args.alert_topic_arn).apply(
             lambda values: GuardSettings(
                 table=values[0],

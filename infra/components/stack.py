@@ -223,6 +223,8 @@ class TrainingStack(pulumi.ComponentResource):
         """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
         tag_key, tag_value = cost_tag()
         head_node = load_parallelcluster().head_node
+        # Checked with the plan (StackConfig.resolve_plan), before the first resource.
+        head_node_price = head_node.price_in(plan.price.region)
         # The guard finds the head node and every node Slurm starts by the cost tag that
         # ParallelCluster puts on them (infra/cluster/config.py, Tags).
         spend_guard = SpendGuard(
@@ -283,7 +285,7 @@ class TrainingStack(pulumi.ComponentResource):
             "checkpoint_bucket": storage.bucket_name,
             "checkpoint_uri": storage.checkpoint_uri,
             # With no job the queue has no nodes: the head node is all the cluster costs.
-            "idle_usd_per_hour": head_node.on_demand_usd_per_hour,
+            "idle_usd_per_hour": head_node_price.on_demand_usd_per_hour,
             "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
             "spot_usd_per_hour": costs["spot_usd_per_hour"],
             "hourly_cost_usd": costs["hourly_usd"],  # every node of the queue running

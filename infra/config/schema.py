@@ -371,10 +371,15 @@ class StackConfig(BaseModel):
             raise ConfigError(f"{given}: {exc}") from None
 
     def _resolve_for_cluster(self, profile_plan: Plan, region: str) -> Plan:
+        parallelcluster = load_parallelcluster()
         try:
-            release = load_parallelcluster().release(self.parallel_cluster_version)
+            release = parallelcluster.release(self.parallel_cluster_version)
         except ConfigError as exc:
             raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
+        try:
+            parallelcluster.head_node.price_in(region)  # the head node is priced for the region
+        except ConfigError as exc:
+            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
         instance_type = self.instance_type or profile_plan.instance.type
         # The profile's variant was chosen for the EC2 path's AMIs: pick again for the cluster's.
         variant = self.image_variant or AUTO

@@ -1,4 +1,5 @@
-"""AWS ParallelCluster releases (data/parallelcluster.toml): their AMIs' driver, the head node.
+"""AWS ParallelCluster releases (data/parallelcluster.toml): their AMIs' driver, the head node
+and its price per region.
 
 Facts live in the TOML file next to this package's catalog (with dates and
 sources); this module only reads and checks them.
@@ -12,13 +13,14 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, StrictFloat, field_validator
+from pydantic import Field, StrictBool, field_validator
 from pydantic.dataclasses import dataclass
 
 from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
 from common.versions import dotted_version, version_key
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
+from infra.knowledge.prices import Usd
 
 PARALLELCLUSTER_PATH = CATALOG_DIR / "parallelcluster.toml"
 
@@ -46,11 +48,32 @@ class Release:
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
+class HeadNodePrice:
+    """$/h of the head node in one region (on demand only: the head node is never spot)."""
+
+    on_demand_usd_per_hour: Usd
+    on_demand_estimated: StrictBool  # not observed for this region: see source
+    source: str
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
 class HeadNode:
     instance_type: str
-    on_demand_usd_per_hour: Annotated[StrictFloat, Field(gt=0)]
     prices_checked: datetime.date
-    source: str
+    prices: Annotated[dict[str, HeadNodePrice], Field(min_length=1)] = field(hash=False)
+
+    def price_in(self, region: str) -> HeadNodePrice:
+        """The head node's price in `region`, or a one-line ConfigError: a cluster is never
+        priced with another region's figure (as PriceTable.region refuses)."""
+        try:
+            return self.prices[region]
+        except KeyError:
+            raise ConfigError(
+                f"the catalog has no head-node price for region {region!r} (regions with one: "
+                f"{', '.join(sorted(self.prices))}); deploy the Slurm cluster to one of those, "
+                f"or add {region}'s {self.instance_type} on-demand price to "
+                f'infra/knowledge/data/parallelcluster.toml as [head_node.prices."{region}"]'
+            ) from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Shared by the infra tests: modified copies of the data files, the command line."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -42,3 +43,26 @@ def data_file_prices(instance_type: str, region: str = "us-east-1") -> SimpleNam
         spot_usd_per_hour=entry["spot_usd_per_hour"],
         capacity_block_usd_per_hour=entry.get("capacity_block_usd_per_hour"),
     )
+
+
+def data_file_head_node(region: str = "us-east-1") -> SimpleNamespace:
+    """The Slurm head node's type and on-demand $/h in `region` as parallelcluster.toml writes
+    them, read without the loader (as data_file_prices)."""
+    head_node = tomllib.loads((CATALOG_DIR / "parallelcluster.toml").read_text())["head_node"]
+    return SimpleNamespace(
+        instance_type=head_node["instance_type"],
+        on_demand_usd_per_hour=head_node["prices"][region]["on_demand_usd_per_hour"],
+    )
+
+
+def parallelcluster_without_head_node_price(tmp_path: Path, region: str) -> Path:
+    """A copy of parallelcluster.toml without the head node's price table for `region`."""
+    text, removed = re.subn(
+        rf'\[head_node\.prices\."{re.escape(region)}"\]\n(.+\n)+',
+        "",
+        (CATALOG_DIR / "parallelcluster.toml").read_text(),
+    )
+    assert removed == 1, f"test fixture out of date: no head-node price for {region}"
+    path = tmp_path / "parallelcluster.toml"
+    path.write_text(text)
+    return path

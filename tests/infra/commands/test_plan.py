@@ -1,6 +1,5 @@
 """`python -m infra plan` as a user runs it: a subprocess, its output and exit status."""
 
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -10,8 +9,7 @@ from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.commands import plan
 from infra.knowledge.catalog import load_catalog
-from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
-from tests.support.infra import data_file_prices, modified_catalog, run_cli
+from tests.support.infra import data_file_head_node, data_file_prices, modified_catalog, run_cli
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -85,16 +83,17 @@ def test_instance_variant_nodes_instead_of_a_profile():
     assert "cu128" in out and "no EFA" in out
 
 
-def test_more_than_one_node_plans_the_slurm_cluster_and_its_idle_cost():
-    head_node = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
-    result = run_cli("plan", "a100x8", "--nodes", "2")
+@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
+def test_more_than_one_node_plans_the_slurm_cluster_and_its_idle_cost_in_the_region(region):
+    head_node = data_file_head_node(region)
+    result = run_cli("plan", "a100x8", "--nodes", "2", "--region", region)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "2 x p4d.24xlarge" in out
     assert "Slurm on AWS ParallelCluster 3.15.1" in out
     assert "queue          gpu: 0 to 2 x p4d.24xlarge" in out
-    price = f"${head_node['on_demand_usd_per_hour']:.3f}/h"
-    assert f"head node      {head_node['instance_type']} on-demand, {price}" in out
+    price = f"${head_node.on_demand_usd_per_hour:.3f}/h"
+    assert f"head node      {head_node.instance_type} on-demand, {price} in {region}" in out
     assert f"idle cost      {price}" in out
     assert "AMI family" not in out  # the nodes boot ParallelCluster's AMIs, not the DLAMI
 

@@ -20,6 +20,7 @@ import pytest
 
 from infra.cluster.config import SETUP_SCRIPT
 from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
+from tests.support.infra import data_file_head_node
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import INSTANCE, LAUNCH_TEMPLATE, run_stack
 
@@ -112,7 +113,7 @@ def test_outputs_name_the_head_node_the_submit_command_the_queue_and_the_idle_co
     assert outputs["head_node"].startswith("i-")
     assert f"--target {outputs['head_node']}" in outputs["submit_command"]
     assert "sbatch" in outputs["submit_command"]
-    assert outputs["idle_usd_per_hour"] == DATA["head_node"]["on_demand_usd_per_hour"]
+    assert outputs["idle_usd_per_hour"] == data_file_head_node("us-east-1").on_demand_usd_per_hour
     assert outputs["market"] == "SPOT"
     # The commands find the head node and the compute nodes by the tags the cluster passes on.
     assert outputs["cost_tag"] == "gpu-stack=gpu-training-stack-test"
@@ -125,3 +126,10 @@ def test_a_variant_the_clusters_driver_cannot_run_fails_preview():
     message = str(caught.value)
     assert "ParallelCluster 3.14.0" in message and "570.172.08" in message
     assert "'cu128'" in message
+
+
+def test_the_idle_cost_is_the_head_nodes_price_in_the_stacks_region():
+    ireland = data_file_head_node("eu-west-1").on_demand_usd_per_hour
+    assert ireland != data_file_head_node("us-east-1").on_demand_usd_per_hour
+    run = run_stack(cluster="slurm", nodes=2, **{"aws:region": "eu-west-1"})
+    assert run.outputs["idle_usd_per_hour"] == ireland

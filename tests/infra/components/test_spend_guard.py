@@ -6,15 +6,14 @@ import json
 import shutil
 import subprocess
 import sys
-import tomllib
 
 import pytest
 
 from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
-from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from infra.knowledge.profiles import load_profiles, resolve_profile
+from tests.support.infra import data_file_head_node
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
 
@@ -117,6 +116,15 @@ def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     assert settings.price("p3.2xlarge", "on-demand") == ireland["p3.2xlarge"].on_demand_usd_per_hour
 
 
+def test_a_cluster_stack_in_eu_west_1_prices_its_head_node_at_eu_west_1s_price():
+    run = run_stack(cluster="slurm", nodes=2, **{"aws:region": "eu-west-1"})
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
+    head, virginia = data_file_head_node("eu-west-1"), data_file_head_node("us-east-1")
+    assert head.on_demand_usd_per_hour != virginia.on_demand_usd_per_hour
+    assert settings.region == "eu-west-1"
+    assert settings.price(head.instance_type, "on-demand") == head.on_demand_usd_per_hour
+
+
 @pytest.mark.parametrize("profile", sorted(load_profiles().profiles))
 def test_a_slurm_cluster_stack_has_the_guard_the_topic_its_subscriptions_and_the_budget(profile):
     run = run_stack(profile=profile, cluster="slurm", nodes=2, alertEmails=["a@x.org", "b@x.org"])
@@ -139,8 +147,8 @@ def test_a_slurm_cluster_stack_has_the_guard_the_topic_its_subscriptions_and_the
     assert run.outputs["spend_ledger_table"] == one(run, TABLE).state["name"]
     assert one(run, SCHEDULE).inputs["scheduleExpression"] == "rate(5 minutes)"
     # Priced for the queue's nodes and the head node: an unknown type would stop the cluster.
-    head = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
-    assert settings.price(head["instance_type"], "on-demand") == head["on_demand_usd_per_hour"]
+    head = data_file_head_node("us-east-1")
+    assert settings.price(head.instance_type, "on-demand") == head.on_demand_usd_per_hour
     instance_type = run.outputs["instance_type"]
     price = load_catalog().prices.price("us-east-1", instance_type)
     assert settings.price(instance_type, "spot") == price.spot_usd_per_hour

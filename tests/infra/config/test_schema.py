@@ -12,6 +12,8 @@ from infra.config.guardrails import GuardrailConfig
 from infra.config.schema import load_stack_config, own_keys
 from infra.dryrun.mocks import RecordingMocks
 from infra.errors import ConfigError
+from infra.knowledge import parallelcluster
+from tests.support.infra import parallelcluster_without_head_node_price
 from tests.support.stack_runs import BASE_CONFIG, run_stack
 
 BAD_VALUES = [
@@ -199,6 +201,22 @@ def test_more_than_one_node_needs_the_slurm_cluster(nodes):
     assert load_stack_config({**BASE_CONFIG, "nodes": nodes, "cluster": "slurm"}).nodes == int(
         nodes
     )
+
+
+def test_a_cluster_in_a_region_without_a_head_node_price_fails_preview_creating_nothing(
+    tmp_path, monkeypatch
+):
+    # A region with instance prices (prices.toml) but, in this copy, no head-node price.
+    path = parallelcluster_without_head_node_price(tmp_path, "eu-west-1")
+    monkeypatch.setattr(parallelcluster, "PARALLELCLUSTER_PATH", path)
+    mocks = RecordingMocks()
+    with pytest.raises(pulumi.RunError) as raised:
+        run_stack(mocks, cluster="slurm", nodes=2, **{"aws:region": "eu-west-1"})
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("aws:region is 'eu-west-1': the catalog has no head-node price")
+    assert "infra/knowledge/data/parallelcluster.toml" in message
+    assert mocks.resources == []
 
 
 def test_every_key_is_documented():

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import tomllib
 
 import pytest
 from botocore.exceptions import ClientError
@@ -12,9 +11,8 @@ from botocore.exceptions import ClientError
 from infra.functions.ledger import read_ledger
 from infra.functions.settings import GuardSettings, SettingsError
 from infra.functions.spend_guard import handler, market, run_guard, running_hours
-from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from tests.infra.functions.world import COST_TAG, PRICES, World, notices
-from tests.support.infra import data_file_prices
+from tests.support.infra import data_file_head_node, data_file_prices
 from tests.support.mock_runs import one
 from tests.support.stack_runs import run_stack
 
@@ -350,16 +348,16 @@ def test_a_slurm_clusters_head_node_and_compute_node_are_priced_not_failed_safe(
     config = dataclasses.replace(
         GuardSettings.from_environment(variables), table="ledger", topic_arn=topic_arn
     )
-    head = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["head_node"]
+    head = data_file_head_node("us-east-1")  # the mocks' region
     compute_type = run.outputs["instance_type"]
     world = World(aws["ec2"], MONDAY)
-    head_node, compute_node = world.launch(head["instance_type"]), world.launch(compute_type)
+    head_node, compute_node = world.launch(head.instance_type), world.launch(compute_type)
     world.advance(minutes=30)
     outcome = guard(aws, world, config)
     assert not outcome.ledger.stopped and outcome.ledger.stop_reason == ""
     assert outcome.stopped_instances == ()
     assert world.running_ids() == {head_node, compute_node}
     compute_price = data_file_prices(compute_type).on_demand_usd_per_hour
-    expected = 0.5 * (head["on_demand_usd_per_hour"] + compute_price)
+    expected = 0.5 * (head.on_demand_usd_per_hour + compute_price)
     assert outcome.ledger.spent_usd == pytest.approx(expected)
     assert notices(aws["sqs"], queue) == []

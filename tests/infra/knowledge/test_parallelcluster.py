@@ -1,11 +1,16 @@
-"""ParallelCluster releases as data, and the resolver's driver check for a Slurm cluster."""
+"""ParallelCluster releases as data, the head node's price per region, and the resolver's
+driver check for a Slurm cluster."""
+
+import tomllib
 
 import pytest
 
 from images.matrix import load_matrix
 from infra.errors import ConfigError
+from infra.knowledge.catalog import CATALOG_DIR
 from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH, load_parallelcluster
 from infra.knowledge.resolver import resolve
+from tests.support.infra import parallelcluster_without_head_node_price
 
 PARALLELCLUSTER = load_parallelcluster()
 PARALLELCLUSTER_TEXT = PARALLELCLUSTER_PATH.read_text()
@@ -63,4 +68,39 @@ def test_a_broken_release_entry_is_one_line(tmp_path):
     text = PARALLELCLUSTER_TEXT.replace('driver_version = "570.172.08"', 'driver_version = "570.x"')
     (tmp_path / "parallelcluster.toml").write_text(text)
     with pytest.raises(ConfigError, match=r"release '3\.14\.0', field 'driver_version'"):
+        load_parallelcluster(tmp_path / "parallelcluster.toml")
+
+
+def test_the_head_node_is_priced_in_every_region_with_instance_prices():
+    head_node = tomllib.loads(PARALLELCLUSTER_TEXT)["head_node"]["prices"]
+    regions = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
+    assert set(head_node) == set(regions)
+    for region, entry in head_node.items():
+        price = PARALLELCLUSTER.head_node.price_in(region)
+        assert price.on_demand_usd_per_hour == entry["on_demand_usd_per_hour"]
+        # An estimate says so, and says how it was made, as prices.toml's do.
+        assert price.on_demand_estimated == price.source.startswith("estimate: ")
+    assert not PARALLELCLUSTER.head_node.price_in("us-east-1").on_demand_estimated
+
+
+def test_a_region_without_a_head_node_price_is_one_sentence_naming_the_file(tmp_path):
+    path = parallelcluster_without_head_node_price(tmp_path, "eu-west-1")
+    head_node = load_parallelcluster(path).head_node
+    with pytest.raises(ConfigError) as caught:
+        head_node.price_in("eu-west-1")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "region 'eu-west-1'" in message and "regions with one: us-east-1, us-west-2" in message
+    assert 'infra/knowledge/data/parallelcluster.toml as [head_node.prices."eu-west-1"]' in message
+
+
+def test_a_broken_head_node_price_is_one_line(tmp_path):
+    text = PARALLELCLUSTER_TEXT.replace(
+        "on_demand_usd_per_hour = 0.107", "on_demand_usd_per_hour = 0"
+    )
+    assert text != PARALLELCLUSTER_TEXT
+    (tmp_path / "parallelcluster.toml").write_text(text)
+    with pytest.raises(
+        ConfigError, match=r"field 'prices\.eu-west-1\.on_demand_usd_per_hour' is 0"
+    ):
         load_parallelcluster(tmp_path / "parallelcluster.toml")
