@@ -10,18 +10,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from training.contract import WORKER_VARIABLES
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# Set by a launcher for its workers; a job started from here must not inherit them.
-_RANK_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-)
 # The demo job made quiet: rank 0 writes no progress bar and no TensorBoard unless asked.
 QUIET = ("logging.progress_bar=false", "logging.tensorboard=false")
 
@@ -40,7 +31,7 @@ def job_env(**extra: str) -> dict[str, str]:
     another venv's paths is rebuilt (about 40 s on 2 cores), which would land in whichever
     benchmark starts next. bench/startup.py measures that cold build on its own.
     """
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in WORKER_VARIABLES}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))

@@ -43,6 +43,19 @@ DEFAULT_MASTER_PORT = 29500
 # that a worker started after the launcher died knows it is an orphan.
 LAUNCHER_PID_ENV = "TRAIN_LAUNCHER_PID"
 
+# Set by torch's elastic launcher for each worker (torch.distributed.run): a job started
+# from inside a worker (a test, a benchmark) must not inherit them, or it joins that job.
+WORKER_VARIABLES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+)
+
 # The environment the trainer reads. Each name maps to what it means; the boot
 # script and the Slurm batch script set only names from this table.
 ENV = {

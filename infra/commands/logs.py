@@ -45,7 +45,7 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], float] = time.time,
 ) -> str:
-    """The job's CloudWatch Logs, every node or one (--node), optionally followed."""
+    """The job's CloudWatch Logs (--node N), or a Slurm job's log (--job ID); --follow."""
     out = out or sys.stdout
     stack = workspace.deployed(workspace.stack_name(args))
     if stack.is_cluster:

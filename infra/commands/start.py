@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = time.sleep) -> str:
-    """Start the stopped nodes again; the job resumes from its last checkpoint."""
+    """Start the stopped nodes or release the held Slurm queue; jobs resume."""
     stack = workspace.deployed(workspace.stack_name(args))
     if stack.is_cluster:
         return start_cluster(stack, say=workspace.printer(out or sys.stdout), sleep=sleep)

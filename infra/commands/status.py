@@ -41,7 +41,7 @@ def run(
     out=None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Per node: state; the job's step, loss, tokens/s, time left; checkpoint; spend."""
+    """Per node (or Slurm queue): state; each job's step, loss, rate, time left; spend."""
     watch = args.watch
     if watch is not None and watch <= 0:
         raise ConfigError(f"--watch {watch:g}: give seconds above 0")

@@ -24,7 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = time.sleep) -> str:
-    """Checkpoint the job, then stop every node (start resumes it)."""
+    """Checkpoint the job, then stop every node or hold the Slurm queue (start resumes)."""
     say = workspace.printer(out or sys.stdout)
     stack = workspace.deployed(workspace.stack_name(args))
     if stack.is_cluster:

@@ -113,9 +113,16 @@ def run(args: argparse.Namespace, *, out=None, ask: Callable[[str], str] | None 
         on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
     )
     outputs = {key: output.value for key, output in result.outputs.items()}
+    if outputs.get("cluster") == "slurm":
+        nodes = (
+            f"Slurm cluster, head node {outputs.get('head_node')}; "
+            f"compute nodes start for each job. Submit: {outputs.get('submit_command')}"
+        )
+    else:
+        nodes = ", ".join(outputs.get("instance_ids", []))
     return "\n".join(
         [
-            f"stack {name} is up: {', '.join(outputs.get('instance_ids', []))}",
+            f"stack {name} is up: {nodes}",
             f"image it waits for: {outputs.get('image_uri')} (push it: docs/stack.md)",
             f"next: `python -m infra status {name}`, `python -m infra logs {name} --follow`",
         ]

@@ -8,18 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from training.contract import WORKER_VARIABLES
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-# Set by a launcher for its workers; a launched test job must not inherit them.
-_RANK_VARIABLES = (
-    "RANK",
-    "LOCAL_RANK",
-    "WORLD_SIZE",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-)
 
 
 def free_port() -> int:
@@ -34,7 +25,7 @@ def launch_env(**extra: str) -> dict[str, str]:
     The project is installed (scripts/bootstrap: editable), so nothing is added to
     PYTHONPATH; test scripts run as modules from the repository root (see _torchrun).
     """
-    env = {k: v for k, v in os.environ.items() if k not in _RANK_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in WORKER_VARIABLES}
     env.update(extra)
     return env
 

@@ -62,6 +62,18 @@ def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
     assert "stack v100x1 is up: i-0abc" in result and "r/repo:tag" in result
 
 
+def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
+    stub_stack.outputs_ = {
+        "cluster": "slurm",
+        "head_node": "i-0head",
+        "submit_command": "aws ssm start-session --target i-0head, then: sbatch ...",
+        "image_uri": "r/repo:tag",
+    }
+    result = up.run(_args(), out=io.StringIO(), ask=lambda q: "y")
+    assert "stack v100x1 is up: Slurm cluster, head node i-0head" in result
+    assert "Submit: aws ssm start-session --target i-0head, then: sbatch" in result
+
+
 def test_yes_flag_skips_the_question(stub_stack):
     up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"))
     assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
