@@ -161,9 +161,3 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
             }
         },
     }
-
-
-def idle_usd_per_hour(settings: ClusterSettings) -> float:
-    """What the cluster costs with no job: the head node only (compute scales to 0), at its
-    price in the cluster's region."""
-    return settings.head_node.price_in(settings.region).on_demand_usd_per_hour

@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config, idle_usd_per_hour
+from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles
 from infra.knowledge.resolver import resolve
-from tests.support.infra import data_file_head_node
 from tests.support.tools import _unavailable, require_tool
 from tests.training.multirank import REPO_ROOT
 
@@ -123,12 +122,6 @@ def test_the_queue_scales_to_zero_spot_or_on_demand():
     assert resource["Efa"] == {"Enabled": True, "GdrSupport": True}
     assert spot["Networking"]["PlacementGroup"] == {"Enabled": True}
     assert spot["HealthChecks"] == {"Gpu": {"Enabled": True}}
-
-
-@pytest.mark.parametrize("region", ["us-east-1", "eu-west-1"])
-def test_the_idle_cost_is_the_head_nodes_price_in_the_clusters_region(region):
-    expected = data_file_head_node(region).on_demand_usd_per_hour
-    assert idle_usd_per_hour(settings(region=region)) == expected
 
 
 def test_a_capacity_block_has_static_nodes_and_no_placement_group():
