@@ -13,6 +13,12 @@ Slurm facts they rely on (https://slurm.schedmd.com/scontrol.html, squeue.html):
 - `scontrol show job` names the job's output file (StdOut=); the job writes it in the
   shared /home, which the head node serves.
 
+Where they run: SSM's AWS-RunShellScript writes the commands into a script that `sh`
+runs (aws/amazon-ssm-agent, agent/plugins/runscript: ShellCommand "sh", "-c"), dash on
+Ubuntu, reading no login profile; ParallelCluster keeps Slurm in /opt/slurm (a directory
+its validators reserve, pcluster/validators/cluster_validators.py), which only the login
+profile puts on PATH. So each script is POSIX sh and puts /opt/slurm/bin on PATH itself.
+
 Pure Python: no AWS here. infra/commands/ sends the scripts and parses the replies.
 """
 
@@ -32,6 +38,7 @@ LOG_PIECE_BYTES = 16_000
 # How long the stop script waits for the jobs to end: KillWait (CustomSlurmSettings,
 # infra/cluster/config.py) plus the time Slurm takes to put them back in the queue.
 STOP_WAIT_S = 180
+_PREAMBLE = 'PATH="/opt/slurm/bin:$PATH"\n'
 
 
 @dataclass(frozen=True)
@@ -49,8 +56,12 @@ class QueuedJob:
         return self.state == "PENDING" and self.priority == 0
 
 
-def queue_script(partition: str = QUEUE) -> str:
+def _squeue(partition: str) -> str:
     return f"squeue --noheader --partition={partition} --format={shlex.quote(_QUEUE_FORMAT)}"
+
+
+def queue_script(partition: str = QUEUE) -> str:
+    return _PREAMBLE + _squeue(partition) + "\n"
 
 
 def parse_queue(text: str) -> list[QueuedJob]:
@@ -67,32 +78,33 @@ def parse_queue(text: str) -> list[QueuedJob]:
 def stop_script(partition: str = QUEUE, wait_s: int = STOP_WAIT_S) -> str:
     """Hold every job of the queue; running ones checkpoint and end first. Prints the queue."""
     list_jobs = f"squeue --noheader --partition={partition} --format=%i"
-    return f"""set -u
+    return f"""{_PREAMBLE}set -u
 for job in $({list_jobs} --states=PENDING); do scontrol hold "$job"; done
 for job in $({list_jobs} --states=RUNNING,CONFIGURING,SUSPENDED); do
   scontrol requeuehold "$job"
 done
-deadline=$((SECONDS + {wait_s}))
+deadline=$(($(date +%s) + {wait_s}))
 while [ -n "$({list_jobs} --states=RUNNING,CONFIGURING,COMPLETING,SUSPENDED)" ]; do
-  if [ "$SECONDS" -ge "$deadline" ]; then
+  if [ "$(date +%s)" -ge "$deadline" ]; then
     echo "jobs still ending after {wait_s} s" >&2
     exit 1
   fi
   sleep 2
 done
-{queue_script(partition)}
+{_squeue(partition)}
 """
 
 
 def release_script(partition: str = QUEUE) -> str:
     """Release every held job of the queue: Slurm starts nodes for them. Prints the jobs it
     released, as squeue listed them before (held)."""
-    return f"""set -u
-{queue_script(partition)} --states=PENDING | while IFS= read -r line; do
-  IFS='|' read -r job _ _ _ _ priority _ <<<"$line"
+    return f"""{_PREAMBLE}set -u
+{_squeue(partition)} --states=PENDING | while IFS= read -r line; do
+  job=${{line%%|*}}
+  priority=$(printf '%s\\n' "$line" | cut -d'|' -f6)
   if [ "$priority" = 0 ]; then
     scontrol release "$job"
-    echo "$line"
+    printf '%s\\n' "$line"
   fi
 done
 """
@@ -105,7 +117,7 @@ def log_script(job_id: str, offset: int, piece_bytes: int = LOG_PIECE_BYTES) -> 
     """
     if not job_id.isdigit():
         raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
-    return f"""set -eu
+    return f"""{_PREAMBLE}set -eu
 file=$(scontrol --oneliner show job {job_id} | sed -n 's/.* StdOut=\\([^ ]*\\).*/\\1/p')
 if [ -z "$file" ] || [ ! -f "$file" ]; then
   echo "job {job_id} has no output file yet" >&2

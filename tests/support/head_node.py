@@ -1,7 +1,8 @@
 """A cluster's head node as the commands reach it, played by this host and its loopback Slurm.
 
 `HeadNodeSSM` answers the two SSM Run Command calls the commands make (SendCommand with
-AWS-RunShellScript, GetCommandInvocation) by running the commands with bash here, where
+AWS-RunShellScript, GetCommandInvocation) by running the commands with `sh` here, as the
+SSM agent does (aws/amazon-ssm-agent, agent/plugins/runscript), where
 SLURM_CONF points at the loopback cluster (tests/support/slurm.py), and keeping their
 output as SSM does: the first 24,000 characters of each stream
 (https://docs.aws.amazon.com/systems-manager/latest/APIReference/API_GetCommandInvocation.html).
@@ -27,9 +28,9 @@ class InvalidInstanceId(Exception):
 
 
 def run_on_head_node(cluster: SlurmCluster, script: str, timeout: float = 300):
-    """bash -c SCRIPT against the loopback cluster, as root on a head node would run it."""
+    """sh -c SCRIPT against the loopback cluster, as SSM runs it as root on a head node."""
     return subprocess.run(
-        ["bash", "-c", script],
+        ["sh", "-c", script],
         env=cluster.env,
         capture_output=True,
         text=True,

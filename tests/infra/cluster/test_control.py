@@ -9,6 +9,7 @@ checkpoint; the queue and the log must read what Slurm and the job wrote.
 from __future__ import annotations
 
 import re
+import subprocess
 import time
 
 import pytest
@@ -23,8 +24,29 @@ from infra.cluster.control import (
 )
 from tests.infra.cluster.jobs import STEPS, Submitted
 from tests.support.head_node import run_on_head_node
+from tests.support.tools import require_tool
 
-pytestmark = pytest.mark.slow
+SCRIPTS = {
+    "queue": queue_script(),
+    "stop": stop_script(),
+    "release": release_script(),
+    "log": log_script("12", -1),
+}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_each_script_is_posix_sh_with_slurms_folder_on_path(name):
+    """SSM runs them with sh, no login profile; ParallelCluster's Slurm is in /opt/slurm/bin."""
+    script = SCRIPTS[name]
+    assert script.splitlines()[0] == 'PATH="/opt/slurm/bin:$PATH"'
+    checked = subprocess.run(
+        [require_tool("shellcheck", "shellcheck"), "--shell=sh", "-"],
+        input=script,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 0, checked.stdout
 
 
 def on_head_node(slurm, script: str) -> str:
@@ -33,6 +55,7 @@ def on_head_node(slurm, script: str) -> str:
     return result.stdout
 
 
+@pytest.mark.slow
 def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tmp_path):
     running = Submitted(slurm, tmp_path / "a", name="first")
     running.wait_for_step(3)
@@ -62,11 +85,13 @@ def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tm
     assert [record["step"] for record in running.metrics] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
 def test_an_empty_queue_stops_and_releases_at_once(slurm):
     assert parse_queue(on_head_node(slurm, stop_script())) == []
     assert parse_queue(on_head_node(slurm, release_script())) == []
 
 
+@pytest.mark.slow
 def test_the_log_is_read_in_pieces_from_any_offset(slurm, tmp_path):
     job = Submitted(slurm, tmp_path)
     job.wait_until_done()
