@@ -11,7 +11,8 @@ Slurm facts they rely on (https://slurm.schedmd.com/scontrol.html, squeue.html):
 - A held job is a pending job of priority 0: that is what `scontrol hold` sets (its
   reason reads JobHeldUser, JobHeldAdmin or "job requeued in held state").
 - `scontrol show job` names the job's output file (StdOut=); the job writes it in the
-  shared /home, which the head node serves.
+  shared /home, which the head node serves. Slurm forgets a job MinJobAge seconds (300 by
+  default, slurm.conf(5)) after it ends; its log is then found by name under /home.
 
 Where they run: SSM's AWS-RunShellScript writes the commands into a script that `sh`
 runs (aws/amazon-ssm-agent, agent/plugins/runscript: ShellCommand "sh", "-c"), dash on
@@ -28,6 +29,7 @@ import shlex
 from dataclasses import dataclass
 
 from infra.cluster.config import QUEUE
+from infra.cluster.sbatch import LOG_FILE
 
 # squeue --format fields, in order: id, name, state (long form), nodes, elapsed, priority
 # (an integer), reason.
@@ -38,6 +40,10 @@ LOG_PIECE_BYTES = 16_000
 # How long the stop script waits for the jobs to end: KillWait (CustomSlurmSettings,
 # infra/cluster/config.py) plus the time Slurm takes to put them back in the queue.
 STOP_WAIT_S = 180
+# Where a finished job's log is looked for: the cluster's shared home folders, where jobs are
+# submitted from, a few folders deep.
+LOG_SEARCH_ROOT = "/home"
+LOG_SEARCH_DEPTH = 4
 _PREAMBLE = 'PATH="/opt/slurm/bin:$PATH"\n'
 
 
@@ -110,17 +116,28 @@ done
 """
 
 
-def log_script(job_id: str, offset: int, piece_bytes: int = LOG_PIECE_BYTES) -> str:
+def log_script(
+    job_id: str,
+    offset: int,
+    piece_bytes: int = LOG_PIECE_BYTES,
+    search_root: str = LOG_SEARCH_ROOT,
+) -> str:
     """The job's output file from byte `offset` (-1: its last piece), at most a piece.
 
     First line: the offset the piece starts at; then the piece itself.
     """
     if not job_id.isdigit():
         raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
+    name = LOG_FILE.replace("%j", job_id)
+    root = shlex.quote(search_root)
     return f"""{_PREAMBLE}set -eu
-file=$(scontrol --oneliner show job {job_id} | sed -n 's/.* StdOut=\\([^ ]*\\).*/\\1/p')
+file=$(scontrol --oneliner show job {job_id} 2>/dev/null |
+  sed -n 's/.* StdOut=\\([^ ]*\\).*/\\1/p')
+if [ -z "$file" ]; then
+  file=$(find {root} -maxdepth {LOG_SEARCH_DEPTH} -name {name} -print 2>/dev/null | head -n 1)
+fi
 if [ -z "$file" ] || [ ! -f "$file" ]; then
-  echo "job {job_id} has no output file yet" >&2
+  echo "job {job_id} has no log: Slurm does not know it, and no {name} is under {root}" >&2
   exit 3
 fi
 size=$(stat -c %s "$file")

@@ -24,6 +24,8 @@ CONTAINER_PYTHON = "python"
 # Node-local disk on the cluster's compute nodes; the S3 mirror joins the nodes' parts
 # of a checkpoint and carries it to replacement nodes (docs/stack.md, "Slurm cluster").
 CLUSTER_CHECKPOINT_ROOT = "/scratch/checkpoints"
+# The job's log, in the folder it was submitted from; %j: the job id, the same after a requeue.
+LOG_FILE = "train-%j.out"
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ class BatchJob:
     launch: Launch
     checkpoint_root: str  # each run's checkpoints in a folder named after its job name
     s3_root: str = ""  # s3://bucket/prefix mirror root (one prefix per job name); "": none
-    log_file: str = "train-%j.out"  # %j: the job id, the same after a requeue
+    log_file: str = LOG_FILE
 
 
 def render_sbatch(job: BatchJob) -> str:

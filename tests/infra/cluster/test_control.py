@@ -113,5 +113,18 @@ def test_the_log_is_read_in_pieces_from_any_offset(slurm, tmp_path):
     start, last = parse_log_piece(on_head_node(slurm, log_script(job.id, -1, piece_bytes=100)))
     assert start == len(whole) - 100 and last.encode() == whole[-100:]
 
-    missing = run_on_head_node(slurm, log_script("999999", 0))
+
+@pytest.mark.slow
+def test_a_job_slurm_has_forgotten_is_found_by_its_log_name(slurm, tmp_path):
+    # Slurm forgets a job MinJobAge after it ends: an id it does not know, with a log on disk.
+    folder = tmp_path / "alice" / "runs"
+    folder.mkdir(parents=True)
+    (folder / "train-999999.out").write_text("step 1\nstep 2\n")
+    start, piece = parse_log_piece(
+        on_head_node(slurm, log_script("999999", 0, search_root=str(tmp_path)))
+    )
+    assert (start, piece) == (0, "step 1\nstep 2\n")
+
+    missing = run_on_head_node(slurm, log_script("999998", 0, search_root=str(tmp_path)))
     assert missing.returncode != 0
+    assert "job 999998 has no log" in missing.stderr and "train-999998.out" in missing.stderr
