@@ -6,7 +6,9 @@ the spot price history (`ec2.describe_spot_price_history`, highest price of the 
 any zone: conservative for budgets), like SkyPilot's AWS catalog fetcher, and rewrites the
 region's tables in infra/knowledge/data/prices.toml with today's date and those sources. A type
 the Price List does not offer in the region is left out of it. Capacity Block rates are not in
-the Price List: they are kept as they were. It needs AWS credentials (boto3's usual chain).
+the Price List: they are kept as they were. The Slurm head node's on-demand price in each
+refreshed region is rewritten the same way in parallelcluster.toml ([head_node.prices."R"]),
+when the catalog directory has that file. It needs AWS credentials (boto3's usual chain).
 """
 
 from __future__ import annotations
@@ -14,12 +16,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.prices import PRICES_FILE, InstancePrice
 
 # The Price List API answers in a few regions only; us-east-1 is one (API reference above).
@@ -200,7 +204,59 @@ def refresh(
     except ConfigError:
         path.write_text(backup)
         raise
+    report += refresh_head_node(directory, regions, pricing=pricing, today=now.date())
     return "\n".join(report)
+
+
+def refresh_head_node(
+    directory: Path, regions: Iterable[str], *, pricing: Any, today: datetime.date
+) -> list[str]:
+    """Rewrite the head node's price per region in `directory`'s parallelcluster.toml."""
+    path = directory / "parallelcluster.toml"
+    if not path.exists():
+        return []
+    head_node = load_parallelcluster(path).head_node
+    text = backup = path.read_text()
+    report = []
+    for region in regions:
+        found = on_demand_prices(pricing, region, [head_node.instance_type])
+        if head_node.instance_type not in found:
+            report.append(f"{region}: the Price List offers no {head_node.instance_type}")
+            continue
+        price = found[head_node.instance_type]
+        block = "\n".join(
+            [
+                f'[head_node.prices."{region}"]',
+                f"on_demand_usd_per_hour = {_value(price)}",
+                "on_demand_estimated = false",
+                "source = "
+                + _value(
+                    f"AWS Price List API (pricing.get_products, regionCode {region}, Linux, "
+                    f"shared tenancy): {head_node.instance_type} ${price}/h, read "
+                    f"{today.isoformat()}"
+                ),
+                "",
+            ]
+        )
+        existing = re.compile(
+            rf'^\[head_node\.prices\."{re.escape(region)}"\]\n(?:[a-z_]+ = [^\n]*\n)*', re.M
+        )
+        if match := existing.search(text):
+            text = text[: match.start()] + block + text[match.end() :]
+        else:  # a new region: after the head node's last price table
+            at = text.index("\n[release.")
+            text = text[:at] + "\n" + block.rstrip("\n") + "\n" + text[at:]
+        report.append(f"{region}: head node {head_node.instance_type} ${price}/h")
+        text = re.sub(
+            r"^prices_checked = .*$", f"prices_checked = {today}", text, count=1, flags=re.M
+        )
+    path.write_text(text)
+    try:
+        load_parallelcluster(path)
+    except ConfigError:
+        path.write_text(backup)
+        raise
+    return report
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -14,6 +14,7 @@ from botocore.stub import Stubber
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.price_refresh import (
     PRICE_LIST_REGION,
     _table,
@@ -102,6 +103,38 @@ def test_refresh_rewrites_one_region_from_the_price_list_and_the_spot_history(ca
     assert p4d.checked == NOW.date() and "Price List API" in p4d.sources.on_demand
     assert after.region("us-east-1") == before.prices.region("us-east-1")  # untouched
     assert report.startswith("eu-west-1: 2 types priced; not offered there: ")
+
+
+@pytest.mark.parametrize(
+    ("region", "usd"), [("eu-west-1", "0.1130000000"), ("ap-south-1", "0.1010000000")]
+)
+def test_refresh_rewrites_or_adds_the_head_nodes_price_in_parallelcluster_toml(
+    catalog_copy, region, usd
+):
+    shutil.copy(CATALOG_DIR / "parallelcluster.toml", catalog_copy / "parallelcluster.toml")
+    later = NOW + datetime.timedelta(days=40)  # after the file's own prices_checked
+    before = load_parallelcluster(catalog_copy / "parallelcluster.toml")
+    pricing = boto3.client("pricing", region_name=PRICE_LIST_REGION, **FAKE_CREDENTIALS)
+    with Stubber(pricing) as stub, moto_server() as endpoint:
+        for instance_type in load_catalog(catalog_copy).instances:
+            entries = [price_list_entry(instance_type, region, "24.15")]
+            stub.add_response("get_products", {"PriceList": entries, "FormatVersion": "aws_v1"})
+        head = [price_list_entry("m5.large", region, usd)]
+        stub.add_response("get_products", {"PriceList": head, "FormatVersion": "aws_v1"})
+        ec2 = client(endpoint, "ec2", region=region)
+        report = refresh(catalog_copy, [region], pricing=pricing, ec2_for=lambda r: ec2, now=later)
+        stub.assert_no_pending_responses()
+
+    after = load_parallelcluster(catalog_copy / "parallelcluster.toml")
+    price = after.head_node.price_in(region)
+    assert price.on_demand_usd_per_hour == float(usd) and not price.on_demand_estimated
+    assert "Price List API" in price.source and later.date().isoformat() in price.source
+    # The other regions and the releases are as they were.
+    others = {r: p for r, p in after.head_node.prices.items() if r != region}
+    assert others == {r: p for r, p in before.head_node.prices.items() if r != region}
+    assert after.releases == before.releases
+    assert after.head_node.prices_checked == later.date()
+    assert f"{region}: head node m5.large ${float(usd)}/h" in report
 
 
 def test_refresh_without_credentials_changes_nothing(catalog_copy, monkeypatch, tmp_path):
