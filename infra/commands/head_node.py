@@ -32,6 +32,7 @@ ROLES = {"HeadNode": "head", "Compute": "compute"}
 # Instance states of a node that exists (a terminated one is kept in listings an hour).
 LIVE_STATES = ["pending", "running", "stopping", "stopped", "shutting-down"]
 QUEUE_TIMEOUT_S = 60
+# How long `start` waits for a head node it just started to answer SSM.
 REGISTRATION_WAIT_S = 300
 
 
@@ -84,6 +85,7 @@ def on_head_node(
     what: str,
     timeout_s: float,
     sleep: Callable[[float], None] = time.sleep,
+    registration_wait_s: float = 0,
 ) -> str:
     """Run `script` on the head node and return what it printed; ConfigError if it failed."""
     ssm = workspace.aws("ssm", stack.region)
@@ -100,11 +102,13 @@ def on_head_node(
             )
             break
         except ssm.exceptions.InvalidInstanceId:
-            if waited >= REGISTRATION_WAIT_S:
+            if waited >= registration_wait_s:
+                after = f" after {waited:g} s" if waited else ""
                 raise ConfigError(
                     f"the head node {stack.head_node} of {stack.name} does not answer SSM "
-                    f"after {REGISTRATION_WAIT_S} s: see it with `aws ec2 "
-                    f"get-console-output --instance-id {stack.head_node}`"
+                    f"(its agent is not registered{after}): if it just started, try again in "
+                    "a minute; else see why with `aws ec2 get-console-output --instance-id "
+                    f"{stack.head_node}`"
                 ) from None
             sleep(nodes.POLL_S)
             waited += nodes.POLL_S

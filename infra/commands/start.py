@@ -59,7 +59,12 @@ def start_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
         )
     released = parse_queue(
         head_node.on_head_node(
-            stack, release_script(), what="release the held jobs", timeout_s=60, sleep=sleep
+            stack,
+            release_script(),
+            what="release the held jobs",
+            timeout_s=60,
+            sleep=sleep,
+            registration_wait_s=head_node.REGISTRATION_WAIT_S,
         )
     )
     if not released:

@@ -108,8 +108,13 @@ def cluster_report(stack: workspace.Deployed, now: datetime.datetime) -> str:
             f"`python -m infra start {stack.name}` starts it"
         )
     else:
-        jobs = head_node.queue(stack)
-        lines.append(f"queue       {_queue_summary(jobs)}")
+        try:
+            jobs = head_node.queue(stack)
+        except ConfigError as unanswered:  # the rest of the status still stands
+            jobs = []
+            lines.append(f"queue       unknown: {unanswered}")
+        else:
+            lines.append(f"queue       {_queue_summary(jobs)}")
         if jobs:
             lines += [
                 "",

@@ -105,6 +105,16 @@ def test_status_lists_the_stacks_live_instances_and_an_empty_queue(cluster):
     assert "$9.42/h with every node running; $0.10/h idle" in text
 
 
+def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
+    cluster.ssm.unregistered_for = 1
+    text = status.run(ARGS)
+    assert f"queue       unknown: the head node {cluster.head} of a100x2 does not answer" in text
+    assert _rows(text, "head") and "spend       " in text  # the rest is there
+    cluster.ssm.unregistered_for = 1
+    with pytest.raises(ConfigError, match="its agent is not registered"):
+        stop.run(ARGS, out=io.StringIO(), **NO_WAIT)
+
+
 def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm, tmp_path):
     job = Submitted(slurm, tmp_path, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(3)
