@@ -20,7 +20,7 @@ from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
 from infra.knowledge.costs import cost_summary, hourly_usd, price_model
-from infra.knowledge.parallelcluster import load_parallelcluster
+from infra.knowledge.parallelcluster import HeadNode, load_parallelcluster
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 
@@ -77,8 +77,60 @@ class TrainingStack(pulumi.ComponentResource):
         guardrails = Guardrails(
             name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
         )
-        if config.cluster is not None:
-            self._slurm_cluster(name, config, plan, network, storage, guardrails, provider, child)
+        head_node = load_parallelcluster().head_node if config.cluster is not None else None
+        # Finds the instances by their tag (on a cluster, ParallelCluster's Tags put it on the
+        # head node and every node Slurm starts), so it counts them from their launch whenever
+        # it starts; it needs the guardrails' alert topic. The nodes wait for it too.
+        spend_guard = SpendGuard(
+            name,
+            SpendGuardArgs(
+                plan=plan,
+                guardrails=config.guardrails,
+                cost_tag=(tag_key, tag_value),
+                alert_topic_arn=guardrails.alert_topic_arn,
+                head_node=head_node,
+            ),
+            opts=child,
+        )
+        image_tag = config.image_tag or plan.image_tag
+        self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
+        region = aws.get_region_output(
+            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
+        )
+        # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
+        # in the one it uses, and the budget per month.
+        costs = cost_summary(plan, config.guardrails, spot=config.spot)
+        # The outputs of both kinds of stack, which the commands read (docs/contracts.md).
+        shared_outputs = {
+            "instance_type": plan.instance.type,
+            "nodes": plan.nodes,
+            # How the commands and the spend guard find the stack's instances.
+            "cost_tag": f"{tag_key}={tag_value}",
+            "image_uri": self.image_uri,
+            "checkpoint_bucket": storage.bucket_name,
+            "checkpoint_uri": storage.checkpoint_uri,
+            "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
+            "spot_usd_per_hour": costs["spot_usd_per_hour"],
+            "hourly_cost_usd": costs["hourly_usd"],  # every node running
+            "monthly_budget_usd": costs["monthly_budget_usd"],
+            "budget_name": guardrails.budget_name,
+            "alert_topic_arn": guardrails.alert_topic_arn,
+            "spend_ledger_table": spend_guard.ledger_table_name,
+            "warnings": [*plan.warnings, *config.guardrails.warnings],
+        }
+        if head_node is not None:
+            self._slurm_cluster(
+                name,
+                config=config,
+                plan=plan,
+                head_node=head_node,
+                subnet_id=network.subnet_id,
+                storage=storage,
+                watched_by=[*guardrails.ready, spend_guard],
+                region=region.region,
+                shared_outputs=shared_outputs,
+                child=child,
+            )
             return
         role = InstanceRole(
             name,
@@ -89,23 +141,6 @@ class TrainingStack(pulumi.ComponentResource):
                 data=config.data_s3_uri,
             ),
             opts=child,
-        )
-        # Finds the instances by their tag, so it counts them from their launch whenever it
-        # starts; it needs the guardrails' alert topic. The nodes wait for it too.
-        spend_guard = SpendGuard(
-            name,
-            SpendGuardArgs(
-                plan=plan,
-                guardrails=config.guardrails,
-                cost_tag=(tag_key, tag_value),
-                alert_topic_arn=guardrails.alert_topic_arn,
-            ),
-            opts=child,
-        )
-        image_tag = config.image_tag or plan.image_tag
-        self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
-        region = aws.get_region_output(
-            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
         )
         known_at_deploy = pulumi.Output.all(
             image_uri=self.image_uri,
@@ -150,14 +185,10 @@ class TrainingStack(pulumi.ComponentResource):
             opts=child,
         )
         guardrails.watch(compute.instance_ids)
-        costs = cost_summary(plan, config.guardrails, spot=config.spot)
 
         self.outputs = {
-            "instance_type": plan.instance.type,
-            "nodes": plan.nodes,
+            **shared_outputs,
             "market": config.market,
-            # How the commands and the spend guard find the stack's instances.
-            "cost_tag": f"{tag_key}={tag_value}",
             "price_model": price_model(
                 plan,
                 spot=config.spot,
@@ -171,9 +202,6 @@ class TrainingStack(pulumi.ComponentResource):
                 pulumi.Output.concat("aws ssm start-session --target ", instance_id)
                 for instance_id in compute.instance_ids
             ],
-            "image_uri": self.image_uri,
-            "checkpoint_bucket": storage.bucket_name,
-            "checkpoint_uri": storage.checkpoint_uri,
             "log_group": storage.log_group_name,
             # What `pulumi destroy` leaves in the account (docs/costs.md).
             "kept_on_destroy": (
@@ -184,17 +212,8 @@ class TrainingStack(pulumi.ComponentResource):
                     storage.repository_url,
                 ]
             ),
-            # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
-            # in the one it uses, the budget per month, and the hours of full load it buys.
-            "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
-            "spot_usd_per_hour": costs["spot_usd_per_hour"],
-            "hourly_cost_usd": costs["hourly_usd"],
-            "monthly_budget_usd": costs["monthly_budget_usd"],
+            # The hours of full load the budget buys.
             "runway_hours": costs["runway_hours"],
-            "budget_name": guardrails.budget_name,
-            "alert_topic_arn": guardrails.alert_topic_arn,
-            "spend_ledger_table": spend_guard.ledger_table_name,
-            "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         if config.spot:
             # A persistent spot request outlives its instance: cancel it before destroying
@@ -212,50 +231,34 @@ class TrainingStack(pulumi.ComponentResource):
     def _slurm_cluster(
         self,
         name: str,
+        *,
         config: StackConfig,
         plan: Plan,
-        network: Network,
+        head_node: HeadNode,
+        subnet_id: pulumi.Output[str],
         storage: Storage,
-        guardrails: Guardrails,
-        provider: aws.Provider,
+        watched_by: list[pulumi.Resource],
+        region: pulumi.Output[str],
+        shared_outputs: dict,
         child: pulumi.ResourceOptions,
     ) -> None:
         """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
         tag_key, tag_value = cost_tag()
-        head_node = load_parallelcluster().head_node
         # Checked with the plan (StackConfig.resolve_plan), before the first resource.
         head_node_price = head_node.price_in(plan.price.region)
-        # The guard finds the head node and every node Slurm starts by the cost tag that
-        # ParallelCluster puts on them (infra/cluster/config.py, Tags).
-        spend_guard = SpendGuard(
-            name,
-            SpendGuardArgs(
-                plan=plan,
-                guardrails=config.guardrails,
-                cost_tag=(tag_key, tag_value),
-                alert_topic_arn=guardrails.alert_topic_arn,
-                head_node=head_node,
-            ),
-            opts=child,
-        )
-        image_tag = config.image_tag or plan.image_tag
-        self.image_uri = storage.repository_url.apply(lambda url: f"{url}:{image_tag}")
-        region = aws.get_region_output(
-            opts=pulumi.InvokeOutputOptions(parent=self, provider=provider)
-        )
         cluster = SlurmCluster(
             name,
             ClusterArgs(
                 plan=plan,
                 head_node=head_node,
-                subnet_id=network.subnet_id,
+                subnet_id=subnet_id,
                 bucket_name=storage.bucket_name,
                 bucket_arn=storage.bucket_arn,
                 checkpoint_uri=storage.checkpoint_uri,
                 repository_arn=storage.repository_arn,
                 image_uri=self.image_uri,
                 log_group_arn=storage.log_group_arn,
-                region=region.region,
+                region=region,
                 # ParallelCluster tags what it creates (the nodes too) with these.
                 tags={tag_key: tag_value},
                 spot=config.spot,
@@ -264,35 +267,18 @@ class TrainingStack(pulumi.ComponentResource):
                 log_retention_days=config.log_retention_days,
             ),
             # No node runs unwatched: the budget, its alerts and the guard come first.
-            opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(depends_on=[*guardrails.ready, spend_guard])
-            ),
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=watched_by)),
         )
-        costs = cost_summary(plan, config.guardrails, spot=config.spot)
         self.outputs = {
+            **shared_outputs,
             "cluster": "slurm",
-            # The head node and every node Slurm starts carry it (the commands find them by it).
-            "cost_tag": f"{tag_key}={tag_value}",
             "parallelcluster_version": plan.cluster.version,
-            "instance_type": plan.instance.type,
-            "nodes": plan.nodes,
             "market": cluster.market,
             "queue": cluster.queue,
             "head_node": cluster.head_node_id,
             "head_node_ip": cluster.head_node_ip,
             "submit_command": cluster.submit_command,
-            "image_uri": self.image_uri,
-            "checkpoint_bucket": storage.bucket_name,
-            "checkpoint_uri": storage.checkpoint_uri,
             # With no job the queue has no nodes: the head node is all the cluster costs.
             "idle_usd_per_hour": head_node_price.on_demand_usd_per_hour,
-            "on_demand_usd_per_hour": costs["on_demand_usd_per_hour"],
-            "spot_usd_per_hour": costs["spot_usd_per_hour"],
-            "hourly_cost_usd": costs["hourly_usd"],  # every node of the queue running
-            "monthly_budget_usd": costs["monthly_budget_usd"],
-            "budget_name": guardrails.budget_name,
-            "alert_topic_arn": guardrails.alert_topic_arn,
-            "spend_ledger_table": spend_guard.ledger_table_name,
-            "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
         self.register_outputs(self.outputs)
