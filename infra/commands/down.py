@@ -58,7 +58,8 @@ def run(
     stack = workspace.open_stack(name)
     outputs = {key: output.value for key, output in stack.outputs().items()}
     region = workspace.stack_region(stack, name)
-    instance_ids = list(outputs.get("instance_ids") or [])
+    deployed = workspace.Deployed(name, region, outputs)
+    instance_ids = deployed.instance_ids
     bucket = outputs.get("checkpoint_bucket")
     repository = repository_name(outputs.get("image_uri"))
     data = " and ".join(
@@ -67,16 +68,13 @@ def run(
         if part
     )
     fate = "DELETE" if args.delete_data else "keep"
-    cluster = workspace.Deployed(name, region, outputs) if outputs.get("head_node") else None
-    what = "its Slurm cluster" if cluster else f"{len(instance_ids)} node(s)"
+    what = "its Slurm cluster" if deployed.is_cluster else f"{len(instance_ids)} node(s)"
     question = f"Destroy stack {name} ({what}) and {fate} {data or 'no data'}?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"down {name}"):
         return "nothing was destroyed"
 
-    if cluster is not None:
-        found = head_node.cluster_nodes(workspace.aws("ec2", region), cluster.cost_tag)
-        if head_node.head_node_state(cluster, found) == "running":
-            head_node.hold_queue(cluster, say=say, sleep=sleep)
+    if deployed.is_cluster and head_node.head_node_state(deployed) == "running":
+        head_node.hold_queue(deployed, say=say, sleep=sleep)
 
     if instance_ids:
         ec2 = workspace.aws("ec2", region)

@@ -71,7 +71,10 @@ def cluster_nodes(ec2: Any, tag: tuple[str, str]) -> list[ClusterNode]:
     return [node for *_, node in sorted(found, key=lambda item: item[:2])]
 
 
-def head_node_state(stack: workspace.Deployed, found: list[ClusterNode]) -> str:
+def head_node_state(stack: workspace.Deployed, found: list[ClusterNode] | None = None) -> str:
+    """The head node's EC2 state, among `found` (default: the stack's nodes now); or gone."""
+    if found is None:
+        found = cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
     for node in found:
         if node.instance_id == stack.head_node:
             return node.state

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
 
 def start_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
     ec2 = workspace.aws("ec2", stack.region)
-    state = head_node.head_node_state(stack, head_node.cluster_nodes(ec2, stack.cost_tag))
+    state = head_node.head_node_state(stack)
     if state == "gone":
         raise ConfigError(
             f"the head node {stack.head_node} of {stack.name} is gone: "

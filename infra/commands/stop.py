@@ -58,8 +58,7 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
 
 
 def stop_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
-    found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
-    state = head_node.head_node_state(stack, found)
+    state = head_node.head_node_state(stack)
     if state != "running":
         return f"the head node of {stack.name} is {state}: no job runs, nothing to stop"
     held = head_node.hold_queue(stack, say=say, sleep=sleep)
