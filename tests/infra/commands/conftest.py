@@ -6,6 +6,7 @@ value types (OutputValue, ConfigValue) and records every call a command makes.
 
 from __future__ import annotations
 
+import argparse
 import urllib.request
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -158,3 +159,9 @@ def checkpoint_bucket(s3, tags: list[str]) -> None:
         s3.put_object(Bucket=BUCKET, Key=f"checkpoints/{tag}/commit.json", Body=b"{}")
     if tags:
         s3.put_object(Bucket=BUCKET, Key="checkpoints/latest_committed", Body=tags[-1].encode())
+
+
+def log_args(**values) -> argparse.Namespace:
+    """`logs`'s arguments: its defaults for stack v100x1, changed by `values`."""
+    defaults = {"stack": "v100x1", "node": None, "follow": False, "since": 60, "job": None}
+    return argparse.Namespace(**{**defaults, **values})

@@ -15,7 +15,7 @@ from infra.cluster.control import LOG_PIECE_BYTES
 from infra.commands import down, logs, start, status, stop, workspace
 from infra.errors import ConfigError
 from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
-from tests.infra.commands.conftest import BUCKET
+from tests.infra.commands.conftest import BUCKET, log_args
 from tests.support.head_node import HeadNodeSSM
 
 pytestmark = pytest.mark.slow
@@ -150,7 +150,7 @@ def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster,
         time.sleep(seconds)
 
     followed = io.StringIO()
-    logs.run(_log_args(follow=True), out=followed, sleep=sleep_until_done)
+    logs.run(log_args(stack=STACK, follow=True), out=followed, sleep=sleep_until_done)
     assert job.state()["JobState"] == "COMPLETED", job.log[-3000:]
     whole = job.log.encode()
     assert len(followed.getvalue().encode()) > LOG_PIECE_BYTES
@@ -161,23 +161,18 @@ def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster,
 
     # Without --follow: the file's last piece, which ends with the run's summary.
     read = io.StringIO()
-    logs.run(_log_args(job=job.id), out=read)
+    logs.run(log_args(stack=STACK, job=job.id), out=read)
     assert read.getvalue().encode() == whole[-LOG_PIECE_BYTES:]
     assert "done: " in read.getvalue()
 
 
-def _log_args(**values) -> argparse.Namespace:
-    defaults = {"stack": STACK, "node": None, "follow": False, "since": 60, "job": None}
-    return argparse.Namespace(**{**defaults, **values})
-
-
 def test_logs_name_what_a_cluster_job_log_takes(cluster):
     with pytest.raises(ConfigError, match="holds every node's lines"):
-        logs.run(_log_args(node=1))
+        logs.run(log_args(stack=STACK, node=1))
     with pytest.raises(ConfigError, match="a Slurm job id is a number"):
-        logs.run(_log_args(job="x"))
+        logs.run(log_args(stack=STACK, job="x"))
     with pytest.raises(ConfigError, match="the queue of a100x2 is empty"):
-        logs.run(_log_args())
+        logs.run(log_args(stack=STACK))
 
 
 def test_stop_and_start_with_the_head_node_stopped(cluster):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import io
 import time
 
@@ -10,7 +9,7 @@ import pytest
 
 from infra.commands import logs
 from infra.errors import ConfigError
-from tests.infra.commands.conftest import LOG_GROUP, stack_outputs
+from tests.infra.commands.conftest import LOG_GROUP, log_args, stack_outputs
 
 
 @pytest.fixture
@@ -31,18 +30,13 @@ def put(client, stream, message, at_ms):
     )
 
 
-def _args(**values):
-    defaults = {"stack": "v100x1", "node": None, "follow": False, "since": 60, "job": None}
-    return argparse.Namespace(**{**defaults, **values})
-
-
 def test_every_nodes_lines_in_time_order(log_stack):
     now = int(time.time() * 1000)
     put(log_stack, "node-1", "rank 1 ready", now - 2000)
     put(log_stack, "node-0", "step 10 loss 3.2", now - 1000)
     put(log_stack, "node-0", "too old", now - 2 * 3600 * 1000)
     out = io.StringIO()
-    assert logs.run(_args(), out=out) == ""
+    assert logs.run(log_args(), out=out) == ""
     lines = out.getvalue().splitlines()
     assert [line.split("  ")[0] for line in lines] == ["node-1", "node-0"]
     assert lines[0].endswith("rank 1 ready") and lines[1].endswith("step 10 loss 3.2")
@@ -53,7 +47,7 @@ def test_one_node(log_stack):
     put(log_stack, "node-0", "zero", now - 1000)
     put(log_stack, "node-1", "one", now - 1000)
     out = io.StringIO()
-    logs.run(_args(node=1), out=out)
+    logs.run(log_args(node=1), out=out)
     assert out.getvalue().splitlines()[0].endswith("one") and "zero" not in out.getvalue()
 
 
@@ -70,7 +64,7 @@ def test_follow_prints_new_lines_once_until_interrupted(log_stack):
             raise KeyboardInterrupt  # Ctrl-C ends --follow quietly
 
     out = io.StringIO()
-    logs.run(_args(follow=True), out=out, sleep=sleep)
+    logs.run(log_args(follow=True), out=out, sleep=sleep)
     messages = [line.rsplit("  ", 1)[1] for line in out.getvalue().splitlines()]
     assert messages == ["first", "second"]
     assert polls == [logs.FOLLOW_POLL_S] * 3
@@ -78,10 +72,10 @@ def test_follow_prints_new_lines_once_until_interrupted(log_stack):
 
 def test_a_node_the_stack_does_not_have_is_refused(log_stack):
     with pytest.raises(ConfigError, match="has nodes 0 to 1"):
-        logs.run(_args(node=2), out=io.StringIO())
+        logs.run(log_args(node=2), out=io.StringIO())
 
 
 def test_a_log_group_not_there_yet_says_why(aws, stub_stack):
     stub_stack.outputs_ = stack_outputs(["i-0"], spot=False)
     with pytest.raises(ConfigError, match="not there yet"):
-        logs.run(_args(), out=io.StringIO())
+        logs.run(log_args(), out=io.StringIO())
