@@ -1,6 +1,8 @@
 """Command line for a stack's whole life: `python -m infra COMMAND ...`.
 
 offers -> plan -> up -> status / logs -> stop / start -> down; doctor before renting.
+Installed (`pip install ".[infra]"`), the same commands are the `gpu-stack` script, which
+also runs the trainer's: `gpu-stack train|estimate|export ...` (with the `train` extra).
 
 Each command registers itself in `COMMANDS` (name -> (add_arguments, run)); a new
 command adds one entry; the first line of its `run` docstring (else of its module's)
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from images.matrix import MatrixError
 from infra.commands import doctor, down, logs, offers, plan, start, status, stop, up
@@ -51,6 +54,25 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+# The trainer's commands (training/cli.py), run as `python -m training` runs them; imported
+# only when used, so the stack's commands work where torch is not installed.
+TRAINING_COMMANDS = {
+    "train": "Train with DeepSpeed on this machine (python -m training)",
+    "estimate": "GPU memory a job needs per GPU, before renting (python -m training estimate)",
+    "export": "A checkpoint's weights as a plain fp32 state dict (python -m training export)",
+}
+CONSOLE_SCRIPT = "gpu-stack"  # pyproject.toml [project.scripts]
+
+
+def _run_training(argv: list[str]) -> int:
+    from training import startup
+
+    startup.listen()  # before the trainer's imports, as training/__main__.py does
+    from training.cli import main as training_main
+
+    return training_main(argv)
+
+
 def _summary(run: Callable) -> str | None:
     """The `--help` line: the first line of `run`'s docstring, else of its module's."""
     text = run.__doc__ or getattr(sys.modules.get(run.__module__), "__doc__", None) or ""
@@ -59,8 +81,12 @@ def _summary(run: Callable) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] and argv[0] in TRAINING_COMMANDS:
+        return _run_training(argv[1:] if argv[0] == "train" else argv)
+    installed = Path(sys.argv[0]).name == CONSOLE_SCRIPT
     parser = _OneLineParser(
-        prog="python -m infra",
+        prog=CONSOLE_SCRIPT if installed else "python -m infra",
         description=__doc__.splitlines()[0],
         epilog=__doc__.splitlines()[2],
     )
@@ -70,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     for name, (add_arguments, run) in COMMANDS.items():
         help_line = _summary(run)
         add_arguments(commands.add_parser(name, help=help_line, description=help_line))
+    for name, help_line in TRAINING_COMMANDS.items():
+        commands.add_parser(name, help=help_line, add_help=False)
     try:
         args = parser.parse_args(argv)
         output = COMMANDS[args.command][1](args)

@@ -35,6 +35,7 @@ from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
 from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
+from infra.project import find_project_root
 from training.spec.config import ConfigError as TrainConfigError
 from training.spec.config import load_config, validate
 from training.spec.selfcheck import SelfCheckError, check_precision
@@ -297,6 +298,9 @@ class StackConfig(BaseModel):
     def _train_config(cls, path: Path | None) -> Path | None:
         if path is None:
             return None
+        # Relative to Pulumi.yaml, where the Pulumi CLI runs the program, whatever folder
+        # the command line was started from.
+        path = find_project_root() / path
         if not path.is_file():
             raise ValueError(
                 "not a file (give the path of a training TOML, relative to Pulumi.yaml)"

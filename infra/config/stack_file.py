@@ -17,10 +17,11 @@ import yaml
 
 from infra.config.schema import StackConfig, load_stack_config
 from infra.errors import ConfigError
+from infra.project import find_project_root
 
 log = logging.getLogger(__name__)
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = find_project_root()
 NAMESPACE = "gpu:"
 # The Pulumi AWS provider's settings (the `aws:` namespace), from "AWS Installation &
 # Configuration", https://www.pulumi.com/registry/packages/aws/installation-configuration/
