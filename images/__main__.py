@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from images import base, builder, ci_matrix, locks, smoke
-from images.build_args import build_args, git_revision, source_url, utc_now
+from images.build_args import build_args, commit_time, git_revision, source_url
 from images.matrix import MatrixError, load_matrix
 
 
@@ -135,7 +135,7 @@ def _run(options: argparse.Namespace) -> int:
             matrix,
             variant,
             revision=git_revision(),
-            created=utc_now(),
+            created=commit_time(),
             source_url=source_url(),
         )
         print("\n".join(f"{key}={value}" for key, value in values.items()))
@@ -154,7 +154,7 @@ def _run(options: argparse.Namespace) -> int:
             matrix,
             variant,
             revision=git_revision(),
-            created=utc_now(),
+            created=commit_time(),
             source_url=source_url(),
             registries=tuple(options.push),
             wheelhouse=options.wheelhouse,
