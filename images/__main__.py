@@ -1,6 +1,7 @@
 """python -m images: build, lock and check the training images.
 
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
+  python -m images push <variant> REGISTRY ...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
@@ -83,6 +84,15 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
     build.add_argument("--dry-run", action="store_true", help="print the commands only")
 
+    push = commands.add_parser(
+        "push", help="push the image `build` made (the one smoke tested), print its digests"
+    )
+    push.add_argument("variant")
+    push.add_argument("registry", nargs="+", help="push to REGISTRY/<image name>:<tag>")
+    push.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+    push.add_argument("--engine", choices=("docker", "buildah", "podman"), help="as for build")
+    push.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
+
     args = commands.add_parser("build-args", help="print the variant's build args")
     args.add_argument("variant")
 
@@ -149,27 +159,33 @@ def _run(options: argparse.Namespace) -> int:
     elif options.command == "wheelhouse":
         locks.fill_wheelhouse(matrix, variant, options.dest.resolve(), options.find_links)
         print(options.dest)
-    elif options.command == "build":
+    elif options.command in ("build", "push"):
+        registries = options.push if options.command == "build" else options.registry
         request = builder.make_request(
             matrix,
             variant,
             revision=git_revision(),
             created=commit_time(),
             source_url=source_url(),
-            registries=tuple(options.push),
-            wheelhouse=options.wheelhouse,
-            offline=options.offline,
-            ca_bundle=options.ca_bundle,
-            cache=options.cache,
-            cache_write=options.cache_write,
+            registries=tuple(registries),
+            wheelhouse=getattr(options, "wheelhouse", None),
+            offline=getattr(options, "offline", False),
+            ca_bundle=getattr(options, "ca_bundle", None),
+            cache=getattr(options, "cache", None),
+            cache_write=getattr(options, "cache_write", False),
             storage_driver=options.storage_driver,
             image_name=options.image_name,
         )
-        if options.dry_run:
-            for argv in builder.commands(request, options.engine or builder.detect_engine()):
-                print(shlex.join(argv))
+        engine = options.engine or builder.detect_engine()
+        if getattr(options, "dry_run", False):
+            argvs = [builder.build_argv(request, engine)]
+            argvs += builder.push_argvs(request, engine, Path("DIGESTS"))
+            print("\n".join(map(shlex.join, argvs)))
             return 0
-        print("\n".join(builder.build(request, options.engine)))
+        if options.command == "build":
+            print(builder.build(request, engine))
+        if request.registries:
+            print("\n".join(builder.push(request, engine)))
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)
     return 0

@@ -131,8 +131,10 @@ _PRODUCER = re.compile(rb"GNU C[^\x00]*")
 
 
 def isa_problems(libraries: list[str], march: str) -> list[str]:
-    """The pre-built ops' compile flags, as GCC recorded them: -march=<march>, no AVX-512.
-    A -march=native build records the machine's expansion (e.g. -march=znver3 ... -mavx512f)."""
+    """The pre-built ops' compile flags, as GCC recorded them: -march=<march> (or GCC's
+    baseline x86-64, which ops built without -march get), and no AVX-512. A -march=native
+    build records the machine's own expansion (e.g. -march=znver3 ... -mavx512f)."""
+    allowed = {f"-march={march}", "-march=x86-64"}
     checked, problems = 0, []
     for path in libraries:
         with open(path, "rb") as library:
@@ -140,10 +142,10 @@ def isa_problems(libraries: list[str], march: str) -> list[str]:
         checked += bool(producers)
         for producer in sorted(producers):
             flags = producer.split()
-            if f"-march={march}" not in flags or any(f.startswith("-mavx512") for f in flags):
-                problems.append(
-                    f"{os.path.basename(path)} built with {producer!r}, not -march={march}"
-                )
+            marches = {flag for flag in flags if flag.startswith("-march=")}
+            if not marches <= allowed or any(flag.startswith("-mavx512") for flag in flags):
+                name = os.path.basename(path)
+                problems.append(f"{name} built with {producer!r}, not -march={march}")
     if libraries and not checked:
         problems.append("no pre-built op records its compile flags (built without -g?)")
     return problems

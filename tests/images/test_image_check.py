@@ -138,9 +138,10 @@ def _compiled_op(tmp_path, name, *flags):
     return str(library)
 
 
-def test_ops_built_for_the_stated_isa_pass(tmp_path):
+def test_ops_built_for_the_stated_isa_or_gcc_baseline_pass(tmp_path):
     op = _compiled_op(tmp_path, "cpu_adam_op.so", "-march=x86-64-v3", "-D__AVX256__")
-    assert isa_problems([op], "x86-64-v3") == []
+    baseline = _compiled_op(tmp_path, "shm_comm_op.so", "-O2")  # no -march: x86-64
+    assert isa_problems([op, baseline], "x86-64-v3") == []
 
 
 def test_ops_built_with_avx512_or_another_march_fail(tmp_path):
