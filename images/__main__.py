@@ -7,6 +7,7 @@
   python -m images lock <variant> [--find-links DIR]
   python -m images wheelhouse <variant> DIR [--find-links DIR]
   python -m images ci-matrix
+  python -m images disk-budget <variant> [--path DIR ...]
   python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
 
 Bad input prints one line and exits 2; a failed build or smoke run exits 1.
@@ -19,7 +20,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, ci_matrix, locks, smoke
+from images import base, builder, ci_matrix, disk_budget, locks, smoke
 from images.build_args import build_args, commit_time, git_revision, source_url
 from images.matrix import MatrixError, load_matrix
 
@@ -122,6 +123,18 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
+    disk = commands.add_parser(
+        "disk-budget", help="disk the build needs (from registry and PyPI sizes) vs free"
+    )
+    disk.add_argument("variant")
+    disk.add_argument(
+        "--path",
+        type=Path,
+        action="append",
+        default=[],
+        help="where the build writes (the first that exists is checked; default /)",
+    )
+
     run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
     run.add_argument("variant")
     run.add_argument("--storage-driver", help="buildah storage driver (e.g. vfs)")
@@ -186,6 +199,8 @@ def _run(options: argparse.Namespace) -> int:
             print(builder.build(request, engine))
         if request.registries:
             print("\n".join(builder.push(request, engine)))
+    elif options.command == "disk-budget":
+        return disk_budget.main(variant, options.path)
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)
     return 0
