@@ -28,7 +28,10 @@ MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 _BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
 
 _NAME = re.compile(r"^[a-z0-9]+$")
-_NVIDIA_CUDA_IMAGE = re.compile(r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+$")
+# A tag, optionally pinned to a digest: nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:<64 hex>.
+_NVIDIA_CUDA_IMAGE = re.compile(
+    r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+(@sha256:[0-9a-f]{64})?$"
+)
 
 
 class MatrixError(ValueError):

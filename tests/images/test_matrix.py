@@ -245,3 +245,19 @@ def test_pins_agree_with_requirements_train():
     matrix = load_matrix()
     assert matrix.variant("cpu").torch == pins["torch"]
     assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}
+
+
+def test_a_cuda_base_may_be_pinned_by_digest(tmp_path):
+    digest = "@sha256:" + "ab" * 32
+    pinned = write_modified(
+        tmp_path,
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
+        f'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04{digest}"',
+    )
+    assert load_matrix(pinned).variant("cu130").base_runtime.endswith(digest)
+    short = write_modified(
+        tmp_path,
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:abc"',
+    )
+    assert "is not an nvidia/cuda -base/-runtime image" in load_error(short)

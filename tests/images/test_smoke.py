@@ -29,6 +29,7 @@ def good_config(variant=CPU):
             "PATH=/opt/venv/bin:/usr/bin",
             "TRAIN_CHECKPOINT_DIR=/checkpoints",
             f"TRAIN_MIN_DRIVER={variant.min_driver or ''}",
+            "DS_ACCELERATOR=cpu",
         ],
         "User": "1000:1000",
         "Entrypoint": ["/usr/bin/tini", "-s", "--"],
@@ -50,6 +51,7 @@ def test_config_problems_name_each_difference():
     assert problems == [
         f"label org.gpu-training-stack.torch='2.0.0', expected {CPU.torch!r}",
         "env TRAIN_CHECKPOINT_DIR='/tmp', expected '/checkpoints'",
+        "env DS_ACCELERATOR=None, expected 'cpu'",
         "the image runs as root (User='root')",
         "entrypoint ['python'] is not tini: signals may not reach the trainer",
     ]
