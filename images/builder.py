@@ -129,6 +129,10 @@ def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:
     argv = [*head, "bud" if engine == "buildah" else "build"]
     # docker format: the OCI format drops SHELL (and with it pipefail).
     argv += ["--format", "docker", "--isolation", "chroot", "--network", "host"]
+    if request.registries:
+        # buildah commits one layer over the base unless asked: a pushed image keeps one
+        # layer per step, so a change to training/ ships the project's layer only.
+        argv.append("--layers")
     argv += _common(request)
     if request.ca_bundle:
         argv += ["--volume", f"{request.ca_bundle}:{CA_BUNDLE_IN_BUILD}:ro"]

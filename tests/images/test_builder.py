@@ -222,3 +222,10 @@ def test_offline_build_turns_every_index_off(tmp_path):
 def test_offline_without_a_wheelhouse_is_refused():
     with pytest.raises(builder.BuildError, match="--offline needs --wheelhouse DIR"):
         request(offline=True)
+
+
+def test_buildah_keeps_layers_when_the_image_is_pushed():
+    assert "--layers" not in builder.buildah_argv(request())  # local smoke build: one layer
+    pushed = builder.buildah_argv(request(registries=("ghcr.io/org",)))
+    assert "--layers" in pushed
+    assert pairs(pushed, "--tag") == [f"{IMAGE_NAME}:{CPU.tag(MATRIX.release)}"]
