@@ -1,11 +1,13 @@
 """python -m images: build, lock and check the training images.
 
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
+  python -m images push <variant> REGISTRY ...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
   python -m images wheelhouse <variant> DIR [--find-links DIR]
   python -m images ci-matrix
+  python -m images disk-budget <variant> [--path DIR ...]
   python -m images smoke <variant> [--storage-driver vfs] [--workdir DIR]
 
 Bad input prints one line and exits 2; a failed build or smoke run exits 1.
@@ -18,8 +20,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, ci_matrix, locks, smoke
-from images.build_args import build_args, git_revision, source_url, utc_now
+from images import base, builder, ci_matrix, disk_budget, locks, smoke
+from images.build_args import build_args, commit_time, git_revision, source_url
 from images.matrix import MatrixError, load_matrix
 
 
@@ -83,6 +85,15 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
     build.add_argument("--dry-run", action="store_true", help="print the commands only")
 
+    push = commands.add_parser(
+        "push", help="push the image `build` made (the one smoke tested), print its digests"
+    )
+    push.add_argument("variant")
+    push.add_argument("registry", nargs="+", help="push to REGISTRY/<image name>:<tag>")
+    push.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+    push.add_argument("--engine", choices=("docker", "buildah", "podman"), help="as for build")
+    push.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
+
     args = commands.add_parser("build-args", help="print the variant's build args")
     args.add_argument("variant")
 
@@ -112,6 +123,18 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
+    disk = commands.add_parser(
+        "disk-budget", help="disk the build needs (from registry and PyPI sizes) vs free"
+    )
+    disk.add_argument("variant")
+    disk.add_argument(
+        "--path",
+        type=Path,
+        action="append",
+        default=[],
+        help="where the build writes (the first that exists is checked; default /)",
+    )
+
     run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
     run.add_argument("variant")
     run.add_argument("--storage-driver", help="buildah storage driver (e.g. vfs)")
@@ -135,7 +158,7 @@ def _run(options: argparse.Namespace) -> int:
             matrix,
             variant,
             revision=git_revision(),
-            created=utc_now(),
+            created=commit_time(),
             source_url=source_url(),
         )
         print("\n".join(f"{key}={value}" for key, value in values.items()))
@@ -149,27 +172,35 @@ def _run(options: argparse.Namespace) -> int:
     elif options.command == "wheelhouse":
         locks.fill_wheelhouse(matrix, variant, options.dest.resolve(), options.find_links)
         print(options.dest)
-    elif options.command == "build":
+    elif options.command in ("build", "push"):
+        registries = options.push if options.command == "build" else options.registry
         request = builder.make_request(
             matrix,
             variant,
             revision=git_revision(),
-            created=utc_now(),
+            created=commit_time(),
             source_url=source_url(),
-            registries=tuple(options.push),
-            wheelhouse=options.wheelhouse,
-            offline=options.offline,
-            ca_bundle=options.ca_bundle,
-            cache=options.cache,
-            cache_write=options.cache_write,
+            registries=tuple(registries),
+            wheelhouse=getattr(options, "wheelhouse", None),
+            offline=getattr(options, "offline", False),
+            ca_bundle=getattr(options, "ca_bundle", None),
+            cache=getattr(options, "cache", None),
+            cache_write=getattr(options, "cache_write", False),
             storage_driver=options.storage_driver,
             image_name=options.image_name,
         )
-        if options.dry_run:
-            for argv in builder.commands(request, options.engine or builder.detect_engine()):
-                print(shlex.join(argv))
+        engine = options.engine or builder.detect_engine()
+        if getattr(options, "dry_run", False):
+            argvs = [builder.build_argv(request, engine)]
+            argvs += builder.push_argvs(request, engine, Path("DIGESTS"))
+            print("\n".join(map(shlex.join, argvs)))
             return 0
-        print("\n".join(builder.build(request, options.engine)))
+        if options.command == "build":
+            print(builder.build(request, engine))
+        if request.registries:
+            print("\n".join(builder.push(request, engine)))
+    elif options.command == "disk-budget":
+        return disk_budget.main(variant, options.path)
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)
     return 0

@@ -15,6 +15,10 @@ DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
 # The image repository every variant is pushed to; the tag carries the variant.
 IMAGE_NAME = "gpu-training-stack"
 
+# Where the aws-ofi-nccl plugin is installed (the EFA installer's own location for it), so
+# that the image build and the image check (image_check.py --net-plugin-dir) agree.
+OFI_NCCL_PREFIX = "/opt/amazon/ofi-nccl"
+
 
 def torch_cuda_arch_list(variant: Variant, nvcc_refuses: tuple[str, ...] = ()) -> str:
     """TORCH_CUDA_ARCH_LIST for the ops build: the wheels' arches nvcc can still target.
@@ -59,15 +63,32 @@ def build_args(
         ),
         "DS_ACCELERATOR": variant.accelerator,
         "DEEPSPEED_OPS": " ".join(matrix.ops(variant)),
+        "CPU_OPS_MARCH": matrix.cpu_isa.march,
+        "CPU_OPS_SIMD": matrix.cpu_isa.simd,
         # EFA and its NCCL plugin serve GPUs only: the cpu image carries neither.
-        "EFA_INSTALLER_VERSION": matrix.efa.installer if variant.cuda else "",
-        "AWS_OFI_NCCL_VERSION": matrix.efa.aws_ofi_nccl if variant.cuda else "",
+        **efa_args(matrix, variant),
         # NCCL then loads libnccl-net-ofi.so, the aws-ofi-nccl plugin (image_check.py).
         "NCCL_NET_PLUGIN": "ofi" if variant.cuda else "",
         "NVIDIA_REQUIRE_CUDA": nvidia_require_cuda(variant),
         # "void" keeps the toolkit from injecting GPUs into an image that cannot use them.
         "NVIDIA_VISIBLE_DEVICES": "all" if variant.cuda else "void",
         "TRAIN_MIN_DRIVER": variant.min_driver or "",
+    }
+
+
+def efa_args(matrix: Matrix, variant: Variant) -> dict[str, str]:
+    """The EFA installer and aws-ofi-nccl pins and what verifies them; empty for cpu."""
+    efa = matrix.efa
+    pins = {
+        "EFA_INSTALLER_VERSION": efa.installer,
+        "EFA_INSTALLER_GPG_FINGERPRINT": efa.installer_gpg_fingerprint,
+        "AWS_OFI_NCCL_VERSION": efa.aws_ofi_nccl,
+        "AWS_OFI_NCCL_SHA512": efa.aws_ofi_nccl_sha512,
+    }
+    # The folder exists in every image (the runtime stage copies it), empty for cpu.
+    return {
+        **{key: value if variant.cuda else "" for key, value in pins.items()},
+        "OFI_NCCL_PREFIX": OFI_NCCL_PREFIX,
     }
 
 
@@ -91,5 +112,9 @@ def source_url() -> str:
     return _git("remote", "get-url", "origin") or "unknown"
 
 
-def utc_now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+def commit_time() -> str:
+    """The commit's time in UTC (org.opencontainers.image.created): two builds of one commit
+    get one label, so the label never makes a rebuild differ. Now, outside a git checkout."""
+    epoch = _git("log", "-1", "--format=%ct")
+    moment = datetime.fromtimestamp(int(epoch), UTC) if epoch else datetime.now(UTC)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")

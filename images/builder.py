@@ -1,7 +1,9 @@
-"""`python -m images build`: one variant's image, with Docker buildx or with buildah.
+"""`python -m images build|push`: one variant's image, with Docker buildx or with buildah.
 
-The argv is built by pure functions (tests assert them for both engines); `build` only
-picks the engine and runs what they return.
+The image is always built into the local store under one local tag; pushing tags and
+pushes THAT image (what the smoke test ran), never a rebuild, and reports each registry's
+digest. The argv is built by pure functions (tests assert them for both engines); `build`
+and `push` only pick the engine and run what they return.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,11 +47,14 @@ class BuildRequest:
     context: Path = field(default=REPO_ROOT)
 
     @property
+    def local_tag(self) -> str:
+        """The name the build gives the image in the local store (smoke reads it there)."""
+        return f"{self.image_name}:{self.variant.tag(self.release)}"
+
+    @property
     def tags(self) -> tuple[str, ...]:
-        """One name per registry pushed to, else the local name; all carry the versioned tag."""
+        """The registry names the local image is pushed under, one per registry."""
         tag = self.variant.tag(self.release)
-        if not self.registries:
-            return (f"{self.image_name}:{tag}",)
         return tuple(f"{r.rstrip('/')}/{self.image_name}:{tag}" for r in self.registries)
 
     def effective_args(self) -> dict[str, str]:
@@ -94,15 +100,14 @@ def _common(request: BuildRequest) -> list[str]:
     argv = ["--file", str(DOCKERFILE), "--target", "runtime"]
     for key, value in request.effective_args().items():
         argv += ["--build-arg", f"{key}={value}"]
-    for tag in request.tags:
-        argv += ["--tag", tag]
+    argv += ["--tag", request.local_tag]
     if request.wheelhouse:
         argv += ["--build-context", f"wheelhouse={request.wheelhouse}"]
     return argv
 
 
 def docker_argv(request: BuildRequest) -> list[str]:
-    """docker buildx build: loads the image locally, or pushes every tag when asked."""
+    """docker buildx build, loaded into the local store (pushed later, as tested)."""
     if request.ca_bundle:
         raise BuildError(
             "--ca-bundle is for buildah builds; a Docker daemon uses its host's CA store"
@@ -112,8 +117,7 @@ def docker_argv(request: BuildRequest) -> list[str]:
         argv += ["--cache-from", f"type=registry,ref={request.cache}"]
         if request.cache_write:
             argv += ["--cache-to", f"type=registry,ref={request.cache},mode=max"]
-    argv.append("--push" if request.registries else "--load")
-    return [*argv, str(request.context)]
+    return [*argv, "--load", str(request.context)]
 
 
 def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:
@@ -125,6 +129,10 @@ def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:
     argv = [*head, "bud" if engine == "buildah" else "build"]
     # docker format: the OCI format drops SHELL (and with it pipefail).
     argv += ["--format", "docker", "--isolation", "chroot", "--network", "host"]
+    if request.registries:
+        # buildah commits one layer over the base unless asked: a pushed image keeps one
+        # layer per step, so a change to training/ ships the project's layer only.
+        argv.append("--layers")
     argv += _common(request)
     if request.ca_bundle:
         argv += ["--volume", f"{request.ca_bundle}:{CA_BUNDLE_IN_BUILD}:ro"]
@@ -135,12 +143,41 @@ def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:
     return [*argv, str(request.context)]
 
 
-def buildah_push_argvs(request: BuildRequest, engine: str = "buildah") -> list[list[str]]:
-    head = [
-        engine,
-        *(["--storage-driver", request.storage_driver] if request.storage_driver else []),
-    ]
-    return [[*head, "push", tag] for tag in request.tags] if request.registries else []
+def _head(engine: str, request: BuildRequest) -> list[str]:
+    if engine == "docker":
+        return ["docker"]
+    driver = ["--storage-driver", request.storage_driver] if request.storage_driver else []
+    return [engine, *driver]
+
+
+def push_argvs(request: BuildRequest, engine: str, digest_dir: Path) -> list[list[str]]:
+    """Tag the built local image with each registry name and push it: the bytes pushed are
+    the ones tested. buildah/podman write each digest to digest_dir/<n>; docker's is read
+    from the image's RepoDigests afterwards (see `pushed_digests`)."""
+    head, argvs = _head(engine, request), []
+    for index, tag in enumerate(request.tags):
+        argvs.append([*head, "tag", request.local_tag, tag])
+        digest_file = ["--digestfile", str(digest_dir / str(index))] if engine != "docker" else []
+        argvs.append([*head, "push", *digest_file, tag])
+    return argvs
+
+
+def pushed_digests(request: BuildRequest, engine: str, digest_dir: Path) -> list[str]:
+    """<registry>/<name>@sha256:... for each registry pushed to."""
+    if engine != "docker":
+        return [
+            f"{tag.rsplit(':', 1)[0]}@{(digest_dir / str(index)).read_text().strip()}"
+            for index, tag in enumerate(request.tags)
+        ]
+    template = "{{range .RepoDigests}}{{println .}}{{end}}"
+    found = subprocess.run(
+        ["docker", "image", "inspect", "--format", template, request.local_tag],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    names = {tag.rsplit(":", 1)[0] for tag in request.tags}
+    return [digest for digest in found if digest.split("@", 1)[0] in names]
 
 
 def detect_engine() -> str:
@@ -158,20 +195,27 @@ def detect_engine() -> str:
     )
 
 
-def commands(request: BuildRequest, engine: str) -> list[list[str]]:
-    """Everything `build` runs, in order."""
-    if engine == "docker":
-        return [docker_argv(request)]
-    return [buildah_argv(request, engine), *buildah_push_argvs(request, engine)]
+def build_argv(request: BuildRequest, engine: str) -> list[str]:
+    return docker_argv(request) if engine == "docker" else buildah_argv(request, engine)
 
 
-def build(request: BuildRequest, engine: str | None = None) -> tuple[str, ...]:
-    """Build (and push) the image; return its tags."""
+def _run(argv: list[str], variant: Variant) -> None:
+    print("+", shlex.join(argv), flush=True)
+    if subprocess.run(argv, check=False).returncode != 0:
+        raise BuildFailed(f"{' '.join(argv[:3])}... failed for variant {variant.name!r}")
+
+
+def build(request: BuildRequest, engine: str | None = None) -> str:
+    """Build the image into the local store; return its local tag."""
     engine = engine or detect_engine()
-    for argv in commands(request, engine):
-        print("+", shlex.join(argv), flush=True)
-        if subprocess.run(argv, check=False).returncode != 0:
-            raise BuildFailed(
-                f"{' '.join(argv[:3])}... failed for variant {request.variant.name!r}"
-            )
-    return request.tags
+    _run(build_argv(request, engine), request.variant)
+    return request.local_tag
+
+
+def push(request: BuildRequest, engine: str | None = None) -> list[str]:
+    """Push the locally built image to every registry; return name@digest for each."""
+    engine = engine or detect_engine()
+    with tempfile.TemporaryDirectory(prefix="digests-") as digest_dir:
+        for argv in push_argvs(request, engine, Path(digest_dir)):
+            _run(argv, request.variant)
+        return pushed_digests(request, engine, Path(digest_dir))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from images.build_args import OFI_NCCL_PREFIX
 from images.matrix import Matrix, Variant
 
 
@@ -17,10 +18,12 @@ def expectations(matrix: Matrix, variant: Variant) -> list[str]:
     expect = ["--torch", variant.torch, "--deepspeed", variant.deepspeed]
     if variant.cuda:
         expect += ["--cuda", variant.cuda, "--cudnn", variant.cudnn, "--nccl", variant.nccl]
-        expect += ["--net-plugin", "ofi"]
+        expect += ["--net-plugin", "ofi", "--net-plugin-version", matrix.efa.aws_ofi_nccl]
+        expect += ["--net-plugin-dir", f"{OFI_NCCL_PREFIX}/lib"]
     else:
         expect += ["--cuda", "none", "--net-plugin", "none"]
-    return [*expect, *(arg for op in matrix.ops(variant).values() for arg in ("--op", op))]
+    expect += [arg for op in matrix.ops(variant).values() for arg in ("--op", op)]
+    return [*expect, "--cpu-isa", matrix.cpu_isa.march]
 
 
 def entries(matrix: Matrix) -> list[dict[str, str]]:

@@ -1,12 +1,16 @@
 """Runs INSIDE a built image: do the versions it carries equal what the matrix says?
 
   docker run --rm -i IMAGE python - --torch 2.13.0 --deepspeed 0.19.8 \\
-      [--cuda 13.0 --cudnn 9.20.0.48 --nccl 2.29.7 --net-plugin ofi | --cuda none] \\
-      [--op fused_adam ...] < images/image_check.py
+      [--cuda 13.0 --cudnn 9.20.0.48 --nccl 2.29.7 --net-plugin ofi \\
+       --net-plugin-version 1.19.2 --net-plugin-dir /opt/amazon/ofi-nccl/lib | --cuda none] \\
+      [--op fused_adam ...] [--cpu-isa x86-64-v3] < images/image_check.py
 
-Needs no GPU: it reads the versions the libraries were built with, and loads the NCCL
-network plugin the way NCCL does (by NCCL_NET_PLUGIN). Prints what it found; exits 1
-naming every mismatch. Standalone on purpose (the image has no `images` package).
+Needs no GPU. NCCL's version is the one of the libnccl the process loaded (ncclGetVersion),
+not the one torch was compiled against; the NCCL network plugin is loaded the way NCCL
+loads it (by NCCL_NET_PLUGIN), and its folder and release must be the matrix's; the
+pre-built ops' host code must target the stated instruction set and carry no AVX-512.
+Prints what it found; exits 1 naming every mismatch. Standalone on purpose (the image has
+no `images` package).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import re
 import sys
 
 
@@ -45,8 +50,23 @@ def found_versions() -> tuple[dict[str, str], dict[str, bool]]:
     }
     if torch.version.cuda:
         found["cudnn"] = cudnn_version(torch.backends.cudnn.version() or 0)
-        found["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
+        path, found["nccl"] = loaded_nccl()
+        print(f"NCCL library: {path}")
     return found, dict(installed_ops)
+
+
+def nccl_version(code: int) -> str:
+    # NCCL 2.9+ encodes major*10000 + minor*100 + patch (nccl.h, NCCL_VERSION_CODE).
+    return f"{code // 10000}.{code % 10000 // 100}.{code % 100}"
+
+
+def loaded_nccl() -> tuple[str, str]:
+    """The libnccl this process loaded (torch links it) and its ncclGetVersion."""
+    path = _loaded_path("libnccl.so.2")
+    code = ctypes.c_int()
+    if ctypes.CDLL(path).ncclGetVersion(ctypes.byref(code)) != 0:
+        return path, ""
+    return path, nccl_version(code.value)
 
 
 # The plugin API versions NCCL looks for, newest first (NCCL's src/plugin/net.cc).
@@ -72,8 +92,19 @@ def _loaded_path(basename: str) -> str:
     return basename
 
 
-def net_plugin_problems(expected: str, env: dict[str, str]) -> list[str]:
-    """Load the plugin NCCL would load; report it, or why NCCL would fall back to sockets."""
+def plugin_release(path: str) -> str:
+    """aws-ofi-nccl's release, from the "aws-ofi-nccl X.Y.Z" it logs at init (PACKAGE_STRING,
+    aws-ofi-nccl src/nccl_ofi_net.cpp)."""
+    with open(path, "rb") as library:
+        found = re.search(rb"aws-ofi-nccl (\d+\.\d+\.\d+)", library.read())
+    return found[1].decode() if found else ""
+
+
+def net_plugin_problems(
+    expected: str, env: dict[str, str], version: str = "", folder: str = ""
+) -> list[str]:
+    """Load the plugin NCCL would load; check where it came from and its release, or say why
+    NCCL would fall back to sockets."""
     library = net_plugin_library(env)
     if f"libnccl-net-{expected}.so" != os.path.basename(library):
         return [f"NCCL would load {library}, not the {expected!r} plugin (NCCL_NET_PLUGIN)"]
@@ -84,8 +115,53 @@ def net_plugin_problems(expected: str, env: dict[str, str]) -> list[str]:
     symbol = next((s for s in NET_PLUGIN_SYMBOLS if hasattr(handle, s)), None)
     if symbol is None:
         return [f"{library} exports no ncclNetPlugin_v* symbol: not an NCCL net plugin"]
-    print(f"NCCL net plugin: {_loaded_path(os.path.basename(library))} ({symbol})")
-    return []
+    path = _loaded_path(os.path.basename(library))
+    release = plugin_release(path)
+    print(f"NCCL net plugin: {path} ({symbol}, release {release or 'unknown'})")
+    problems = []
+    if folder and os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder):
+        problems.append(f"NCCL net plugin loaded from {path}, expected one in {folder}")
+    if version and release != version:
+        problems.append(f"NCCL net plugin is release {release or 'unknown'}, expected {version}")
+    return problems
+
+
+# DWARF producer strings GCC records with -g (-grecord-gcc-switches is its default).
+_PRODUCER = re.compile(rb"GNU C[^\x00]*")
+
+
+def isa_problems(libraries: list[str], march: str) -> list[str]:
+    """The pre-built ops' compile flags, as GCC recorded them: -march=<march> (or GCC's
+    baseline x86-64, which ops built without -march get), and no AVX-512. A -march=native
+    build records the machine's own expansion (e.g. -march=znver3 ... -mavx512f)."""
+    allowed = {f"-march={march}", "-march=x86-64"}
+    checked, problems = 0, []
+    for path in libraries:
+        with open(path, "rb") as library:
+            producers = {p.decode(errors="replace") for p in _PRODUCER.findall(library.read())}
+        checked += bool(producers)
+        for producer in sorted(producers):
+            flags = producer.split()
+            marches = {flag for flag in flags if flag.startswith("-march=")}
+            if not marches <= allowed or any(flag.startswith("-mavx512") for flag in flags):
+                name = os.path.basename(path)
+                problems.append(f"{name} built with {producer!r}, not -march={march}")
+    if libraries and not checked:
+        problems.append("no pre-built op records its compile flags (built without -g?)")
+    return problems
+
+
+def op_libraries() -> list[str]:
+    """The shared objects of DeepSpeed's pre-built ops."""
+    import deepspeed.ops
+
+    root = os.path.dirname(deepspeed.ops.__file__)
+    return sorted(
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(root)
+        for name in names
+        if name.endswith(".so")
+    )
 
 
 def mismatches(
@@ -120,7 +196,10 @@ def main(argv: list[str] | None = None) -> int:
         default="none",
         help='the NCCL net plugin NCCL must load (e.g. "ofi"); "none": skip (no NCCL)',
     )
+    parser.add_argument("--net-plugin-version", default="", help="the plugin's release")
+    parser.add_argument("--net-plugin-dir", default="", help="the folder it must load from")
     parser.add_argument("--op", action="append", default=[], help="op that must be pre-built")
+    parser.add_argument("--cpu-isa", help="the -march the pre-built ops' host code targets")
     args = parser.parse_args(argv)
     found, ops = found_versions()
     print(" ".join(f"{key}={value or 'none'}" for key, value in found.items()))
@@ -132,7 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.net_plugin == "none":
         print("NCCL net plugin: not checked (a CPU image trains over gloo; it has no NCCL)")
     else:
-        problems += net_plugin_problems(args.net_plugin, dict(os.environ))
+        problems += net_plugin_problems(
+            args.net_plugin, dict(os.environ), args.net_plugin_version, args.net_plugin_dir
+        )
+    if args.cpu_isa:
+        libraries = op_libraries()
+        print("pre-built op libraries:", ", ".join(map(os.path.basename, libraries)) or "none")
+        problems += isa_problems(libraries, args.cpu_isa)
     for problem in problems:
         print(f"MISMATCH {problem}", file=sys.stderr)
     return 1 if problems else 0

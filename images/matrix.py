@@ -28,7 +28,10 @@ MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 _BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
 
 _NAME = re.compile(r"^[a-z0-9]+$")
-_NVIDIA_CUDA_IMAGE = re.compile(r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+$")
+# A tag, optionally pinned to a digest: nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:<64 hex>.
+_NVIDIA_CUDA_IMAGE = re.compile(
+    r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+(@sha256:[0-9a-f]{64})?$"
+)
 
 
 class MatrixError(ValueError):
@@ -99,13 +102,44 @@ class DeepSpeedOps:
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
 class Efa:
-    """The EFA installer and aws-ofi-nccl releases every CUDA image carries."""
+    """The EFA installer and the one aws-ofi-nccl release every CUDA image carries, with
+    what the image build verifies them by and the NCCL series the plugin was tested with."""
 
     installer: str
+    installer_gpg_fingerprint: str
     aws_ofi_nccl: str
+    aws_ofi_nccl_sha512: str
+    aws_ofi_nccl_tested_nccl: tuple[str, ...]
     source: str
 
     _check_versions = field_validator("installer", "aws_ofi_nccl")(dotted_version)
+
+    @field_validator("installer_gpg_fingerprint")
+    @classmethod
+    def _fingerprint(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9A-F]{40}", value):
+            raise ValueError("must be 40 upper-case hex digits, without spaces")
+        return value
+
+    @field_validator("aws_ofi_nccl_sha512")
+    @classmethod
+    def _sha512(cls, value: str) -> str:
+        if not re.fullmatch(r"[0-9a-f]{128}", value):
+            raise ValueError("must be 128 lower-case hex digits (the release notes' sha512)")
+        return value
+
+    def plugin_matches(self, nccl: str) -> bool:
+        """True when the plugin release was tested with this NCCL's major.minor series."""
+        return ".".join(nccl.split(".")[:2]) in self.aws_ofi_nccl_tested_nccl
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class CpuIsa:
+    """The instruction set the pre-built ops' host code targets, the same on every builder."""
+
+    march: str
+    simd: str
+    source: str
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -180,6 +214,7 @@ class Matrix:
     cuda_majors: dict[str, CudaMajor] = field(hash=False)
     deepspeed_ops: dict[str, DeepSpeedOps] = field(hash=False)
     efa: Efa
+    cpu_isa: CpuIsa
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -208,7 +243,16 @@ class Matrix:
         return self.deepspeed_ops[variant.accelerator].ops
 
 
-_TABLES = {"release", "variant", "torch_wheels", "base_os", "cuda_major", "deepspeed_ops", "efa"}
+_TABLES = {
+    "release",
+    "variant",
+    "torch_wheels",
+    "base_os",
+    "cuda_major",
+    "deepspeed_ops",
+    "efa",
+    "cpu_isa",
+}
 
 
 def load_matrix(path: Path | str | None = None) -> Matrix:
@@ -227,6 +271,9 @@ def load_matrix(path: Path | str | None = None) -> Matrix:
         "cuda_majors": _load_table(CudaMajor, raw, "cuda_major", where),
         "deepspeed_ops": _load_table(DeepSpeedOps, raw, "deepspeed_ops", where),
         "efa": build_record(Efa, raw.get("efa"), where=f"{where}: [efa]", error=MatrixError),
+        "cpu_isa": build_record(
+            CpuIsa, raw.get("cpu_isa"), where=f"{where}: [cpu_isa]", error=MatrixError
+        ),
     }
     variants: list[Variant] = []
     for index, table in enumerate(raw.get("variant", [])):
@@ -300,6 +347,13 @@ def _check_variant(v: Variant, matrix: Matrix, where: str) -> None:
         have, want = getattr(v, name), getattr(facts, name)
         if have != want:
             raise fail(name, f"{have} disagrees with torch {v.torch} {v.wheel_variant} ({want})")
+    if v.nccl and not matrix.efa.plugin_matches(v.nccl):
+        raise fail(
+            "nccl",
+            f"{v.nccl} is not a series aws-ofi-nccl {matrix.efa.aws_ofi_nccl} was tested with "
+            f"({', '.join(matrix.efa.aws_ofi_nccl_tested_nccl)}): pick the plugin release whose "
+            "notes name it ([efa] aws_ofi_nccl)",
+        )
 
     # Checked before the arch list so the message names the real cause.
     toolkit = matrix.cuda_major(v)

@@ -71,6 +71,7 @@ def config_problems(config: dict, variant: Variant, release: str) -> list[str]:
     expected_env = {
         "TRAIN_CHECKPOINT_DIR": "/checkpoints",
         "TRAIN_MIN_DRIVER": variant.min_driver or "",
+        "DS_ACCELERATOR": variant.accelerator,
     }
     problems += [
         f"env {key}={env.get(key)!r}, expected {want!r}"

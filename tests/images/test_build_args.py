@@ -22,7 +22,7 @@ def args_for(variant):
 
 
 def declared_args() -> set[str]:
-    return set(re.findall(r"^ARG ([A-Z_]+)", DOCKERFILE_TEXT, flags=re.M))
+    return set(re.findall(r"^ARG ([A-Z0-9_]+)", DOCKERFILE_TEXT, flags=re.M))
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=lambda v: v.name)
@@ -78,9 +78,10 @@ def test_cuda_13_drops_volta_even_when_the_matrix_lists_it():
     assert torch_cuda_arch_list(cuda12, ("7.5",)) == "7.0 9.0+PTX"
 
 
-def test_cpu_variant_builds_only_the_cpu_comm_op_and_asks_for_no_gpu():
+def test_cpu_variant_builds_the_cpu_ops_and_asks_for_no_gpu():
     args = args_for(MATRIX.variant("cpu"))
-    assert args["DEEPSPEED_OPS"] == "SHM_COMM"
+    # cpu_adam too: the host-side op the CUDA images also carry, so its ISA is tested here.
+    assert args["DEEPSPEED_OPS"] == "SHM_COMM CPU_ADAM"
     assert args["EFA_INSTALLER_VERSION"] == args["AWS_OFI_NCCL_VERSION"] == ""
     assert args["DS_ACCELERATOR"] == "cpu"
     assert args["TORCH_CUDA_ARCH_LIST"] == ""
@@ -102,3 +103,25 @@ def test_cuda_variants_carry_efa_at_the_matrix_pins(variant):
     assert args["EFA_INSTALLER_VERSION"] == MATRIX.efa.installer
     assert args["AWS_OFI_NCCL_VERSION"] == MATRIX.efa.aws_ofi_nccl
     assert args["NCCL_NET_PLUGIN"] == "ofi"  # NCCL then loads libnccl-net-ofi.so
+    # What the build verifies the downloads by: AWS's EFA key, the plugin release's sha512.
+    assert args["EFA_INSTALLER_GPG_FINGERPRINT"] == "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"
+    assert args["AWS_OFI_NCCL_SHA512"].startswith("ec578da632166fd7f885dbc8cfa3f07b")
+    assert args["OFI_NCCL_PREFIX"] == "/opt/amazon/ofi-nccl"
+
+
+def test_cpu_variant_downloads_nothing_and_every_variant_pins_the_cpu_isa():
+    args = args_for(MATRIX.variant("cpu"))
+    for key in ("EFA_INSTALLER_VERSION", "AWS_OFI_NCCL_VERSION", "AWS_OFI_NCCL_SHA512"):
+        assert args[key] == ""
+    for variant in VARIANTS:
+        args = args_for(variant)
+        assert (args["CPU_OPS_MARCH"], args["CPU_OPS_SIMD"]) == ("x86-64-v3", "__AVX256__")
+
+
+def test_created_is_the_commit_time_in_utc(monkeypatch):
+    from images import build_args as module
+
+    monkeypatch.setattr(module, "_git", lambda *args: "1767225600")  # git log --format=%ct
+    assert module.commit_time() == "2026-01-01T00:00:00Z"
+    monkeypatch.setattr(module, "_git", lambda *args: "")  # outside a checkout: now
+    assert module.commit_time().endswith("Z")

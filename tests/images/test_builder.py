@@ -37,7 +37,7 @@ def test_docker_loads_one_local_tag_with_every_build_arg():
     assert "--cache-from" not in argv
 
 
-def test_docker_pushes_every_registry_tag_and_uses_the_registry_cache():
+def test_docker_builds_locally_even_when_pushing_and_uses_the_registry_cache():
     req = request(
         CUDA,
         registries=("ghcr.io/org", "123.dkr.ecr.us-east-1.amazonaws.com/"),
@@ -46,13 +46,49 @@ def test_docker_pushes_every_registry_tag_and_uses_the_registry_cache():
     )
     argv = builder.docker_argv(req)
     tag = CUDA.tag(MATRIX.release)
-    assert pairs(argv, "--tag") == [
-        f"ghcr.io/org/{IMAGE_NAME}:{tag}",
-        f"123.dkr.ecr.us-east-1.amazonaws.com/{IMAGE_NAME}:{tag}",
-    ]
-    assert "--push" in argv and "--load" not in argv
+    # The build never pushes: the image goes to the local store, is smoke-tested there,
+    # and that image is pushed afterwards.
+    assert pairs(argv, "--tag") == [f"{IMAGE_NAME}:{tag}"]
+    assert "--load" in argv and "--push" not in argv
     assert pairs(argv, "--cache-from") == ["type=registry,ref=ghcr.io/org/cache:cu"]
     assert pairs(argv, "--cache-to") == ["type=registry,ref=ghcr.io/org/cache:cu,mode=max"]
+
+
+def test_push_tags_the_tested_local_image_for_each_registry(tmp_path):
+    req = request(CUDA, registries=("ghcr.io/org", "123.dkr.ecr.us-east-1.amazonaws.com/"))
+    tag = CUDA.tag(MATRIX.release)
+    local = f"{IMAGE_NAME}:{tag}"
+    assert builder.push_argvs(req, "docker", tmp_path) == [
+        ["docker", "tag", local, f"ghcr.io/org/{IMAGE_NAME}:{tag}"],
+        ["docker", "push", f"ghcr.io/org/{IMAGE_NAME}:{tag}"],
+        ["docker", "tag", local, f"123.dkr.ecr.us-east-1.amazonaws.com/{IMAGE_NAME}:{tag}"],
+        ["docker", "push", f"123.dkr.ecr.us-east-1.amazonaws.com/{IMAGE_NAME}:{tag}"],
+    ]
+
+
+def test_push_reports_each_registry_digest(tmp_path, monkeypatch):
+    req = request(registries=("ghcr.io/org", "ecr.example/x"), storage_driver="vfs")
+    tag = CPU.tag(MATRIX.release)
+    # A stand-in buildah that, like the real one, writes each pushed digest to --digestfile.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "buildah"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'echo "$*" >> "$0.log"\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --digestfile ] && echo sha256:ab$(basename "$2") > "$2"; '
+        "shift; done\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    assert builder.push(req, "buildah") == [
+        f"ghcr.io/org/{IMAGE_NAME}@sha256:ab0",
+        f"ecr.example/x/{IMAGE_NAME}@sha256:ab1",
+    ]
+    calls = (bin_dir / "buildah.log").read_text().splitlines()
+    assert calls[0] == f"--storage-driver vfs tag {IMAGE_NAME}:{tag} ghcr.io/org/{IMAGE_NAME}:{tag}"
+    assert calls[1].startswith("--storage-driver vfs push --digestfile ")
+    assert len(calls) == 4 and not any(" bud " in f" {c} " for c in calls)
 
 
 def test_docker_reads_a_cache_without_writing_it_unless_asked():
@@ -95,18 +131,6 @@ def test_buildah_uses_chroot_host_network_docker_format_and_mounts_the_ca_bundle
     args = dict(item.split("=", 1) for item in pairs(argv, "--build-arg"))
     assert args["CA_BUNDLE"] == builder.CA_BUNDLE_IN_BUILD
     assert argv[-1] == str(REPO_ROOT)
-
-
-def test_buildah_pushes_each_registry_tag_after_the_build():
-    req = request(registries=("ghcr.io/org", "ecr.example/x"), storage_driver="vfs")
-    steps = builder.commands(req, "buildah")
-    assert steps[0][3] == "bud"
-    tag = CPU.tag(MATRIX.release)
-    assert steps[1:] == [
-        ["buildah", "--storage-driver", "vfs", "push", f"ghcr.io/org/{IMAGE_NAME}:{tag}"],
-        ["buildah", "--storage-driver", "vfs", "push", f"ecr.example/x/{IMAGE_NAME}:{tag}"],
-    ]
-    assert builder.commands(request(), "buildah")[1:] == []
 
 
 def test_podman_gets_the_same_flags_under_its_own_verb():
@@ -173,16 +197,15 @@ def test_failed_engine_run_raises_build_failed(tmp_path, monkeypatch):
         builder.build(request(), engine="buildah")
 
 
-def test_image_name_names_the_repository_in_every_registry():
+def test_image_name_names_the_repository_in_every_registry(tmp_path):
     req = request(
         CUDA,
         registries=("123.dkr.ecr.us-east-1.amazonaws.com",),
         image_name="mystack-images-1a2b3c",
     )
     tag = CUDA.tag(MATRIX.release)
-    assert pairs(builder.docker_argv(req), "--tag") == [
-        f"123.dkr.ecr.us-east-1.amazonaws.com/mystack-images-1a2b3c:{tag}"
-    ]
+    assert req.tags == (f"123.dkr.ecr.us-east-1.amazonaws.com/mystack-images-1a2b3c:{tag}",)
+    assert pairs(builder.docker_argv(req), "--tag") == [f"mystack-images-1a2b3c:{tag}"]
     assert pairs(builder.docker_argv(request(image_name="local")), "--tag") == [
         f"local:{CPU.tag(MATRIX.release)}"
     ]
@@ -199,3 +222,10 @@ def test_offline_build_turns_every_index_off(tmp_path):
 def test_offline_without_a_wheelhouse_is_refused():
     with pytest.raises(builder.BuildError, match="--offline needs --wheelhouse DIR"):
         request(offline=True)
+
+
+def test_buildah_keeps_layers_when_the_image_is_pushed():
+    assert "--layers" not in builder.buildah_argv(request())  # local smoke build: one layer
+    pushed = builder.buildah_argv(request(registries=("ghcr.io/org",)))
+    assert "--layers" in pushed
+    assert pairs(pushed, "--tag") == [f"{IMAGE_NAME}:{CPU.tag(MATRIX.release)}"]

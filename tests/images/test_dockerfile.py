@@ -35,7 +35,21 @@ def test_hadolint_flags_what_the_dockerfile_avoids(tmp_path):
 def test_runtime_runs_the_demo_as_non_root_behind_tini():
     assert re.search(r"^USER 1000:1000$", RUNTIME, flags=re.M)
     assert 'ENTRYPOINT ["/usr/bin/tini", "-s", "--"]' in RUNTIME
-    assert RUNTIME.rstrip().endswith('CMD ["python", "-m", "training"]')
+    assert re.search(r'^CMD \["python", "-m", "training"\]$', RUNTIME, flags=re.M)
+
+
+def test_commit_metadata_is_declared_after_every_run_of_every_stage():
+    # An ARG used before a RUN makes that RUN, and every later step, miss the build cache
+    # whenever its value changes: REVISION and CREATED change with every commit.
+    last_run = max(match.start() for match in re.finditer(r"^RUN ", TEXT, flags=re.M))
+    for arg in ("REVISION", "CREATED"):
+        declarations = [m.start() for m in re.finditer(rf"^ARG {arg}\b", TEXT, flags=re.M)]
+        assert declarations and min(declarations) > last_run, arg
+    assert TEXT.index("LABEL org.opencontainers.image.title") > last_run
+
+
+def test_runtime_fails_loudly_when_cuda_does_not_come_up():
+    assert 'DS_ACCELERATOR="${DS_ACCELERATOR}"' in RUNTIME.split("\nENV ", 1)[1]
 
 
 def test_runtime_env_sets_the_nvidia_and_trainer_contract():
@@ -49,14 +63,19 @@ def test_runtime_env_sets_the_nvidia_and_trainer_contract():
         assert line in RUNTIME
 
 
-def test_stages_come_from_the_matrix_bases_and_the_project_is_installed_as_a_wheel():
-    assert re.findall(r"^FROM (\S+) AS (\w+)", TEXT, flags=re.M) == [
+def test_stages_come_from_the_matrix_bases_and_the_project_has_its_own_layer():
+    assert re.findall(r"^FROM (\S+) AS ([\w-]+)", TEXT, flags=re.M) == [
         ("scratch", "wheelhouse"),
+        ("${BASE_BUILD}", "efa-downloads"),
         ("${BASE_BUILD}", "build"),
         ("${BASE_RUNTIME}", "runtime"),
     ]
-    # The build stage builds the project's wheel; the runtime has no source copy.
-    assert "pip wheel --no-deps --no-build-isolation" in TEXT
+    # The build stage builds the project's wheel into /dist, outside the virtualenv; the
+    # runtime installs it after copying the virtualenv: a code change ships one small layer.
+    assert "pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /dist /src" in TEXT
+    venv_copy = RUNTIME.index("COPY --from=build /opt/venv /opt/venv")
+    project = RUNTIME.index("RUN --mount=type=bind,from=build,source=/dist,target=/dist")
+    assert venv_copy < project
     assert "COPY training/" not in RUNTIME and "PYTHONPATH" not in TEXT
     assert "COPY images/locks/${VARIANT}.txt" in TEXT
     assert "--require-hashes" in TEXT and "--no-build-isolation" in TEXT
@@ -68,22 +87,53 @@ def test_context_ignore_file_lets_in_exactly_what_the_dockerfile_copies():
     assert rules[0] == "*", "everything else stays out of the context (.venv, node_modules)"
     allowed = [rule[1:] for rule in rules if rule.startswith("!")]
     copied = re.findall(r"^COPY (?!--from)(\S+)", TEXT, flags=re.M)
-    assert copied == ["images/locks/${VARIANT}.txt", "pyproject.toml", "common/", "training/"]
+    assert copied == [
+        "images/locks/${VARIANT}.txt",
+        "images/portable_ops.py",
+        "pyproject.toml",
+        "common/",
+        "training/",
+    ]
     for source in copied:
         assert any(source.startswith(prefix) for prefix in allowed), source
     assert len(allowed) == len(copied)
 
 
-def test_cuda_path_installs_efa_and_builds_aws_ofi_nccl():
-    # The container-only installer flags, in the build stage and the runtime stage.
+def test_deepspeed_ops_are_pinned_to_the_stated_isa_before_they_compile():
+    pin = TEXT.index('python /tmp/portable_ops.py /tmp/deepspeed-*/ "${CPU_OPS_MARCH}"')
+    ds_install = TEXT.index("pip install --no-deps --no-build-isolation /tmp/deepspeed-*/")
+    assert TEXT.index("pip download --no-deps --require-hashes") < pin < ds_install
+    instructions = [line for line in TEXT.splitlines() if not line.lstrip().startswith("#")]
+    assert not any("-march=native" in line for line in instructions)
+
+
+def test_cuda_path_installs_efa_without_its_plugin_and_builds_one_aws_ofi_nccl():
+    # The container-only installer flags, in the build stage and the runtime stage; the
+    # installer's own aws-ofi-nccl is skipped, so only the one built here exists.
     flags = re.findall(r"\./efa_installer\.sh ([^)]+)\)", TEXT)
-    assert flags == ["-y -g -d --skip-kmod --no-verify --skip-limit-conf"] * 2
+    assert (
+        flags == ["-y -g -d --skip-kmod --skip-plugin --skip-mpi --no-verify --skip-limit-conf"] * 2
+    )
     assert "WARNING: --skip-kmod, --no-verify and --skip-limit-conf are for container" in TEXT
+    assert len(re.findall(r"\./configure ", TEXT)) == 1
     configure = re.search(r"\./configure ([^&]+)&&", TEXT)[1]
+    assert '--prefix="${OFI_NCCL_PREFIX}"' in configure
     assert "--with-libfabric=/opt/amazon/efa" in configure
     assert "--enable-platform-aws" in configure
-    # Versions only from the build args (matrix.toml [efa]); the cpu image skips both steps.
+    # Versions only from the build args (matrix.toml [efa]); the cpu image skips all three.
     assert "aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" in TEXT
-    assert "download/v${AWS_OFI_NCCL_VERSION}/aws-ofi-nccl-${AWS_OFI_NCCL_VERSION}" in TEXT
-    assert TEXT.count('if [ -n "${EFA_INSTALLER_VERSION}" ]') == 2
+    assert "download/v${AWS_OFI_NCCL_VERSION}/${ofi}" in TEXT
+    assert TEXT.count('if [ -n "${EFA_INSTALLER_VERSION}" ]') == 3
     assert 'NCCL_NET_PLUGIN="${NCCL_NET_PLUGIN}"' in RUNTIME
+
+
+def test_downloads_are_verified_before_any_stage_uses_them():
+    downloads = TEXT.split("AS efa-downloads", 1)[1].split("\nFROM ", 1)[0]
+    # The installer: signed by the key whose fingerprint is pinned (not merely any key the
+    # same server hands out); the plugin: the sha512 of its release notes.
+    assert "gpg --batch --status-file /tmp/gpg-status --verify" in downloads
+    assert 'VALIDSIG .*${EFA_INSTALLER_GPG_FINGERPRINT}" /tmp/gpg-status' in downloads
+    assert 'echo "${AWS_OFI_NCCL_SHA512}  ${ofi}" | sha512sum --check --strict -' in downloads
+    # The other stages read the tarballs from there only: no second download.
+    assert TEXT.count("curl -") == 1 and "curl -" in downloads
+    assert TEXT.count("from=efa-downloads,source=/downloads,target=/downloads") == 2

@@ -2,7 +2,15 @@ import subprocess
 
 import pytest
 
-from images.image_check import cudnn_version, mismatches, net_plugin_library, net_plugin_problems
+from images.image_check import (
+    cudnn_version,
+    isa_problems,
+    loaded_nccl,
+    mismatches,
+    nccl_version,
+    net_plugin_library,
+    net_plugin_problems,
+)
 from tests.support.tools import require_tool
 
 FOUND = {
@@ -81,12 +89,75 @@ def test_net_plugin_name_follows_nccl_net_plugin():
     )
 
 
-def test_loadable_plugin_is_reported_with_its_api_version(tmp_path, capsys):
+PLUGIN_SOURCE = (
+    "int ncclNetPlugin_v9 = 1; int ncclNetPlugin_v8 = 1;\n"
+    'const char *package = "Initializing aws-ofi-nccl 1.19.2";\n'
+)
+
+
+def test_loadable_plugin_is_reported_with_its_api_version_and_release(tmp_path, capsys):
+    library = _shared_library(tmp_path, "libnccl-net-ofi.so", PLUGIN_SOURCE)
+    env = {"NCCL_NET_PLUGIN": str(library)}
+    assert net_plugin_problems("ofi", env, "1.19.2", str(tmp_path)) == []
+    out = capsys.readouterr().out
+    assert f"NCCL net plugin: {library} (ncclNetPlugin_v9, release 1.19.2)" in out
+
+
+def test_plugin_of_another_release_or_folder_fails(tmp_path):
+    library = _shared_library(tmp_path, "libnccl-net-ofi.so", PLUGIN_SOURCE)
+    env = {"NCCL_NET_PLUGIN": str(library)}
+    assert net_plugin_problems("ofi", env, "1.17.1", "/opt/amazon/ofi-nccl/lib") == [
+        f"NCCL net plugin loaded from {library}, expected one in /opt/amazon/ofi-nccl/lib",
+        "NCCL net plugin is release 1.19.2, expected 1.17.1",
+    ]
+
+
+@pytest.mark.parametrize(("code", "version"), [(22907, "2.29.7"), (22705, "2.27.5")])
+def test_nccl_version_decodes_nccl_version_code(code, version):
+    assert nccl_version(code) == version
+
+
+def test_nccl_version_comes_from_the_loaded_library(tmp_path, monkeypatch):
+    # A stand-in libnccl.so.2 with ncclGetVersion: what is reported is what it answers.
     library = _shared_library(
-        tmp_path, "libnccl-net-ofi.so", "int ncclNetPlugin_v9 = 1; int ncclNetPlugin_v8 = 1;\n"
+        tmp_path, "libnccl.so.2", "int ncclGetVersion(int *v) { *v = 22907; return 0; }\n"
     )
-    assert net_plugin_problems("ofi", {"NCCL_NET_PLUGIN": str(library)}) == []
-    assert f"NCCL net plugin: {library} (ncclNetPlugin_v9)" in capsys.readouterr().out
+    monkeypatch.setattr("images.image_check._loaded_path", lambda name: str(library))
+    assert loaded_nccl() == (str(library), "2.29.7")
+
+
+def _compiled_op(tmp_path, name, *flags):
+    cxx = require_tool("g++", "g++")
+    source = tmp_path / "op.cpp"
+    source.write_text(
+        "float f(const float *a, int n) { float s = 0; while (n--) s += a[n]; return s; }\n"
+    )
+    library = tmp_path / name
+    command = [cxx, "-O3", "-g", *flags, "-shared", "-fPIC", "-o", str(library), str(source)]
+    subprocess.run(command, check=True)
+    return str(library)
+
+
+def test_ops_built_for_the_stated_isa_or_gcc_baseline_pass(tmp_path):
+    op = _compiled_op(tmp_path, "cpu_adam_op.so", "-march=x86-64-v3", "-D__AVX256__")
+    baseline = _compiled_op(tmp_path, "shm_comm_op.so", "-O2")  # no -march: x86-64
+    assert isa_problems([op, baseline], "x86-64-v3") == []
+
+
+def test_ops_built_with_avx512_or_another_march_fail(tmp_path):
+    avx512 = _compiled_op(tmp_path, "a.so", "-march=x86-64-v3", "-mavx512f")
+    other = _compiled_op(tmp_path, "b.so", "-march=x86-64-v2")
+    problems = isa_problems([avx512, other], "x86-64-v3")
+    assert len(problems) == 2
+    assert problems[0].startswith("a.so built with 'GNU C++") and "-mavx512f" in problems[0]
+    assert problems[1].startswith("b.so built with") and "-march=x86-64-v2" in problems[1]
+
+
+def test_ops_without_recorded_flags_cannot_pass(tmp_path):
+    stripped = _compiled_op(tmp_path, "shm.so", "-g0")
+    assert isa_problems([stripped], "x86-64-v3") == [
+        "no pre-built op records its compile flags (built without -g?)"
+    ]
 
 
 def test_missing_or_broken_plugin_fails(tmp_path):

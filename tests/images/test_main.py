@@ -46,7 +46,12 @@ def test_build_dry_run_prints_the_buildah_commands(capsys, tmp_path):
     assert lines[0].startswith("buildah --storage-driver vfs bud ")
     assert f"--build-context wheelhouse={tmp_path}" in lines[0]
     tag = MATRIX.variant("cpu").tag(MATRIX.release)
-    assert lines[1] == f"buildah --storage-driver vfs push registry.example/team/{IMAGE_NAME}:{tag}"
+    remote = f"registry.example/team/{IMAGE_NAME}:{tag}"
+    # The pushed image is the built one: tagged from the local name, never rebuilt.
+    assert lines[1:] == [
+        f"buildah --storage-driver vfs tag {IMAGE_NAME}:{tag} {remote}",
+        f"buildah --storage-driver vfs push --digestfile DIGESTS/0 {remote}",
+    ]
 
 
 def test_missing_wheelhouse_is_a_usage_error():

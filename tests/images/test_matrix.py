@@ -197,7 +197,18 @@ def test_unknown_top_level_key_and_bad_toml(tmp_path):
             "[deepspeed_ops.cpuu]",
             ["variant 'cpu'", "no [deepspeed_ops.cpu] table"],
         ),
-        ('aws_ofi_nccl = "1.17.1"', 'aws_ofi_nccl = "latest"', ["[efa]", "aws_ofi_nccl", "latest"]),
+        ('aws_ofi_nccl = "1.19.2"', 'aws_ofi_nccl = "latest"', ["[efa]", "aws_ofi_nccl", "latest"]),
+        (
+            'aws_ofi_nccl_tested_nccl = ["2.27", "2.28", "2.29"]',
+            'aws_ofi_nccl_tested_nccl = ["2.28", "2.29"]',
+            ["variant 'cu128'", "'nccl'", "2.27.5 is not a series aws-ofi-nccl 1.19.2"],
+        ),
+        (
+            'installer_gpg_fingerprint = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"',
+            'installer_gpg_fingerprint = "4E90 91BC"',
+            ["[efa]", "installer_gpg_fingerprint", "40 upper-case hex digits"],
+        ),
+        ("[cpu_isa]", "[cpu_isaa]", ["cpu_isa"]),
     ],
 )
 def test_toolchain_facts_are_data_checked_like_variants(tmp_path, old, new, expected):
@@ -211,8 +222,12 @@ def test_toolchain_facts_load_with_their_sources():
     assert matrix.os_of(matrix.variant("cpu")).python == "3.11"
     assert matrix.cuda_major(matrix.variant("cu130")).nvcc_refuses == ("7.0",)
     assert matrix.cuda_major(matrix.variant("cu128")) is None  # CUDA 12 refuses none of its arches
-    assert matrix.ops(matrix.variant("cpu")) == {"SHM_COMM": "deepspeed_shm_comm"}
-    assert all(table.source for table in [*matrix.base_os.values(), matrix.efa])
+    assert matrix.ops(matrix.variant("cpu")) == {
+        "SHM_COMM": "deepspeed_shm_comm",
+        "CPU_ADAM": "cpu_adam",
+    }
+    assert (matrix.cpu_isa.march, matrix.cpu_isa.simd) == ("x86-64-v3", "__AVX256__")
+    assert all(t.source for t in [*matrix.base_os.values(), matrix.efa, matrix.cpu_isa])
 
 
 def test_missing_file(tmp_path):
@@ -230,3 +245,19 @@ def test_pins_agree_with_requirements_train():
     matrix = load_matrix()
     assert matrix.variant("cpu").torch == pins["torch"]
     assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}
+
+
+def test_a_cuda_base_may_be_pinned_by_digest(tmp_path):
+    digest = "@sha256:" + "ab" * 32
+    pinned = write_modified(
+        tmp_path,
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
+        f'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04{digest}"',
+    )
+    assert load_matrix(pinned).variant("cu130").base_runtime.endswith(digest)
+    short = write_modified(
+        tmp_path,
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:abc"',
+    )
+    assert "is not an nvidia/cuda -base/-runtime image" in load_error(short)

