@@ -36,6 +36,7 @@ def settings(**changes) -> ClusterSettings:
         "node_policy_arn": "arn:aws:iam::123456789012:policy/gpu-stack-test-cluster-nodes",
         "registry": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
         "head_node": PARALLELCLUSTER.head_node,
+        "ssh_allowed_cidr": "10.42.0.0/16",
         "tags": {"gpu-stack": "test"},
         **changes,
     }
