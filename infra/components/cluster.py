@@ -22,12 +22,18 @@ Lifecycle facts the stack relies on:
   in aws-parallelcluster cloudformation/policies/parallelcluster-policies.yaml, tag v3.15.1;
   https://docs.aws.amazon.com/parallelcluster/latest/ug/iam-roles-in-parallelcluster-v3.html.
 - terraform-provider-aws waits 30 minutes by default for a CloudFormation stack's create,
-  update and delete (internal/service/cloudformation/stack.go, Timeouts); a cluster takes
-  20-40 minutes, and its CloudFormation timeout is CREATE_TIMEOUT_MINUTES.
+  update and delete (internal/service/cloudformation/stack.go, Timeouts, commit
+  01606926a0c0ab9174aec440f976a48b0baee722); a cluster takes 20-40 minutes, and its
+  CloudFormation timeout is CREATE_TIMEOUT_MINUTES.
 - A stack whose create failed sits in ROLLBACK_COMPLETE, which can only be deleted, so the
   next `pulumi up` fails on it; OnFailure DELETE deletes it instead
   (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_CreateStack.html,
-  OnFailure).
+  OnFailure). The provider reports that create as failed and, reading the stack back,
+  drops a DELETE_COMPLETE stack from the state, so the next `up` creates it afresh
+  (stack.go: waitStackCreated, resourceStackRead, findStackByName).
+- `name`, `on_failure` and `timeout_in_minutes` are ForceNew (stack.go, Schema): changing
+  one replaces the stack, and a replacement must delete the old stack before it creates
+  the new one, whose name is the same.
 - The cluster's log group is `/aws/parallelcluster/<cluster name>-<timestamp>`
   (pcluster/templates/cluster_stack.py with CW_LOG_GROUP_NAME_PREFIX, tag v3.15.1).
 """
@@ -244,7 +250,10 @@ class SlurmCluster(pulumi.ComponentResource):
             on_failure="DELETE",
             # The nodes run the scripts at boot: they must be in the bucket first.
             opts=pulumi.ResourceOptions(
-                parent=self, depends_on=[setup, job], custom_timeouts=STACK_TIMEOUTS
+                parent=self,
+                depends_on=[setup, job],
+                custom_timeouts=STACK_TIMEOUTS,
+                delete_before_replace=True,
             ),
         )
 

@@ -243,7 +243,7 @@ def test_pulumi_waits_longer_than_cloudformation_and_a_failed_create_is_deleted(
     original = aws.cloudformation.Stack
 
     def recording(*args, **kwargs):
-        seen.append(kwargs["opts"].custom_timeouts)
+        seen.append(kwargs["opts"])
         return original(*args, **kwargs)
 
     monkeypatch.setattr(aws.cloudformation, "Stack", recording)
@@ -251,9 +251,12 @@ def test_pulumi_waits_longer_than_cloudformation_and_a_failed_create_is_deleted(
     stack = one(run, STACK)
     assert stack.inputs["timeoutInMinutes"] == 90
     assert stack.inputs["onFailure"] == "DELETE"  # no ROLLBACK_COMPLETE left behind
-    (timeouts,) = seen
+    (opts,) = seen
+    timeouts = opts.custom_timeouts
     # terraform-provider-aws waits 30 minutes by default; a cluster takes 20-40.
     assert (timeouts.create, timeouts.update, timeouts.delete) == ("120m", "120m", "90m")
+    # The stack's name is fixed: a replacement deletes the old one first.
+    assert opts.delete_before_replace is True
 
 
 def test_a_queue_change_drains_the_nodes_instead_of_failing_the_update(run):
