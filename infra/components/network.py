@@ -18,10 +18,10 @@ instances with several network cards (p4d, p4de, p5) take none at all
 (https://docs.aws.amazon.com/parallelcluster/latest/ug/HeadNode-v3.html, SubnetId).
 Yet the head node's bootstrap calls CloudFormation, EC2 and DynamoDB, and the compute
 nodes call ECR's API, SSM and CloudWatch Logs. A NAT gateway reaches all of them for
-$0.045/h (us-east-1); VPC interface endpoints for the same list (ecr.api, ecr.dkr,
-logs, ssm, ssmmessages, ec2messages, ec2, cloudformation, sts, plus a DynamoDB
-gateway) cost $0.01/h each per zone, more than twice that, and any API left off the
-list hangs a bootstrap (https://aws.amazon.com/vpc/pricing/,
+$0.045/h plus $0.005/h for its public address (us-east-1); VPC interface endpoints for
+the same list (ecr.api, ecr.dkr, logs, ssm, ssmmessages, ec2messages, ec2,
+cloudformation, sts, plus a DynamoDB gateway) cost $0.01/h each per zone, $0.09/h, and
+any API left off the list hangs a bootstrap (https://aws.amazon.com/vpc/pricing/,
 https://aws.amazon.com/privatelink/pricing/). The S3 gateway endpoint (free) keeps
 image layers and checkpoints off the NAT gateway's per-GB charge.
 """
@@ -176,7 +176,9 @@ class Network(pulumi.ComponentResource):
         self.vpc_id = vpc.id
         self.subnet_id = subnet.id
         if private_subnet:
-            self.subnet_id = self._private_subnet(name, vpc.id, subnet.id, route_tables, child)
+            self.subnet_id = self._private_subnet(
+                name, vpc.id, subnet.id, gateway, route_tables, child
+            )
         region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=self))
         # Checkpoints and ECR image layers (served from S3) stay off the internet gateway
         # and the NAT gateway.
@@ -194,6 +196,7 @@ class Network(pulumi.ComponentResource):
         name: str,
         vpc_id: pulumi.Output[str],
         public_subnet_id: pulumi.Output[str],
+        gateway: aws.ec2.InternetGateway,
         route_tables: list[pulumi.Output[str]],
         child: pulumi.ResourceOptions,
     ) -> pulumi.Output[str]:
@@ -205,7 +208,9 @@ class Network(pulumi.ComponentResource):
             subnet_id=public_subnet_id,
             connectivity_type="public",
             tags={"Name": f"{name}-nat"},
-            opts=child,
+            # A public NAT gateway needs the VPC's internet gateway attached first
+            # (https://registry.terraform.io/providers/hashicorp/aws/latest/docs/resources/nat_gateway).
+            opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[gateway])),
         )
         subnet = aws.ec2.Subnet(
             f"{name}-private",
