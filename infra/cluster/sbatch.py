@@ -30,7 +30,9 @@ LOG_FILE = "train-%j.out"
 # --container-env, which keep the job's value when the job has one and the image's
 # otherwise (NVIDIA/pyxis pyxis_slurmstepd.c, spank_import_container_env; tests/env.bats,
 # "--container-env overriding container variable"; commit
-# 107519944221822ea1dace4db8e7234b2eaa4cd5; the option exists since Pyxis v0.15.0). The
+# 107519944221822ea1dace4db8e7234b2eaa4cd5; the option exists since Pyxis v0.15.0, and
+# ParallelCluster's AMIs carry 0.20.0 or later: aws-parallelcluster-cookbook, the Slurm
+# cookbook's attributes, default['cluster']['pyxis']['version']). The
 # image sets TRAIN_CHECKPOINT_DIR=/checkpoints, so without this the job's checkpoints
 # would land in the per-job container filesystem. Every trainer variable but the one the
 # image owns (its CUDA's minimum driver) is the job's.
