@@ -156,7 +156,9 @@ def job_script(nodes: int, image_uri: str, checkpoint_uri: str) -> str:
 def submit_command(region: str, head_node_id: str, job_script_uri: str) -> str:
     """How a person submits a job: in an SSM session (as ssm-user, a sudoer that exists on
     the head node only), refresh the job script as root (the head node's role may read the
-    bucket), then submit as the cluster's default user, who exists on every node."""
+    bucket), then submit as the cluster's default user, who exists on every node, in a
+    login shell (`-i`): only the login profile puts /opt/slurm/bin on PATH
+    (infra/cluster/control.py)."""
     return (
         f"aws ssm start-session --region {region} --target {head_node_id}, then: "
         f"sudo aws s3 cp --only-show-errors {job_script_uri} {JOB_SCRIPT_ON_HEAD_NODE} && "
