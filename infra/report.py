@@ -7,7 +7,7 @@ from typing import Any
 
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
-from infra.knowledge.parallelcluster import HeadNode
+from infra.knowledge.parallelcluster import ParallelCluster
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
 
@@ -54,12 +54,15 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
     return "\n".join(lines)
 
 
-def format_cluster(plan: Plan, head_node: HeadNode) -> str:
+def format_cluster(plan: Plan, parallelcluster: ParallelCluster) -> str:
     """The Slurm cluster a multi-node plan runs on (gpu:cluster: slurm), and its idle cost at
-    the head node's price in the plan's region."""
-    release, instance = plan.cluster, plan.instance
-    price = head_node.price_in(plan.price.region)
+    the head node's and the network's prices in the plan's region."""
+    release, instance, region = plan.cluster, plan.instance, plan.price.region
+    head_node = parallelcluster.head_node
+    price = head_node.price_in(region)
+    network = parallelcluster.network.price_in(region)
     estimated = " (estimate)" if price.on_demand_estimated else ""
+    network_estimated = " (estimate)" if network.estimated else ""
     return "\n".join(
         [
             f"cluster        Slurm on AWS ParallelCluster {release.version} (AMIs with NVIDIA "
@@ -67,9 +70,11 @@ def format_cluster(plan: Plan, head_node: HeadNode) -> str:
             f"queue          {QUEUE}: 0 to {plan.nodes} x {instance.type}, nodes start for a job "
             f"and stop after {SCALEDOWN_IDLE_MINUTES} min idle",
             f"head node      {head_node.instance_type} on-demand, "
-            f"${price.on_demand_usd_per_hour:.3f}/h in {plan.price.region}{estimated}",
-            f"idle cost      ${price.on_demand_usd_per_hour:.3f}/h (the head node only: "
-            "no job, no compute nodes)",
+            f"${price.on_demand_usd_per_hour:.3f}/h in {region}{estimated}",
+            f"network        NAT gateway and its address, ${network.usd_per_hour:.3f}/h"
+            f"{network_estimated}",
+            f"idle cost      ${parallelcluster.idle_usd_per_hour(region):.3f}/h (head node and "
+            "network: no job, no compute nodes)",
         ]
     )
 

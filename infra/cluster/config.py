@@ -25,6 +25,11 @@ SETUP_SCRIPT = Path(__file__).parent / "templates" / "setup-node.sh"
 SCRATCH_DIR = "/scratch"  # compute nodes' instance store (or root volume), node-local
 # Official AMIs carry Pyxis and Enroot (since 3.11.0); the setup script turns them on.
 OS = "ubuntu2204"
+# The OS's default user, who exists on every node (ParallelCluster's OS_MAPPING,
+# aws-parallelcluster cli/src/pcluster/constants.py, tag v3.15.1: ubuntu2204 -> ubuntu).
+# Jobs are submitted as this user: Slurm runs a job as its submitter on the compute
+# nodes, where SSM's ssm-user does not exist.
+DEFAULT_USER = "ubuntu"
 # Slurm requeues a batch job that exits with one of these (slurm.conf(5), RequeueExit,
 # https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).
@@ -38,6 +43,13 @@ KILL_WAIT_S = 120
 # terminated after this many minutes, so the queue costs nothing between jobs.
 SCALEDOWN_IDLE_MINUTES = 10
 SSM_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+# How a `pulumi up` that changes the queue (instance type, capacity type, custom actions,
+# a lower MaxCount) is applied: without a strategy ParallelCluster refuses such an update
+# unless the fleet is stopped (default COMPUTE_FLEET_STOP), and the custom resource does
+# not stop it (https://docs.aws.amazon.com/parallelcluster/latest/ug/cfn-cluster-ops.html;
+# Scheduling-v3.html, QueueUpdateStrategy). DRAIN: nodes finish their running job, then
+# are replaced; no running job is killed.
+QUEUE_UPDATE_STRATEGY = "DRAIN"
 
 
 @dataclass(frozen=True)
@@ -52,10 +64,16 @@ class ClusterSettings:
     node_policy_arn: str  # the stack's scoped policy: ECR pull of its repository
     registry: str  # the ECR registry host Enroot pulls the image from
     head_node: HeadNode
+    # Who may reach the head node's port 22 (HeadNode.Ssh.AllowedIps): gpu:sshCidr, else
+    # the VPC only. Unset, ParallelCluster opens it to 0.0.0.0/0 (HeadNodeSsh's default
+    # CIDR_ALL_IPS, pcluster/config/cluster_config.py, tag v3.15.1).
+    ssh_allowed_cidr: str
     tags: dict[str, str] = field(default_factory=dict)
     spot: bool = False
     capacity_block_id: str | None = None  # an EC2 Capacity Block reservation id
     log_retention_days: int = 30
+    # gpu:deleteDataOnDestroy: the cluster's log group goes with the stack, else it stays.
+    delete_logs_on_destroy: bool = False
 
 
 def compute_resource_name(instance_type: str) -> str:
@@ -82,6 +100,7 @@ def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
             "Scheduler": "slurm",
             "SlurmSettings": {
                 "ScaledownIdletime": SCALEDOWN_IDLE_MINUTES,
+                "QueueUpdateStrategy": QUEUE_UPDATE_STRATEGY,
                 "CustomSlurmSettings": [
                     {"RequeueExit": str(REQUEUE_EXIT)},
                     {"KillWait": str(KILL_WAIT_S)},
@@ -91,7 +110,12 @@ def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
         },
         "Monitoring": {
             "Logs": {
-                "CloudWatch": {"Enabled": True, "RetentionInDays": settings.log_retention_days}
+                "CloudWatch": {
+                    "Enabled": True,
+                    "RetentionInDays": settings.log_retention_days,
+                    # Retain is ParallelCluster's default (Monitoring-v3.html, DeletionPolicy).
+                    "DeletionPolicy": "Delete" if settings.delete_logs_on_destroy else "Retain",
+                }
             }
         },
         "Tags": [{"Key": key, "Value": value} for key, value in sorted(settings.tags.items())],
@@ -102,8 +126,10 @@ def _head_node(settings: ClusterSettings) -> dict:
     """A small on-demand instance: slurmctld and ParallelCluster's daemons, no training."""
     return {
         "InstanceType": settings.head_node.instance_type,
+        # A private subnet: the way out is the stack's NAT gateway (infra/components/network.py).
         "Networking": {"SubnetId": settings.subnet_id},
         # No SSH key: people reach the head node through SSM Session Manager.
+        "Ssh": {"AllowedIps": settings.ssh_allowed_cidr},
         "Iam": {
             "AdditionalIamPolicies": [{"Policy": SSM_POLICY}],
             "S3Access": [{"BucketName": settings.bucket, "EnableWriteAccess": False}],

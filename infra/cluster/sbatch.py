@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from infra.node.boot import _ScriptTemplate
-from training.contract import DEFAULT_MASTER_PORT
+from training.contract import DEFAULT_MASTER_PORT, ENV
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -26,6 +26,18 @@ CONTAINER_PYTHON = "python"
 CLUSTER_CHECKPOINT_ROOT = "/scratch/checkpoints"
 # The job's log, in the folder it was submitted from; %j: the job id, the same after a requeue.
 LOG_FILE = "train-%j.out"
+# Pyxis sets the image's environment over the job's, except the names given to
+# --container-env, which keep the job's value when the job has one and the image's
+# otherwise (NVIDIA/pyxis pyxis_slurmstepd.c, spank_import_container_env; tests/env.bats,
+# "--container-env overriding container variable"; commit
+# 107519944221822ea1dace4db8e7234b2eaa4cd5; the option exists since Pyxis v0.15.0, and
+# ParallelCluster's AMIs carry 0.20.0 or later: aws-parallelcluster-cookbook, the Slurm
+# cookbook's attributes, default['cluster']['pyxis']['version']). The
+# image sets TRAIN_CHECKPOINT_DIR=/checkpoints, so without this the job's checkpoints
+# would land in the per-job container filesystem. Every trainer variable but the one the
+# image owns (its CUDA's minimum driver) is the job's.
+IMAGE_ENVIRONMENT = ("TRAIN_MIN_DRIVER",)
+JOB_ENVIRONMENT = tuple(name for name in ENV if name not in IMAGE_ENVIRONMENT)
 
 
 @dataclass(frozen=True)
@@ -45,7 +57,8 @@ class Launch:
         """The stack's image under Pyxis/Enroot, with host folders mounted at the same paths.
 
         Pyxis takes `registry#repository:tag` for a registry other than Docker Hub
-        (https://github.com/NVIDIA/pyxis, "Usage").
+        (https://github.com/NVIDIA/pyxis, "Usage"). The job's trainer variables win over
+        the image's (JOB_ENVIRONMENT).
         """
         registry, _, repository = image_uri.partition("/")
         mount_list = ",".join(f"{host}:{inside}" for host, inside in mounts.items())
@@ -53,6 +66,7 @@ class Launch:
             srun_options=(
                 f"--container-image={registry}#{repository}",
                 f"--container-mounts={mount_list}",
+                f"--container-env={','.join(JOB_ENVIRONMENT)}",
             ),
             python=CONTAINER_PYTHON,
         )

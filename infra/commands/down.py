@@ -11,7 +11,10 @@ a call); a repository holding images is deleted with them only with `force`
 (ECR API reference, DeleteRepository).
 
 A Slurm cluster stack's queue is held first (`stop`): running jobs checkpoint to S3
-before CloudFormation deletes the cluster and its nodes.
+before CloudFormation deletes the cluster and its nodes. Its CloudWatch log group
+(`/aws/parallelcluster/<name>-<timestamp>`) stays after the destroy unless
+gpu:deleteDataOnDestroy is true (Monitoring.Logs.CloudWatch.DeletionPolicy,
+infra/cluster/config.py); it is listed with the rest, and deleted with `--delete-data`.
 """
 
 from __future__ import annotations
@@ -90,6 +93,8 @@ def run(
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
     s3 = workspace.aws("s3", region) if bucket else None
     ecr = workspace.aws("ecr", region) if repository else None
+    log_prefix = deployed.cluster_log_group_prefix
+    cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
     checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
     stack.destroy(on_output=say, color="never")
     if args.delete_data:
@@ -98,6 +103,9 @@ def run(
         if repository and repository_exists(ecr, repository):
             images = delete_repository(ecr, repository)
             say(f"deleted the repository {repository} and its {images} image(s)")
+        for group in log_groups(cloudwatch_logs, log_prefix):
+            cloudwatch_logs.delete_log_group(logGroupName=group["logGroupName"])
+            say(f"deleted the log group {group['logGroupName']}")
         return f"stack {name} is destroyed, its data with it; nothing remains"
     remains = []
     if bucket and bucket_exists(s3, bucket):
@@ -106,6 +114,9 @@ def run(
         remains.append(f"  s3://{bucket}: {count} object(s), {size / 2**30:.2f} GiB{last}")
     if repository and repository_exists(ecr, repository):
         remains.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
+    for group in log_groups(cloudwatch_logs, log_prefix):
+        stored = group.get("storedBytes", 0) / 2**20
+        remains.append(f"  log group {group['logGroupName']}: {stored:.1f} MiB")
     if not remains:
         return f"stack {name} is destroyed; nothing remains"
     return "\n".join(
@@ -115,6 +126,14 @@ def run(
             f"delete it with `python -m infra down {name} --delete-data`",
         ]
     )
+
+
+def log_groups(cloudwatch_logs: Any, prefix: str | None) -> list[dict]:
+    """The log groups whose name starts with `prefix` (none without a prefix)."""
+    if not prefix:
+        return []
+    pages = cloudwatch_logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix)
+    return [group for page in pages for group in page["logGroups"]]
 
 
 def bucket_exists(s3: Any, bucket: str) -> bool:

@@ -114,7 +114,7 @@ def _run_cluster_plan(args: argparse.Namespace, profiles, catalog, matrix) -> st
         cluster=release,
     )
     report = format_plan(plan, profile=profile, rate=profiles.exchange_rate)
-    return f"{report}\n{format_cluster(plan, parallelcluster.head_node)}"
+    return f"{report}\n{format_cluster(plan, parallelcluster)}"
 
 
 def _region(region: str | None, catalog: Catalog) -> str:

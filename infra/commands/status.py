@@ -93,7 +93,7 @@ def cluster_report(stack: workspace.Deployed, now: datetime.datetime) -> str:
         f"stack       {stack.name} ({stack.region}): Slurm cluster, queue {out.get('queue')} of "
         f"up to {out.get('nodes')} x {out.get('instance_type')}, {out.get('market')}, "
         f"${out.get('hourly_cost_usd', 0):,.2f}/h with every node running; "
-        f"${out.get('idle_usd_per_hour', 0):,.2f}/h idle (the head node)",
+        f"${out.get('idle_usd_per_hour', 0):,.2f}/h idle (the head node and the NAT gateway)",
         "",
         format_table(
             ("ROLE", "INSTANCE", "TYPE", "STATE", "MARKET"),

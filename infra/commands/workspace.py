@@ -78,6 +78,11 @@ class Deployed:
         return self.outputs.get("head_node")
 
     @property
+    def cluster_log_group_prefix(self) -> str | None:
+        """The start of the cluster's CloudWatch log group's name (infra/components/cluster.py)."""
+        return self.outputs.get("cluster_log_group_prefix")
+
+    @property
     def cost_tag(self) -> tuple[str, str]:
         """(key, value) of the tag on every instance of the stack."""
         tag = self.outputs.get("cost_tag")

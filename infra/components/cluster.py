@@ -12,7 +12,30 @@ custom resource, and deleting the stack deletes the cluster (cfn-cluster-ops.htm
 
 Beside it: the nodes' policy (the single-node role's scope: the stack's bucket,
 repository and log group), and in the bucket the node setup script and the job
-script (infra/cluster/templates), which the head node copies into place.
+script (infra/cluster/templates), which the head node copies into place at boot and
+the submit command copies again, so a new image tag reaches the next job.
+
+Lifecycle facts the stack relies on:
+- The provider's Lambda may attach only the node policies whose ARN matches
+  `arn:...:policy/parallelcluster*` or `.../policy/parallelcluster/*` (and a short list of
+  AWS-managed ones): DefaultParallelClusterIamAdminPolicy, iam:AttachRolePolicy condition,
+  in aws-parallelcluster cloudformation/policies/parallelcluster-policies.yaml, tag v3.15.1;
+  https://docs.aws.amazon.com/parallelcluster/latest/ug/iam-roles-in-parallelcluster-v3.html.
+- terraform-provider-aws waits 30 minutes by default for a CloudFormation stack's create,
+  update and delete (internal/service/cloudformation/stack.go, Timeouts, commit
+  01606926a0c0ab9174aec440f976a48b0baee722); a cluster takes 20-40 minutes, and its
+  CloudFormation timeout is CREATE_TIMEOUT_MINUTES.
+- A stack whose create failed sits in ROLLBACK_COMPLETE, which can only be deleted, so the
+  next `pulumi up` fails on it; OnFailure DELETE deletes it instead
+  (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_CreateStack.html,
+  OnFailure). The provider reports that create as failed and, reading the stack back,
+  drops a DELETE_COMPLETE stack from the state, so the next `up` creates it afresh
+  (stack.go: waitStackCreated, resourceStackRead, findStackByName).
+- `name`, `on_failure` and `timeout_in_minutes` are ForceNew (stack.go, Schema): changing
+  one replaces the stack, and a replacement must delete the old stack before it creates
+  the new one, whose name is the same.
+- The cluster's log group is `/aws/parallelcluster/<cluster name>-<timestamp>`
+  (pcluster/templates/cluster_stack.py with CW_LOG_GROUP_NAME_PREFIX, tag v3.15.1).
 """
 
 from __future__ import annotations
@@ -24,6 +47,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.cluster.config import (
+    DEFAULT_USER,
     QUEUE,
     SETUP_SCRIPT,
     ClusterSettings,
@@ -47,6 +71,12 @@ CONTAINER_MOUNTS = {"/scratch": "/scratch", "/home": "/home"}
 CAPABILITIES = ["CAPABILITY_IAM", "CAPABILITY_NAMED_IAM", "CAPABILITY_AUTO_EXPAND"]
 # ParallelCluster creates a cluster in 20-40 minutes; CloudFormation waits for it.
 CREATE_TIMEOUT_MINUTES = 90
+# Pulumi waits longer than CloudFormation, so CloudFormation's own timeout and rollback
+# decide, not a Pulumi error that leaves the stack half made.
+STACK_TIMEOUTS = pulumi.CustomTimeouts(create="120m", update="120m", delete="90m")
+# The IAM path that puts the node policy inside what the provider may attach (above).
+NODE_POLICY_PATH = "/parallelcluster/"
+LOG_GROUP_PREFIX = "/aws/parallelcluster/"
 
 
 @dataclass(frozen=True)
@@ -63,9 +93,11 @@ class ClusterArgs:
     region: pulumi.Input[str]
     tags: dict[str, str]
     spot: bool
+    ssh_allowed_cidr: str  # who may reach the head node's port 22
     capacity_block_id: str | None = None
     data: S3Uri | None = None
     log_retention_days: int = 30
+    delete_data_on_destroy: bool = False  # the cluster's log group goes with the stack
 
 
 def provider_template_url(version: str) -> dict:
@@ -121,11 +153,22 @@ def job_script(nodes: int, image_uri: str, checkpoint_uri: str) -> str:
     )
 
 
-def submit_command(region: str, head_node_id: str) -> str:
+def submit_command(region: str, head_node_id: str, job_script_uri: str) -> str:
+    """How a person submits a job: in an SSM session (as ssm-user, a sudoer that exists on
+    the head node only), refresh the job script as root (the head node's role may read the
+    bucket), then submit as the cluster's default user, who exists on every node, in a
+    login shell (`-i`): only the login profile puts /opt/slurm/bin on PATH
+    (infra/cluster/control.py)."""
     return (
         f"aws ssm start-session --region {region} --target {head_node_id}, then: "
-        f"sbatch --job-name=RUN {JOB_SCRIPT_ON_HEAD_NODE} --config FILE.toml"
+        f"sudo aws s3 cp --only-show-errors {job_script_uri} {JOB_SCRIPT_ON_HEAD_NODE} && "
+        f"sudo -iu {DEFAULT_USER} sbatch --job-name=RUN {JOB_SCRIPT_ON_HEAD_NODE} "
+        "--config FILE.toml"
     )
+
+
+def log_group_prefix(cluster_name: str) -> str:
+    return f"{LOG_GROUP_PREFIX}{cluster_name}-"
 
 
 class SlurmCluster(pulumi.ComponentResource):
@@ -134,6 +177,7 @@ class SlurmCluster(pulumi.ComponentResource):
     head_node_id: pulumi.Output[str]
     head_node_ip: pulumi.Output[str]
     submit_command: pulumi.Output[str]
+    log_group_prefix: str  # the cluster's CloudWatch Logs group starts with it
     queue: str
     market: str  # the queue's CapacityType
 
@@ -149,6 +193,7 @@ class SlurmCluster(pulumi.ComponentResource):
 
         node_policy = aws.iam.Policy(
             f"{name}-cluster-nodes",
+            path=NODE_POLICY_PATH,
             description=f"What {name}'s Slurm compute nodes reach: its bucket, image, logs",
             policy=pulumi.Output.all(
                 args.bucket_arn, args.repository_arn, args.log_group_arn
@@ -182,10 +227,12 @@ class SlurmCluster(pulumi.ComponentResource):
                 node_policy_arn=values["policy_arn"],
                 registry=values["image_uri"].split("/", 1)[0],
                 head_node=args.head_node,
+                ssh_allowed_cidr=args.ssh_allowed_cidr,
                 tags=args.tags,
                 spot=args.spot,
                 capacity_block_id=args.capacity_block_id,
                 log_retention_days=args.log_retention_days,
+                delete_logs_on_destroy=args.delete_data_on_destroy,
             )
             config = cluster_config(plan, settings)
             return json.dumps(cloudformation_template(name, release.version, config), indent=2)
@@ -202,15 +249,22 @@ class SlurmCluster(pulumi.ComponentResource):
             ).apply(template),
             capabilities=CAPABILITIES,
             timeout_in_minutes=CREATE_TIMEOUT_MINUTES,
+            on_failure="DELETE",
             # The nodes run the scripts at boot: they must be in the bucket first.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[setup, job]),
+            opts=pulumi.ResourceOptions(
+                parent=self,
+                depends_on=[setup, job],
+                custom_timeouts=STACK_TIMEOUTS,
+                delete_before_replace=True,
+            ),
         )
 
         self.head_node_id = stack.outputs.apply(lambda o: (o or {}).get("HeadNodeInstanceId", ""))
         self.head_node_ip = stack.outputs.apply(lambda o: (o or {}).get("HeadNodePrivateIp", ""))
-        self.submit_command = pulumi.Output.all(args.region, self.head_node_id).apply(
-            lambda values: submit_command(*values)
-        )
+        self.submit_command = pulumi.Output.all(
+            args.region, self.head_node_id, args.bucket_name
+        ).apply(lambda values: submit_command(*values[:2], f"s3://{values[2]}/{JOB_SCRIPT_KEY}"))
+        self.log_group_prefix = log_group_prefix(name)
         self.queue = QUEUE
         self.market = capacity_type(args.spot, args.capacity_block_id)
         self.register_outputs(

@@ -14,13 +14,13 @@ from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.compute import Compute, ComputeArgs
 from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
-from infra.components.network import Network, NetworkArgs
+from infra.components.network import VPC_CIDR, Network, NetworkArgs
 from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
 from infra.knowledge.costs import cost_summary, hourly_usd, price_model
-from infra.knowledge.parallelcluster import HeadNode, load_parallelcluster
+from infra.knowledge.parallelcluster import ParallelCluster, load_parallelcluster
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 
@@ -62,6 +62,8 @@ class TrainingStack(pulumi.ComponentResource):
                 availability_zone=config.availability_zone,
                 use_default_vpc=config.use_default_vpc,
                 ssh_cidr=config.ssh_cidr,
+                # The cluster's nodes hold no public address: a NAT gateway is their way out.
+                private_subnet=config.cluster is not None,
             ),
             opts=child,
         )
@@ -77,7 +79,8 @@ class TrainingStack(pulumi.ComponentResource):
         guardrails = Guardrails(
             name, GuardrailsArgs.from_settings(config.guardrails, (tag_key, tag_value)), opts=child
         )
-        head_node = load_parallelcluster().head_node if config.cluster is not None else None
+        parallelcluster = load_parallelcluster() if config.cluster is not None else None
+        head_node = parallelcluster.head_node if parallelcluster is not None else None
         # Finds the instances by their tag (on a cluster, ParallelCluster's Tags put it on the
         # head node and every node Slurm starts), so it counts them from their launch whenever
         # it starts; it needs the guardrails' alert topic. The nodes wait for it too.
@@ -118,12 +121,12 @@ class TrainingStack(pulumi.ComponentResource):
             "spend_ledger_table": spend_guard.ledger_table_name,
             "warnings": [*plan.warnings, *config.guardrails.warnings],
         }
-        if head_node is not None:
+        if parallelcluster is not None:
             self._slurm_cluster(
                 name,
                 config=config,
                 plan=plan,
-                head_node=head_node,
+                parallelcluster=parallelcluster,
                 subnet_id=network.subnet_id,
                 storage=storage,
                 watched_by=[*guardrails.ready, spend_guard],
@@ -234,7 +237,7 @@ class TrainingStack(pulumi.ComponentResource):
         *,
         config: StackConfig,
         plan: Plan,
-        head_node: HeadNode,
+        parallelcluster: ParallelCluster,
         subnet_id: pulumi.Output[str],
         storage: Storage,
         watched_by: list[pulumi.Resource],
@@ -245,12 +248,12 @@ class TrainingStack(pulumi.ComponentResource):
         """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
         tag_key, tag_value = cost_tag()
         # Checked with the plan (StackConfig.resolve_plan), before the first resource.
-        head_node_price = head_node.price_in(plan.price.region)
+        idle_usd_per_hour = parallelcluster.idle_usd_per_hour(plan.price.region)
         cluster = SlurmCluster(
             name,
             ClusterArgs(
                 plan=plan,
-                head_node=head_node,
+                head_node=parallelcluster.head_node,
                 subnet_id=subnet_id,
                 bucket_name=storage.bucket_name,
                 bucket_arn=storage.bucket_arn,
@@ -262,9 +265,13 @@ class TrainingStack(pulumi.ComponentResource):
                 # ParallelCluster tags what it creates (the nodes too) with these.
                 tags={tag_key: tag_value},
                 spot=config.spot,
+                # The head node sits in the stack's private subnet: SSH, if any, from
+                # gpu:sshCidr (over a VPN or peering), else from inside the VPC only.
+                ssh_allowed_cidr=str(config.ssh_cidr) if config.ssh_cidr else VPC_CIDR,
                 capacity_block_id=config.capacity_block_id,
                 data=config.data_s3_uri,
                 log_retention_days=config.log_retention_days,
+                delete_data_on_destroy=config.delete_data_on_destroy,
             ),
             # No node runs unwatched: the budget, its alerts and the guard come first.
             opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=watched_by)),
@@ -278,7 +285,19 @@ class TrainingStack(pulumi.ComponentResource):
             "head_node": cluster.head_node_id,
             "head_node_ip": cluster.head_node_ip,
             "submit_command": cluster.submit_command,
-            # With no job the queue has no nodes: the head node is all the cluster costs.
-            "idle_usd_per_hour": head_node_price.on_demand_usd_per_hour,
+            # With no job the queue has no nodes: the head node and its NAT gateway are all
+            # the cluster costs.
+            "idle_usd_per_hour": idle_usd_per_hour,
+            "cluster_log_group_prefix": cluster.log_group_prefix,
+            # What `pulumi destroy` leaves in the account (docs/costs.md).
+            "kept_on_destroy": (
+                []
+                if config.delete_data_on_destroy
+                else [
+                    pulumi.Output.concat("s3://", storage.bucket_name),
+                    storage.repository_url,
+                    f"{cluster.log_group_prefix}*",
+                ]
+            ),
         }
         self.register_outputs(self.outputs)

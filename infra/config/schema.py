@@ -293,6 +293,17 @@ class StackConfig(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _cluster_in_the_stacks_vpc(self) -> StackConfig:
+        # The cluster's nodes reach AWS through the stack's NAT gateway, from a private
+        # subnet the stack creates (infra/components/network.py); a default VPC has neither.
+        if self.use_default_vpc and self.cluster is not None:
+            raise ValueError(
+                "gpu:useDefaultVpc is true, but a Slurm cluster needs the private subnet and "
+                "NAT gateway of the stack's own VPC; remove gpu:useDefaultVpc"
+            )
+        return self
+
     @field_validator("train_config")
     @classmethod
     def _train_config(cls, path: Path | None) -> Path | None:
@@ -381,7 +392,9 @@ class StackConfig(BaseModel):
         except ConfigError as exc:
             raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
         try:
-            parallelcluster.head_node.price_in(region)  # the head node is priced for the region
+            # The head node and its network are priced for the region.
+            parallelcluster.head_node.price_in(region)
+            parallelcluster.network.price_in(region)
         except ConfigError as exc:
             raise ConfigError(f"aws:region is {region!r}: {exc}") from None
         instance_type = self.instance_type or profile_plan.instance.type

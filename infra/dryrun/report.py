@@ -127,9 +127,7 @@ def describe_stack(stack: StackConfig, region: str) -> str:
     # The profile's description and rationale hold only if the config keeps its plan.
     same = plan == resolve_profile(stack.profile, region=region)
     profile = profiles.get(stack.profile) if same else None
-    cluster = (
-        [] if plan.cluster is None else [format_cluster(plan, load_parallelcluster().head_node)]
-    )
+    cluster = [] if plan.cluster is None else [format_cluster(plan, load_parallelcluster())]
     return "\n".join(
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),

@@ -1,5 +1,5 @@
 """AWS ParallelCluster releases (data/parallelcluster.toml): their AMIs' driver, the head node
-and its price per region.
+and its price per region, the cluster network's price per region.
 
 Facts live in the TOML file next to this package's catalog (with dates and
 sources); this module only reads and checks them.
@@ -76,11 +76,51 @@ class HeadNode:
             ) from None
 
 
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class NetworkPrice:
+    """$/h of the cluster's route out in one region: its NAT gateway and the NAT's address."""
+
+    nat_gateway_usd_per_hour: Usd
+    public_ipv4_usd_per_hour: Usd
+    estimated: StrictBool  # not observed for this region: see source
+    source: str
+
+    @property
+    def usd_per_hour(self) -> float:
+        return self.nat_gateway_usd_per_hour + self.public_ipv4_usd_per_hour
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class ClusterNetwork:
+    prices_checked: datetime.date
+    prices: Annotated[dict[str, NetworkPrice], Field(min_length=1)] = field(hash=False)
+
+    def price_in(self, region: str) -> NetworkPrice:
+        """The network's price in `region`, or a one-line ConfigError (as HeadNode.price_in)."""
+        try:
+            return self.prices[region]
+        except KeyError:
+            raise ConfigError(
+                f"the catalog has no NAT gateway price for region {region!r} (regions with one: "
+                f"{', '.join(sorted(self.prices))}); deploy the Slurm cluster to one of those, "
+                "or add its price to infra/knowledge/data/parallelcluster.toml as "
+                f'[network.prices."{region}"]'
+            ) from None
+
+
 @dataclasses.dataclass(frozen=True)
 class ParallelCluster:
     default: str
     head_node: HeadNode
+    network: ClusterNetwork
     releases: dict[str, Release] = field(hash=False)  # oldest first
+
+    def idle_usd_per_hour(self, region: str) -> float:
+        """What the cluster costs in `region` with no job: the head node and its route out."""
+        return (
+            self.head_node.price_in(region).on_demand_usd_per_hour
+            + self.network.price_in(region).usd_per_hour
+        )
 
     def release(self, version: str | None = None) -> Release:
         """The named release (default: the file's `default`), or a one-line ConfigError."""
@@ -98,7 +138,9 @@ class ParallelCluster:
 def load_parallelcluster(path: Path | str | None = None) -> ParallelCluster:
     path = Path(path) if path is not None else PARALLELCLUSTER_PATH
     raw = read_toml(path, ConfigError)
-    check_keys(raw, {"default", "head_node", "release"}, where=path.name, error=ConfigError)
+    check_keys(
+        raw, {"default", "head_node", "network", "release"}, where=path.name, error=ConfigError
+    )
     releases = {}
     for version, table in raw.get("release", {}).items():
         where = f"{path.name}: release '{version}'"
@@ -113,8 +155,11 @@ def load_parallelcluster(path: Path | str | None = None) -> ParallelCluster:
     head_node = build_record(
         HeadNode, raw.get("head_node"), where=f"{path.name}: head_node", error=ConfigError
     )
+    network = build_record(
+        ClusterNetwork, raw.get("network"), where=f"{path.name}: network", error=ConfigError
+    )
     cluster = ParallelCluster(
-        default=raw.get("default", ""), head_node=head_node, releases=releases
+        default=raw.get("default", ""), head_node=head_node, network=network, releases=releases
     )
     cluster.release()  # the default must be one of them
     return cluster

@@ -55,6 +55,18 @@ def data_file_head_node(region: str = "us-east-1") -> SimpleNamespace:
     )
 
 
+def data_file_cluster_idle_usd_per_hour(region: str = "us-east-1") -> float:
+    """A Slurm cluster's $/h with no job in `region`: the head node, the NAT gateway and its
+    public address, as parallelcluster.toml writes them (read without the loader)."""
+    network = tomllib.loads((CATALOG_DIR / "parallelcluster.toml").read_text())["network"]
+    prices = network["prices"][region]
+    return (
+        data_file_head_node(region).on_demand_usd_per_hour
+        + prices["nat_gateway_usd_per_hour"]
+        + prices["public_ipv4_usd_per_hour"]
+    )
+
+
 def parallelcluster_without_head_node_price(tmp_path: Path, region: str) -> Path:
     """A copy of parallelcluster.toml without the head node's price table for `region`."""
     text, removed = re.subn(

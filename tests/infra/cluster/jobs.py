@@ -30,7 +30,14 @@ DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "
 class Submitted:
     """One submitted job: its id, folders and log."""
 
-    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME, s3_root: str = ""):
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        work: Path,
+        name: str = JOB_NAME,
+        s3_root: str = "",
+        launch: Launch | None = None,
+    ):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
         script = work / "train.sbatch"
@@ -38,7 +45,7 @@ class Submitted:
             render_sbatch(
                 BatchJob(
                     nodes=len(NODES),
-                    launch=Launch.host(sys.executable),
+                    launch=launch or Launch.host(sys.executable),
                     checkpoint_root=str(work / "ckpt"),
                     s3_root=s3_root,
                 )

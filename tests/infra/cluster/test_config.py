@@ -33,9 +33,12 @@ def settings(**changes) -> ClusterSettings:
         "bucket": "gpu-stack-test-artifacts",
         "setup_script": "s3://gpu-stack-test-artifacts/cluster/setup-node.sh",
         "job_script": "s3://gpu-stack-test-artifacts/cluster/train.sbatch",
-        "node_policy_arn": "arn:aws:iam::123456789012:policy/gpu-stack-test-cluster-nodes",
+        "node_policy_arn": (
+            "arn:aws:iam::123456789012:policy/parallelcluster/gpu-stack-test-cluster-nodes-1a2b3c4"
+        ),
         "registry": "123456789012.dkr.ecr.us-east-1.amazonaws.com",
         "head_node": PARALLELCLUSTER.head_node,
+        "ssh_allowed_cidr": "10.42.0.0/16",
         "tags": {"gpu-stack": "test"},
         **changes,
     }

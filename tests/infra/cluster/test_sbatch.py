@@ -57,6 +57,20 @@ def test_the_script_passes_shellcheck(tmp_path, script):
     assert result.returncode == 0, result.stdout
 
 
+def test_every_variable_the_script_exports_keeps_the_jobs_value_under_pyxis():
+    (names,) = [
+        option.removeprefix("--container-env=").split(",")
+        for option in CLUSTER_LAUNCH.srun_options
+        if option.startswith("--container-env=")
+    ]
+    exported = set(re.findall(r"export (TRAIN_[A-Z0-9_]+)=", CLUSTER))
+    assert exported - {"TRAIN_NODE_RANK"} <= set(names)  # the rank is set inside the container
+    assert "TRAIN_CHECKPOINT_DIR" in names
+    # The image's own: the oldest driver its CUDA runs on.
+    assert "TRAIN_MIN_DRIVER" not in names
+    assert f"--container-env={','.join(names)}" in CLUSTER
+
+
 def test_a_value_that_would_break_the_script_is_refused():
     with pytest.raises(ValueError, match="checkpoint_root"):
         render_sbatch(BatchJob(nodes=2, launch=Launch.host("python"), checkpoint_root='/a"b'))

@@ -9,11 +9,21 @@ the finished run's losses must equal those of the module's uninterrupted run.
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
+from infra.cluster.sbatch import Launch
+from infra.components.cluster import CONTAINER_MOUNTS
 from tests.infra.cluster.jobs import JOB_NAME, STEPS, Submitted, assert_completed
+
+PYXIS_ENV = Path(__file__).with_name("pyxis_env.py")
+IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-cu128"
+# What the stack's image sets (images/Dockerfile, ENV): where its checkpoints go by default.
+IMAGE_CHECKPOINT_DIR = "TRAIN_CHECKPOINT_DIR=/checkpoints"
 
 pytestmark = pytest.mark.slow
 
@@ -104,4 +114,51 @@ def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, tmp_path, refere
     say(
         f"job {job.id}: n2 set DOWN, NODE_FAIL, requeued, resumed at step {resumed[-1][1]}, "
         "completed; losses equal the uninterrupted run's"
+    )
+
+
+def as_under_pyxis(image_env: str) -> Launch:
+    """Each node's task started as Pyxis starts it in the stack's image: the image's
+    environment over the job's, but for the names the stack's launch gives --container-env.
+    srun runs its first word that is not an option: the emulator, which runs the rest."""
+    (container_env,) = [
+        option
+        for option in Launch.container(IMAGE, CONTAINER_MOUNTS).srun_options
+        if option.startswith("--container-env=")
+    ]
+    emulator = (sys.executable, str(PYXIS_ENV), "--image-env", image_env, container_env, "--")
+    return Launch(srun_options=emulator, python=sys.executable)
+
+
+def test_the_emulator_applies_the_images_environment_unless_the_job_keeps_it(tmp_path):
+    def seen(container_env: str, job_value: str) -> str:
+        return subprocess.run(
+            [
+                *(sys.executable, str(PYXIS_ENV), "--image-env", IMAGE_CHECKPOINT_DIR),
+                *(container_env, "--", "sh", "-c", "echo $TRAIN_CHECKPOINT_DIR"),
+            ],
+            env={"PATH": "/usr/bin:/bin", "TRAIN_CHECKPOINT_DIR": job_value},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    assert seen("--container-env=", "/scratch/checkpoints/a") == "/checkpoints"
+    assert seen("--container-env=TRAIN_CHECKPOINT_DIR", "/scratch/checkpoints/a") == (
+        "/scratch/checkpoints/a"
+    )
+
+
+def test_the_jobs_checkpoints_land_where_the_sbatch_said_when_the_image_sets_its_own(
+    slurm, tmp_path, say
+):
+    job = Submitted(slurm, tmp_path, launch=as_under_pyxis(IMAGE_CHECKPOINT_DIR))
+    state = job.wait_until_done()
+    assert state["JobState"] == "COMPLETED", job.log[-3000:]
+    committed = sorted(p.name for p in (tmp_path / "ckpt" / JOB_NAME).glob("step_*"))
+    assert f"step_{STEPS:08d}" in committed, committed
+    assert "/checkpoints" not in job.log
+    say(
+        f"job {job.id}: the image sets {IMAGE_CHECKPOINT_DIR}; checkpoints committed under "
+        f"the sbatch's {tmp_path / 'ckpt' / JOB_NAME} ({len(committed)} of them)"
     )

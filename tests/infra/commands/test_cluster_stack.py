@@ -193,3 +193,23 @@ def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm, tmp
     assert "stopped at step" in said.getvalue()
     assert [call[0] for call in stub_stack.calls].count("destroy") == 1
     slurm.command("scancel", job.id)
+
+
+def test_down_lists_the_clusters_kept_log_group_and_deletes_it_with_delete_data(
+    cluster, stub_stack, aws
+):
+    cloudwatch_logs = aws.client("logs")
+    prefix = f"/aws/parallelcluster/{TAG[1]}-"
+    cloudwatch_logs.create_log_group(logGroupName=f"{prefix}202612011828")
+    cloudwatch_logs.create_log_group(logGroupName="/aws/parallelcluster/another-202612011828")
+    stub_stack.outputs_["cluster_log_group_prefix"] = prefix
+    result = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=False), **NO_WAIT)
+    assert f"  log group {prefix}202612011828: 0.0 MiB" in result.splitlines()
+    assert "another" not in result
+    said = io.StringIO()
+    down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=True), out=said, **NO_WAIT)
+    assert f"deleted the log group {prefix}202612011828" in said.getvalue()
+    left = cloudwatch_logs.describe_log_groups(logGroupNamePrefix="/aws/parallelcluster/")
+    assert [g["logGroupName"] for g in left["logGroups"]] == [
+        "/aws/parallelcluster/another-202612011828"
+    ]

@@ -9,7 +9,13 @@ from images.matrix import MATRIX_PATH
 from infra import cli
 from infra.commands import plan
 from infra.knowledge.catalog import load_catalog
-from tests.support.infra import data_file_head_node, data_file_prices, modified_catalog, run_cli
+from tests.support.infra import (
+    data_file_cluster_idle_usd_per_hour,
+    data_file_head_node,
+    data_file_prices,
+    modified_catalog,
+    run_cli,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -94,7 +100,8 @@ def test_more_than_one_node_plans_the_slurm_cluster_and_its_idle_cost_in_the_reg
     assert "queue          gpu: 0 to 2 x p4d.24xlarge" in out
     price = f"${head_node.on_demand_usd_per_hour:.3f}/h"
     assert f"head node      {head_node.instance_type} on-demand, {price} in {region}" in out
-    assert f"idle cost      {price}" in out
+    idle = data_file_cluster_idle_usd_per_hour(region)
+    assert f"idle cost      ${idle:.3f}/h (head node and network" in out
     assert "AMI family" not in out  # the nodes boot ParallelCluster's AMIs, not the DLAMI
 
 

@@ -104,3 +104,24 @@ def test_a_broken_head_node_price_is_one_line(tmp_path):
         ConfigError, match=r"field 'prices\.eu-west-1\.on_demand_usd_per_hour' is 0"
     ):
         load_parallelcluster(tmp_path / "parallelcluster.toml")
+
+
+def test_the_clusters_network_is_priced_in_every_region_the_head_node_is():
+    network = tomllib.loads(PARALLELCLUSTER_TEXT)["network"]["prices"]
+    assert set(network) == set(tomllib.loads(PARALLELCLUSTER_TEXT)["head_node"]["prices"])
+    for region in network:
+        price = PARALLELCLUSTER.network.price_in(region)
+        assert price.estimated == price.source.startswith("estimate: ")
+        assert "https://aws.amazon.com/vpc/pricing/" in price.source
+    # Amazon VPC pricing, us-east-1: NAT gateway $0.045/h, public IPv4 $0.005/h; m5.large
+    # $0.096/h.
+    assert PARALLELCLUSTER.idle_usd_per_hour("us-east-1") == pytest.approx(0.146)
+    assert not PARALLELCLUSTER.network.price_in("us-east-1").estimated
+
+
+def test_a_region_without_a_network_price_is_one_sentence_naming_the_table():
+    with pytest.raises(ConfigError) as caught:
+        PARALLELCLUSTER.network.price_in("eu-west-3")
+    message = str(caught.value)
+    assert "\n" not in message and "NAT gateway price for region 'eu-west-3'" in message
+    assert '[network.prices."eu-west-3"]' in message
