@@ -16,13 +16,13 @@ from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 
-STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.v100x1.yaml").read_text())["config"]
+STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.l4x1.yaml").read_text())["config"]
 PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
-P3 = PRICES[STACK_FILE["aws:region"]]["p3.2xlarge"]
+NODE = PRICES[STACK_FILE["aws:region"]]["g6.2xlarge"]
 
 
 def _args(**values):
-    return argparse.Namespace(**{"stack": "v100x1", "yes": False, "policy_pack": True, **values})
+    return argparse.Namespace(**{"stack": "l4x1", "yes": False, "policy_pack": True, **values})
 
 
 def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_stack):
@@ -34,15 +34,15 @@ def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_st
     budget = STACK_FILE["gpu:budgetUsd"]
     assert STACK_FILE["gpu:spot"] is True
     spot_row = next(line for line in text.splitlines() if line.startswith("spot *"))
-    assert f"${P3['spot_usd_per_hour']:,.2f}" in spot_row
-    assert f"{budget / P3['spot_usd_per_hour']:,.1f} h" in spot_row
+    assert f"${NODE['spot_usd_per_hour']:,.2f}" in spot_row
+    assert f"{budget / NODE['spot_usd_per_hour']:,.1f} h" in spot_row
     on_demand_row = next(line for line in text.splitlines() if line.startswith("on-demand"))
-    assert f"{budget / P3['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
+    assert f"{budget / NODE['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
     # The spend guard's bound: one 5-minute period plus a 60-second run at the stack's $/h.
-    bound = P3["spot_usd_per_hour"] * (5 + 1) / 60
+    bound = NODE["spot_usd_per_hour"] * (5 + 1) / 60
     assert f"worst case: ${bound:,.2f} past the budget" in text
     assert asked == [
-        f"Create or update stack v100x1 at ${P3['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
+        f"Create or update stack l4x1 at ${NODE['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
         " [y/N] "
     ]
 
@@ -51,15 +51,15 @@ def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
     stub_stack.outputs_ = {"instance_ids": ["i-0abc"], "image_uri": "r/repo:tag"}
     out = io.StringIO()
     result = up.run(_args(), out=out, ask=lambda q: "y")
-    assert stub_stack.opened == [("v100x1", True)]
+    assert stub_stack.opened == [("l4x1", True)]
     (call,) = [c for c in stub_stack.calls if c[0] == "up"]
     assert call[1]["color"] == "never"
     # The guardrail policies run with Pulumi's own up, from the project's pack.
     assert call[1]["policy_packs"] == [str(REPO_ROOT / "policy")]
     assert (REPO_ROOT / "policy" / "PulumiPolicy.yaml").is_file()
-    call[1]["on_output"]("Updating (v100x1)")  # Pulumi's lines reach the person as they come
-    assert out.getvalue().endswith("Updating (v100x1)\n")
-    assert "stack v100x1 is up: i-0abc" in result and "r/repo:tag" in result
+    call[1]["on_output"]("Updating (l4x1)")  # Pulumi's lines reach the person as they come
+    assert out.getvalue().endswith("Updating (l4x1)\n")
+    assert "stack l4x1 is up: i-0abc" in result and "r/repo:tag" in result
 
 
 def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
@@ -70,7 +70,7 @@ def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
         "image_uri": "r/repo:tag",
     }
     result = up.run(_args(), out=io.StringIO(), ask=lambda q: "y")
-    assert "stack v100x1 is up: Slurm cluster, head node i-0head" in result
+    assert "stack l4x1 is up: Slurm cluster, head node i-0head" in result
     assert "Submit: aws ssm start-session --target i-0head, then: sbatch" in result
 
 
@@ -81,7 +81,7 @@ def test_yes_flag_skips_the_question(stub_stack):
 
 def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeypatch):
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert cli.main(["up", "v100x1"]) == 2
+    assert cli.main(["up", "l4x1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass --yes" in err
     assert stub_stack.opened == []
@@ -89,13 +89,13 @@ def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeyp
 
 def test_a_missing_pulumi_cli_is_one_line_with_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(workspace.shutil, "which", lambda name: None)
-    assert cli.main(["up", "v100x1", "--yes"]) == 2
+    assert cli.main(["up", "l4x1", "--yes"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "curl -fsSL https://get.pulumi.com | sh" in err
 
 
 def test_a_bad_stack_file_stops_before_pulumi(tmp_path, monkeypatch, stub_stack):
-    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu:profile: v100x1\n  gpu:spot: maybe\n")
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu:profile: l4x1\n  gpu:spot: maybe\n")
     monkeypatch.setattr(up, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
     with pytest.raises(ConfigError, match="gpu:spot is 'maybe'"):
         up.run(_args(stack="bad", yes=True), out=io.StringIO())
@@ -108,6 +108,6 @@ def test_preview_runs_pulumi_preview_and_creates_nothing(stub_stack):
     stub_stack.resources = [{}] * 31
     result = up.run_preview(_args(), out=io.StringIO())
     assert [c[0] for c in stub_stack.calls] == ["preview"]
-    assert result == "preview of v100x1: 31 to create"
+    assert result == "preview of l4x1: 31 to create"
     up.run_preview(_args(policy_pack=False), out=io.StringIO())
     assert [c[1]["policy_packs"] for c in stub_stack.calls] == [[str(REPO_ROOT / "policy")], []]
