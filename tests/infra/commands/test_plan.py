@@ -126,7 +126,15 @@ def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
         (("plan", "--instance", "p4d.24xlarge", "--variant", "cu99"), "unknown image variant"),
         (("plan", "--instance", "p3.2xlarge", "--variant", "cu130"), "CUDA 13 dropped"),
         (("plan", "--instance", "p3.2xlarge", "--variant", "cpu"), "'cpu' has no CUDA"),
-        (("plan", "--instance", "p4d.24xlarge", "--nodes", "0"), "nodes must be"),
+        (
+            ("plan", "--instance", "p4d.24xlarge", "--nodes", "0"),
+            "nodes must be a whole number from 1 to 256, got 0",
+        ),
+        (
+            ("plan", "--instance", "p4d.24xlarge", "--nodes", "100000"),
+            "nodes must be a whole number from 1 to 256, got 100000",
+        ),
+        (("plan", "--resources", "--stack-file", "/"), "no stack file /: give a profile"),
         (("plan", "--instance", "p4d.24xlarge", "--nodes", "two"), "--nodes: invalid int"),
         (("plan", "l4x1", "--instance", "p3.2xlarge"), "not both"),
         (("plan", "l4x1", "--nodes", "1"), "go with --instance"),
