@@ -149,6 +149,7 @@ def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
         (("plan", "a100x8", "--parallelcluster", "2.11.0"), "use one of 3.14.0, 3.15.1"),
         (("deploy",), "invalid choice: 'deploy'"),
         (("plan", "--profiles", "/nonexistent/profiles.toml"), "file not found"),
+        (("plan", "--profiles", "/"), "/ is a folder: give the TOML file"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, expected):
