@@ -30,6 +30,8 @@ def read_toml(path: Path, error: type[Exception]) -> dict[str, Any]:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise error(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise error(f"{path} is a folder: give the TOML file") from None
     except tomllib.TOMLDecodeError as exc:
         raise error(f"{path}: not valid TOML: {exc}") from None
 

@@ -2,6 +2,7 @@
 
 import sys
 
+from common.pipes import run_until_pipe_closes
 from infra.cli import main
 
-sys.exit(main())
+sys.exit(run_until_pipe_closes(main))

@@ -34,14 +34,19 @@ def format_plan(plan: Plan, *, profile: Profile | None, rate: ExchangeRate) -> s
         f"image variant  {variant.name} (CUDA {variant.cuda}, torch {variant.torch}, "
         f"cuDNN {variant.cudnn}, NCCL {variant.nccl}, DeepSpeed {variant.deepspeed})",
         f"image tag      {plan.image_tag}",
-        f"on-demand      ${plan.on_demand_usd_per_hour:.2f}/h "
-        f"({rate.to_cny(plan.on_demand_usd_per_hour):.0f} CNY/h)",
-        f"spot           ${plan.spot_usd_per_hour:.2f}/h "
-        f"({rate.to_cny(plan.spot_usd_per_hour):.0f} CNY/h)",
+        f"on-demand      ${plan.on_demand_usd_per_hour:,.2f}/h "
+        f"({rate.to_cny(plan.on_demand_usd_per_hour):,.0f} CNY/h)",
+        f"spot           ${plan.spot_usd_per_hour:,.2f}/h "
+        f"({rate.to_cny(plan.spot_usd_per_hour):,.0f} CNY/h)",
     ]
-    if profile is not None and profile.guide_cny_per_hour is not None:
-        low, high = profile.guide_cny_per_hour
-        lines.append(f"guide range    {low:g}-{high:g} CNY/h (GPU-cloud selection guide)")
+    if profile is not None and profile.guide_row is not None:
+        price_range = ""
+        if profile.guide_cny_per_hour is not None:
+            low, high = profile.guide_cny_per_hour
+            price_range = f", {low:g}-{high:g} CNY/h"
+        lines.append(f"guide row      {profile.guide_row}{price_range} (GPU-cloud selection guide)")
+    if profile is not None and profile.guide_hardware_gone is not None:
+        lines.append(f"guide hardware {profile.guide_hardware_gone}")
     price = plan.price
     estimated = " (estimates)" if price.estimated else ""
     lines.append(
@@ -89,11 +94,11 @@ def format_costs(costs: Mapping[str, Any]) -> str:
     if costs["budget_period"] == "DAILY":
         budget += f" (${costs['monthly_budget_usd']:,.2f} a month)"
     lines = [
-        f"market         {market}: ${costs['hourly_usd']:.2f}/h for the stack",
+        f"market         {market}: ${costs['hourly_usd']:,.2f}/h for the stack",
         f"budget         {budget}",
-        f"runway         {costs['runway_hours']:.1f} h {period} at full load {market} "
-        f"(on-demand {costs['runway_hours_on_demand']:.1f} h, "
-        f"spot {costs['runway_hours_spot']:.1f} h)",
+        f"runway         {costs['runway_hours']:,.1f} h {period} at full load {market} "
+        f"(on-demand {costs['runway_hours_on_demand']:,.1f} h, "
+        f"spot {costs['runway_hours_spot']:,.1f} h)",
         f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
         f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
         f"within {SPEND_GUARD_TIMEOUT_SECONDS} s",

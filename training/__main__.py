@@ -4,6 +4,7 @@ from training import startup
 
 startup.listen()  # before the imports below, which take seconds
 
+from common.pipes import run_until_pipe_closes  # noqa: E402
 from training.cli import main  # noqa: E402
 
-sys.exit(main())
+sys.exit(run_until_pipe_closes(main))

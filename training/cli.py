@@ -20,6 +20,7 @@ from typing import NoReturn
 import torch
 
 from training import startup
+from training.checkpoint.resume_check import check_resumable
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
@@ -127,6 +128,11 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
             return ExitCode.BAD_CONFIG
         for old, new in moved:
             log.info("--fresh: moved %s aside to %s", old, new)
+    try:
+        check_resumable(config)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
     log.info(

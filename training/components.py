@@ -21,6 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from torch import nn
 from torch.utils.data import Dataset
 
@@ -31,6 +32,7 @@ from training.data import (
     text_bytes,
     token_file,
 )
+from training.environment import check_writable_dir
 from training.model import build_gpt, mask_token_id
 from training.spec.config import Config, ConfigError
 from training.spec.presets import ENCODER_PRESETS, VISION_PRESETS
@@ -53,8 +55,11 @@ def resolve(import_string: str, key: str) -> Callable:
 
 
 def preflight(config: Config) -> None:
-    """Checks that need imports or files, run by the launcher so they fail before any rank
-    starts: the user's builders import, the data path exists."""
+    """Checks that need imports or files, run by the launcher so they fail once, before any
+    rank starts: the user's builders import, the data is there and readable, the run and
+    checkpoint folders can be written."""
+    check_writable_dir("run.output_dir (or TRAIN_OUTPUT_DIR)", config.output_dir)
+    check_writable_dir("checkpoint.dir (or TRAIN_CHECKPOINT_DIR)", config.checkpoint_dir)
     if config.model.builder:
         build = resolve(config.model.builder, "model.builder")
         _check_arguments(build, model_builder_arguments(config), "model", config.model.builder)
@@ -73,6 +78,13 @@ def preflight(config: Config) -> None:
     elif config.data.kind == "tokens" and not config.data.path.startswith("s3://"):
         file = Path(config.data.path)
         check_token_ids(file / "train.bin" if file.is_dir() else file, config)
+    elif config.data.kind == "image_folder" and not config.data.path.startswith("s3://"):
+        train = Path(config.data.path) / "train"
+        if not train.is_dir():
+            raise ConfigError(
+                f"data.path = {config.data.path!r} (or TRAIN_DATA_PATH) has no train/ folder: "
+                "it needs train/<class>/<image> (and val/<class>/<image> to evaluate)"
+            )
 
 
 def model_builder_arguments(config: Config) -> dict:
@@ -110,9 +122,26 @@ def _check_arguments(build: Callable, arguments: dict, section: str, name: str) 
 
 
 def check_token_ids(file: Path, config: Config) -> None:
-    """Refuse a token file whose ids reach vocab_size, from an evenly spread sample."""
+    """Refuse a token file that holds no whole window of tokens or whose ids reach
+    vocab_size (from an evenly spread sample)."""
     if not file.is_file():
-        return  # token_file() says what is missing
+        raise ConfigError(
+            f"data.path = {config.data.path!r} (or TRAIN_DATA_PATH): {file} does not exist: "
+            "point it at a token .bin file or a folder holding train.bin"
+        )
+    size, itemsize = file.stat().st_size, np.dtype(config.data.dtype).itemsize
+    if size % itemsize:
+        raise ConfigError(
+            f"data.path {file} (or TRAIN_DATA_PATH) holds {size} bytes, not a whole number of "
+            f"{config.data.dtype} tokens ({itemsize} bytes each): check data.dtype, or the "
+            "file was cut short"
+        )
+    if size // itemsize <= config.data.seq_len:
+        raise ConfigError(
+            f"data.path {file} (or TRAIN_DATA_PATH) holds {size // itemsize} tokens, fewer than "
+            f"one window of data.seq_len + 1 = {config.data.seq_len + 1}: give it more tokens "
+            "or lower data.seq_len"
+        )
     largest = sampled_max_token(file, config.data.dtype)
     if largest is not None and largest >= config.vocab_size:
         raise ConfigError(

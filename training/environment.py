@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import tempfile
 import urllib.parse
 from dataclasses import replace
 from pathlib import Path
@@ -61,7 +62,7 @@ def check_environment(env: dict[str, str]) -> None:
             )
     for name in _WRITABLE_DIRS:
         if env.get(name):
-            _check_writable_dir(name, Path(env[name]))
+            check_writable_dir(name, Path(env[name]))
 
 
 def _is_host(text: str) -> bool:
@@ -72,17 +73,22 @@ def _is_host(text: str) -> bool:
     return True
 
 
-def _check_writable_dir(name: str, folder: Path) -> None:
+def check_writable_dir(name: str, folder: Path) -> None:
+    """Raise TopologyError unless this user can create `folder` (or write in it): tried for
+    real, in a scratch folder removed at once, since permission bits alone do not tell (a
+    read-only mount, /proc, a full disk)."""
     existing = folder.absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
         raise TopologyError(f"{name} = {str(folder)!r}: {existing} is a file, not a folder")
-    if not os.access(existing, os.W_OK | os.X_OK):
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".write-check-", dir=existing))
+    except OSError as error:
         raise TopologyError(
-            f"{name} = {str(folder)!r}: {existing} is not writable by this user; "
-            "choose a folder it can write"
-        )
+            f"{name} = {str(folder)!r}: {existing} is not writable by this user "
+            f"({error.strerror}); choose a folder it can write"
+        ) from None
 
 
 def rendezvous_port(topo: Topology, env: dict[str, str]) -> Topology:

@@ -15,6 +15,12 @@ scaled_dot_product_attention's fused kernels keep no s×s matrix; with activatio
 checkpointing each layer keeps only its input (2·s·b·h) and one layer is
 recomputed at a time. The output layer adds its logits (16-bit, the fp32 copy the
 loss takes, and its fp32 gradient).
+
+Activations of the ResNet presets are counted, not modelled: one forward on the meta
+device in the run's precision, with autograd's saved-tensor hook
+(torch.autograd.graph.saved_tensors_hooks) adding up each storage kept for the backward
+once, parameters excluded. tests/training/test_estimate.py checks the count against
+the activation memory measured on a CPU forward.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import torch
 
 from training.components import build_model
 from training.spec.config import Config, ConfigError, load_config, validate
-from training.spec.presets import PRESETS
+from training.spec.presets import PRESETS, VISION_PRESETS
 from training.spec.selfcheck import SelfCheckError, check_precision
 
 GIB = 2**30
@@ -137,10 +143,49 @@ def model_states(size: ModelSize, setup: Setup, *, gpus_per_node: int, nodes: in
     return gpu, cpu
 
 
+def _dtype(config: Config) -> torch.dtype:
+    precision = config.precision
+    return torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32
+
+
+def _is_vision(config: Config) -> bool:
+    return config.model.builder is None and config.model.preset in VISION_PRESETS
+
+
+def saved_activation_bytes(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor):
+    """Bytes autograd keeps from one forward for the backward: each storage once, without
+    the parameters (counted with the model states)."""
+    # A storage's _cdata is its address: views and in-place results of one buffer share it.
+    params = {p.untyped_storage()._cdata for p in model.parameters()}
+    kept: dict[int, int] = {}
+
+    def keep(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage._cdata not in params:
+            kept[storage._cdata] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
+        model(images, labels)
+    return sum(kept.values())
+
+
+def _vision_activations(config: Config, micro_batch: int) -> int:
+    size = config.data.image_size
+    with torch.device("meta"):
+        model = build_model(config).to(_dtype(config))
+        images = torch.empty(micro_batch, 3, size, size)
+        labels = torch.zeros(micro_batch, dtype=torch.long)
+    return saved_activation_bytes(model, images, labels)
+
+
 def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int | None:
-    """Activation bytes per rank for one micro batch of a built-in GPT preset."""
+    """Activation bytes per rank for one micro batch of a built-in preset (None: unknown,
+    a model.builder model's, or a ResNet's with checkpointing, which they do not support)."""
     if config.model.builder is not None:
         return None
+    if _is_vision(config):
+        return None if checkpointing else _vision_activations(config, micro_batch)
     shape = PRESETS[config.model.preset] | {
         key: value
         for key in ("n_layer", "n_embd")
@@ -158,17 +203,22 @@ def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int
 
 def estimate(config: Config, *, gpus: int, nodes: int = 1) -> tuple[ModelSize, int, list[Row]]:
     """(model size, micro batch, one row per ZeRO setup) for `gpus` ranks over `nodes`."""
-    if gpus < 1 or nodes < 1 or gpus % nodes:
+    if gpus < 1:
+        raise ConfigError(f"--gpus {gpus}: a job needs at least 1 GPU")
+    if nodes < 1:
+        raise ConfigError(f"--nodes {nodes}: a job needs at least 1 node")
+    if gpus % nodes:
         raise ConfigError(f"--gpus {gpus} over --nodes {nodes}: give a GPU count nodes divide")
     micro = validate(config, gpus).micro_batch_size
     size = model_size(config)
     zero = config.zero
     current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
     rows = []
+    # Activations do not depend on the ZeRO setup: counted once.
+    plain = activations(config, micro, checkpointing=False)
+    saved = activations(config, micro, checkpointing=True)
     for setup in (() if current in SETUPS else (current,)) + SETUPS:
         states, cpu = model_states(size, setup, gpus_per_node=gpus // nodes, nodes=nodes)
-        plain = activations(config, micro, checkpointing=False)
-        saved = activations(config, micro, checkpointing=True)
         rows.append(Row(setup, states, cpu, plain, saved))
     return size, micro, rows
 
@@ -181,6 +231,12 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.1f}M" if n >= 1e5 else f"{n:,}"
 
 
+def _sample(config: Config) -> str:
+    if _is_vision(config):
+        return f"{config.data.image_size}x{config.data.image_size} images"
+    return f"{config.data.seq_len} tokens"
+
+
 def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
     memory_gib, capability = GPU_TYPES[gpu_type]
     usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
@@ -189,7 +245,7 @@ def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
     lines = [
         f"model        {model}: {_count(size.total_params)} parameters "
         f"(largest layer {_count(size.largest_layer_params)})",
-        f"batch        micro batch {micro} x {config.data.seq_len} tokens per GPU, "
+        f"batch        micro batch {micro} x {_sample(config)} per GPU, "
         f"{'bf16' if config.precision.bf16 else 'fp16' if config.precision.fp16 else 'fp32'}",
         f"target       {gpus} x {gpu_type} ({nodes} node(s)): {memory_gib:g} GiB per GPU, "
         f"{usable / GIB:.1f} GiB usable ({RESERVE_FRACTION:.0%} kept for CUDA, NCCL, "

@@ -246,10 +246,16 @@ def run_checks(
     checks = [
         gpu_check(probes.gpus(), matrix),
         runtime_check(probes.container_runtime()),
-        pulumi_check(probes.pulumi_version()),
         shm_check(probes.shm_bytes()),
         disk_check(probes.free_bytes(checkpoint_dir), checkpoint_dir, min_free_gib),
     ]
+    return checks + renting_checks(probes, plan=plan, spot=spot, region=region)
+
+
+def renting_checks(probes: Probes, *, plan: Plan, spot: bool, region: str | None) -> list[Check]:
+    """What `up` needs before it rents anything: the Pulumi CLI, AWS credentials, a priced
+    region and the EC2 quota for the plan; it stops at the first that rules out the rest."""
+    checks = [pulumi_check(probes.pulumi_version())]
     try:
         account, session_region = probes.aws_identity(region)
     except ProbeError as exc:

@@ -2,7 +2,9 @@
 `up` (after a yes) or `preview`, through the Automation API and the installed Pulumi CLI.
 
 Everything is checked offline first (the stack file's keys, the plan, the guardrails,
-gpu:trainConfig), so a bad value stops here in one line, before Pulumi starts.
+gpu:trainConfig), so a bad value stops here in one line, before Pulumi starts; `up` then
+checks what renting needs (the Pulumi CLI, AWS credentials, the region, the EC2 quota:
+doctor's checks) before it asks whether to spend.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import sys
 from collections.abc import Callable
 
 from infra.commands import workspace
+from infra.commands.doctor import Probes, renting_checks
 from infra.config.schema import StackConfig, stack_region
 from infra.config.stack_file import (
     REPO_ROOT,
@@ -97,11 +100,30 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     return f"preview of {name}: {changes or 'no changes'}"
 
 
-def run(args: argparse.Namespace, *, out=None, ask: Callable[[str], str] | None = None) -> str:
-    """Show the plan's cost table, ask, then create or update the stack (Pulumi up)."""
+def _ready_to_rent(name: str, config: StackConfig, plan: Plan, probes: Probes, out) -> None:
+    """Refuse, in one line, a stack `up` could not create: asking first would only waste the
+    yes. A check that cannot tell (a quota it cannot read) is shown and does not stop it."""
+    region = stack_file_region(stack_file_path(name))
+    for check in renting_checks(probes, plan=plan, spot=config.spot, region=region):
+        if check.status == "FAIL":
+            raise ConfigError(f"{check.finding}: {check.fix}; nothing was created")
+        if check.status == "warn":
+            out.write(f"warning     {check.name}: {check.finding}; {check.fix}\n")
+
+
+def run(
+    args: argparse.Namespace,
+    *,
+    out=None,
+    ask: Callable[[str], str] | None = None,
+    probes: Probes | None = None,
+) -> str:
+    """Show the plan's cost table, check what renting needs, ask, then create or update the
+    stack (Pulumi up)."""
     out = out or sys.stdout
     name = workspace.stack_name(args)
     config, plan = _checked(name)
+    _ready_to_rent(name, config, plan, probes or Probes(), out)
     out.write(describe(name, config, plan) + "\n\n")
     market = "spot" if config.spot else "on-demand"
     hourly = cost_summary(plan, config.guardrails, spot=config.spot)["hourly_usd"]

@@ -7,6 +7,7 @@ the calls. Pulumi and boto3 are imported only when a command needs them.
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from collections.abc import Callable, Sequence
@@ -31,8 +32,20 @@ def add_stack_argument(parser) -> None:
     )
 
 
+# Pulumi's own rule for a stack name (pulumi/pulumi, pkg/backend/filestate/backend.go,
+# ValidateStackName: ^[A-Za-z0-9_.-]{1,100}$); also what keeps Pulumi.<name>.yaml a file
+# next to Pulumi.yaml.
+_STACK_NAME = re.compile(r"[A-Za-z0-9_.-]{1,100}")
+
+
 def stack_name(args) -> str:
-    return args.stack or load_profiles().default
+    name = args.stack or load_profiles().default
+    if not _STACK_NAME.fullmatch(name) or name in (".", ".."):
+        raise ConfigError(
+            f"stack name {name!r}: a stack name is 1 to 100 letters, digits, '-', '_' or '.' "
+            f"(one of the profiles: {', '.join(load_profiles().profiles)})"
+        )
+    return name
 
 
 def open_stack(name: str, *, create: bool = False) -> Any:

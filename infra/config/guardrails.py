@@ -85,6 +85,10 @@ def _strict_bool(value: Any) -> Any:
 
 ConfigList = BeforeValidator(_list_from_config)
 
+# The largest budget a stack file may set: a guard against a typo (1e12), far above what a
+# team spends on GPUs in one period.
+MAX_BUDGET_USD = 1_000_000
+
 
 class GuardrailConfig(pydantic.BaseModel):
     """What the stack may spend and when its instances stop. Defaults give a safe stack."""
@@ -100,8 +104,10 @@ class GuardrailConfig(pydantic.BaseModel):
     budget_usd: float = Field(
         default=100.0,
         gt=0,
+        le=MAX_BUDGET_USD,
         allow_inf_nan=False,
-        description="a positive amount of US dollars per budget period, e.g. 200",
+        description=f"a positive amount of US dollars per budget period, at most "
+        f"{MAX_BUDGET_USD:,}, e.g. 200",
     )
     budget_period: Annotated[Literal["MONTHLY", "DAILY"], BeforeValidator(_upper)] = Field(
         default="MONTHLY", description="MONTHLY or DAILY"

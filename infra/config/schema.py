@@ -33,7 +33,7 @@ from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
-from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.knowledge.resolver import AUTO, MAX_NODES, Plan, resolve
 from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
 from infra.project import find_project_root
 from training.spec.config import ConfigError as TrainConfigError
@@ -92,8 +92,9 @@ class StackConfig(BaseModel):
     nodes: int | None = Field(
         None,
         ge=1,
-        description="number of nodes; more than 1 needs `gpu:cluster: slurm` (the queue's "
-        "node limit). Without EFA the plan warns that NCCL falls back to TCP",
+        le=MAX_NODES,
+        description=f"number of nodes, 1 to {MAX_NODES}; more than 1 needs `gpu:cluster: slurm` "
+        "(the queue's node limit). Without EFA the plan warns that NCCL falls back to TCP",
         json_schema_extra={"default_text": "the profile's (1)"},
     )
     spot: bool = Field(

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import difflib
 import json
-import logging
 import re
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +19,17 @@ from infra.config.schema import StackConfig, load_stack_config
 from infra.errors import ConfigError
 from infra.project import find_project_root
 
-log = logging.getLogger(__name__)
-
 REPO_ROOT = find_project_root()
 NAMESPACE = "gpu:"
+# The top-level keys of a stack settings file (Pulumi docs, "Stack settings file reference",
+# https://www.pulumi.com/docs/iac/concepts/projects/stack-settings-file/).
+SETTINGS_KEYS = frozenset(
+    {"secretsprovider", "encryptedkey", "encryptionsalt", "config", "environment"}
+)
+# The config namespaces anything here reads: this program's (gpu:), the AWS provider's (aws:)
+# and Pulumi's own (pulumi:, e.g. pulumi:disable-default-providers). A key without one is
+# the project's namespace, which nothing reads.
+NAMESPACES = ("gpu", "aws", "pulumi")
 # The Pulumi AWS provider's settings (the `aws:` namespace), from "AWS Installation &
 # Configuration", https://www.pulumi.com/registry/packages/aws/installation-configuration/
 AWS_SETTINGS = frozenset(
@@ -57,30 +64,82 @@ _Yaml12Loader.add_implicit_resolver(
 )
 
 
+def _mapping_without_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> dict:
+    """A YAML mapping, refusing a key given twice: PyYAML would keep the last silently."""
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"{key} is given twice (lines {seen[key]} and {line}): keep one of them"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node)
+
+
+_Yaml12Loader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)
+
+
 def stack_file_path(stack: str) -> Path:
     """Where the Pulumi CLI looks for stack `stack`'s config: next to Pulumi.yaml."""
     return REPO_ROOT / f"Pulumi.{stack}.yaml"
 
 
+def _closest(word: str, choices: Iterable[str]) -> str | None:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return close[0] if close else None
+
+
 def stack_file_config(path: Path) -> dict[str, Any]:
-    """The `config:` map of a Pulumi.<stack>.yaml file."""
+    """The `config:` map of a Pulumi.<stack>.yaml file, its keys checked (see _check_keys)."""
     try:
         document = yaml.load(path.read_text(), Loader=_Yaml12Loader) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read stack file {path}: {exc}") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path} is a folder: give the stack file, Pulumi.<stack>.yaml") from None
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
+        reason = str(exc).replace("\n", " ")
+        raise ConfigError(f"cannot read stack file {path}: {reason}") from None
+    except ConfigError as exc:
+        raise ConfigError(f"{path.name}: {exc}") from None
+    if not isinstance(document, dict):
+        raise ConfigError(f"{path.name}: expected a mapping with a 'config:' block")
+    for key in document:
+        if key not in SETTINGS_KEYS:
+            close = _closest(str(key), SETTINGS_KEYS)
+            hint = f"did you mean {close}?" if close else "settings go under 'config:'"
+            raise ConfigError(
+                f"{path.name}: top-level key {key!r} is not one Pulumi reads ({hint})"
+            )
     config = document.get("config") or {}
     if not isinstance(config, dict):
-        raise ConfigError(f"{path}: 'config' must be a mapping of keys to values")
+        raise ConfigError(f"{path.name}: 'config' must be a mapping of keys to values")
+    _check_keys(path, config)
     return config
 
 
-def _warn_unknown_aws_settings(path: Path, config: dict[str, Any]) -> None:
-    """A typo such as aws:regoin is ignored by the provider, which then uses its default."""
-    for key in config:
-        if key.startswith("aws:") and key.removeprefix("aws:") not in AWS_SETTINGS:
-            close = difflib.get_close_matches(key.removeprefix("aws:"), AWS_SETTINGS, n=1)
-            hint = f"did you mean aws:{close[0]}?" if close else "see the provider's settings"
-            log.warning("%s: %s is not a setting of the AWS provider (%s)", path.name, key, hint)
+def _check_keys(path: Path, config: dict[str, Any]) -> None:
+    """Refuse a key nothing reads: an unknown namespace (gpus:budgetUsd, or none) or an AWS
+    provider setting it does not have (aws:regoin, which the provider ignores, pricing and
+    deploying the stack in its default region)."""
+    for key in map(str, config):
+        namespace, colon, name = key.partition(":")
+        if not colon or namespace not in NAMESPACES:
+            close = _closest(namespace, NAMESPACES) if colon else NAMESPACE.rstrip(":")
+            fix = f"did you mean {close}:{name or key}? " if close else ""
+            raise ConfigError(
+                f"{path.name}: {key} is in no namespace anything here reads: {fix}(this "
+                "program reads gpu: keys, the AWS provider aws: keys)"
+            )
+        if namespace == "aws" and name not in AWS_SETTINGS:
+            close = _closest(name, AWS_SETTINGS)
+            raise ConfigError(
+                f"{path.name}: {key} is not a setting of the AWS provider: "
+                f"{f'did you mean aws:{close}? ' if close else ''}(its settings: "
+                "https://www.pulumi.com/registry/packages/aws/installation-configuration/)"
+            )
 
 
 def config_text(value: Any) -> str:
@@ -99,7 +158,6 @@ def stack_file_region(path: Path) -> str | None:
 def load_stack_file(path: Path) -> StackConfig:
     """The checked `gpu:` config of a stack file; a bad key or value names the file."""
     config = stack_file_config(path)
-    _warn_unknown_aws_settings(path, config)
     own = {
         key.removeprefix(NAMESPACE): config_text(value)
         for key, value in config.items()

@@ -12,6 +12,14 @@ if TYPE_CHECKING:
     from infra.knowledge.resolver import Plan
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
+PERIOD_HOURS = {"DAILY": 24.0, "MONTHLY": DAYS_PER_MONTH * 24}
+
+
+def runway_hours(budget: float, hourly: float, period: str) -> float:
+    """Hours of full load one budget buys, at most the budget period's own hours: a budget
+    that outlasts its period buys the whole period, not more."""
+    return round(min(budget / hourly, PERIOD_HOURS[period]), 1)
+
 
 # The spend guard (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES and
 # stops the stack in the run that finds the budget spent; a run lasts at most its function's
@@ -55,9 +63,9 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "budget_usd": budget,
         "budget_period": config.budget_period,
         "monthly_budget_usd": round(monthly_budget, 2),
-        "runway_hours": round(budget / hourly, 1),
-        "runway_hours_on_demand": round(budget / on_demand, 1),
-        "runway_hours_spot": round(budget / spot_price, 1),
+        "runway_hours": runway_hours(budget, hourly, config.budget_period),
+        "runway_hours_on_demand": runway_hours(budget, on_demand, config.budget_period),
+        "runway_hours_spot": runway_hours(budget, spot_price, config.budget_period),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
         "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),

@@ -40,7 +40,9 @@ class Profile:
     mapping: str  # why this instance answers the workload, and the trade-off
     variant: str = AUTO
     nodes: Annotated[StrictInt, Field(ge=1)] = 1
-    guide_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # the selection guide's range
+    guide_row: str | None = None  # the selection guide's row it answers: workload and hardware
+    guide_cny_per_hour: tuple[StrictFloat, StrictFloat] | None = None  # that row's price range
+    guide_hardware_gone: str | None = None  # why the row's own hardware cannot be rented
 
     @field_validator("guide_cny_per_hour")
     @classmethod

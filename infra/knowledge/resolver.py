@@ -53,6 +53,11 @@ class Plan:
         return self.nodes * self.instance.gpu_count
 
 
+# The most nodes a plan may have: a guard against a typo (100000), well above what one
+# ParallelCluster queue of this stack is sized for; raise it here for a bigger quota.
+MAX_NODES = 256
+
+
 def resolve(
     instance_type: str,
     variant: str = AUTO,
@@ -73,8 +78,8 @@ def resolve(
     catalog = catalog if catalog is not None else load_catalog()
     matrix = matrix if matrix is not None else _load_matrix()
     today = today if today is not None else datetime.date.today()
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-        raise ConfigError(f"nodes must be a whole number of at least 1, got {nodes!r}")
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"nodes must be a whole number from 1 to {MAX_NODES}, got {nodes!r}")
     instance = catalog.instance(instance_type)
     price = catalog.prices.price(region, instance_type)
 

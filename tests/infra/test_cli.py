@@ -25,7 +25,7 @@ def test_help_lists_every_command_of_the_life_cycle_with_its_line():
         assert summary.split()[0] in result.stdout
 
 
-@pytest.mark.parametrize("argv", [["plan"], ["plan", "v100x1"], ["offers", "--gpu", "A100"]])
+@pytest.mark.parametrize("argv", [["plan"], ["plan", "l4x1"], ["offers", "--gpu", "A100"]])
 def test_offline_commands_import_neither_pulumi_nor_boto3(argv):
     code = (
         "import sys, contextlib, io\n"

@@ -98,7 +98,7 @@ def test_example_stacks_pass_every_policy(stack_file: Path):
 
 def test_every_profile_is_in_an_example_stack():
     profiles = {path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in STACK_FILES}
-    assert {"v100x1", "a100x2", "a100x8-80g", "a100x8"} <= profiles
+    assert {"l4x1", "l40sx4", "a100x8-80g", "a100x8"} <= profiles
 
 
 def careless_stack():

@@ -34,7 +34,11 @@ def test_a_too_short_token_file_is_a_config_error(tmp_path):
     short = tmp_path / "train.bin"
     short.write_bytes(np.arange(4, dtype=np.uint16).tobytes())
     config = load_config(None, ["data.kind=tokens", f"data.path={tmp_path}"], env={})
-    preflight(config)  # it exists
+    # The launcher's preflight says so once, before any rank would build the dataset.
+    with pytest.raises(
+        ConfigError, match=r"holds 4 tokens, fewer than one window of data\.seq_len"
+    ):
+        preflight(config)
     with pytest.raises(ConfigError, match=r"fewer than data\.seq_len"):
         build_dataset(config)
 

@@ -89,3 +89,62 @@ def test_export_to_an_unusable_path_fails_in_one_line(tmp_path, target):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1, result.stderr
     assert ("is a directory" if target == "directory" else "is a file") in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("contents", "words"),
+    [
+        (b"\x01\x00\x02", "holds 3 bytes, not a whole number of uint16 tokens (2 bytes each)"),
+        (b"", "holds 0 tokens, fewer than one window of data.seq_len + 1 = 33"),
+        (None, "train.bin does not exist: point it at a token .bin file or a folder"),
+    ],
+    ids=["odd-length", "empty", "missing"],
+)
+def test_a_token_file_no_rank_could_read_is_refused_once(tmp_path, contents, words):
+    data = tmp_path / "data"
+    data.mkdir()
+    if contents is not None:
+        (data / "train.bin").write_bytes(contents)
+    overrides = (*TINY, "data.kind=tokens", f"data.path={data}")
+    result = run_training(job_command(*overrides), job_env(tmp_path / "run"))
+    assert_refused(result, words, tmp_path / "run")
+    assert "(or TRAIN_DATA_PATH)" in result.stderr
+
+
+def test_an_image_folder_without_train_is_refused_once(tmp_path):
+    overrides = (
+        "model.preset=resnet-tiny",
+        "data.kind=image_folder",
+        f"data.path={tmp_path}",
+        "data.num_classes=4",
+        "data.image_size=32",
+        "train.micro_batch_size=2",
+    )
+    result = run_training(job_command(*overrides), job_env(tmp_path / "run"))
+    assert_refused(result, "(or TRAIN_DATA_PATH) has no train/ folder", tmp_path / "run")
+
+
+def test_a_checkpoint_dir_nobody_can_create_is_refused_once(tmp_path):
+    # /proc takes no new folders, whoever asks (root included).
+    env = job_env(tmp_path, TRAIN_CHECKPOINT_DIR="/proc/gpu-training-test/checkpoints")
+    result = run_training(job_command(*TINY), env)
+    assert_refused(
+        result,
+        "TRAIN_CHECKPOINT_DIR = '/proc/gpu-training-test/checkpoints': /proc is not writable",
+        tmp_path,
+    )
+
+
+def test_a_config_checkpoint_dir_nobody_can_create_is_refused_once(tmp_path):
+    overrides = (*TINY, "checkpoint.dir=/proc/gpu-training-test/checkpoints")
+    result = run_training(job_command(*overrides), job_env(tmp_path))
+    assert_refused(result, "checkpoint.dir (or TRAIN_CHECKPOINT_DIR) = ", tmp_path)
+
+
+@pytest.mark.parametrize("command", [(), ("estimate",)], ids=["train", "estimate"])
+def test_a_folder_given_as_the_config_is_named(tmp_path, command):
+    result = run_training(
+        [*job_command(), *command, "--config", str(tmp_path)], job_env(tmp_path / "run")
+    )
+    assert result.returncode == 2
+    assert result.stderr == f"error: config file {tmp_path} is a folder: give a TOML file in it\n"

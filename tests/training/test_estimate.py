@@ -8,14 +8,25 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
 from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_live,
 )
+from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from training.components import build_model
-from training.estimate import GPU_TYPES, RESERVE_FRACTION, Setup, estimate, model_size, report
+from training.estimate import (
+    GPU_TYPES,
+    RESERVE_FRACTION,
+    Setup,
+    activations,
+    estimate,
+    main,
+    model_size,
+    report,
+)
 from training.oom import remedies
 from training.spec.config import load_config, validate
 from training.spec.presets import PRESETS
@@ -168,3 +179,53 @@ def test_the_estimates_change_is_advice_the_out_of_memory_sentence_gives(overrid
         assert named, f"the estimate sets {key}={value}; the OOM sentence names {advice}"
         if key == "zero.stage":
             assert value in named[0]
+
+
+@pytest.mark.parametrize("job", sorted((REPO / "jobs").glob("*.toml")), ids=lambda path: path.stem)
+def test_every_shipped_job_is_estimated(job, capsys):
+    assert main(["--config", str(job)]) == 0
+    verdict = next(
+        line for line in capsys.readouterr().out.splitlines() if line.startswith("your config")
+    )
+    assert "GiB per GPU" in verdict
+
+
+@pytest.mark.parametrize(
+    ("preset", "image_size", "batch"),
+    [("resnet-tiny", 32, 8), ("resnet-18", 64, 4), ("resnet-50", 64, 2)],
+)
+def test_resnet_activations_match_the_memory_a_cpu_forward_holds(preset, image_size, batch):
+    """The estimate counts on the meta device; PyTorch's MemTracker measures the
+    activation memory a real fp32 forward on the CPU holds until the backward."""
+    config = load_config(
+        None,
+        [
+            f"model.preset={preset}",
+            "data.kind=image_folder",
+            "data.num_classes=10",
+            f"data.image_size={image_size}",
+            f"train.micro_batch_size={batch}",
+            f"train.global_batch_size={batch}",
+        ],
+    )
+    counted = activations(config, batch, checkpointing=False)
+
+    model = build_model(config)
+    images = torch.randn(batch, 3, image_size, image_size)
+    labels = torch.randint(0, 10, (batch,))
+    tracker = MemTracker()
+    tracker.track_external(model, images, labels)
+    with tracker:
+        loss = model(images, labels)
+        held = tracker.get_tracker_snapshot("current")[torch.device("cpu")]
+    measured = next(value for kind, value in held.items() if kind == _MemRefType.ACT)
+    assert loss.requires_grad
+    assert counted == pytest.approx(measured, rel=0.03)
+    assert activations(config, batch, checkpointing=True) is None
+
+
+def test_no_gpus_or_nodes_is_named(capsys):
+    assert main(["--gpus", "0"]) == 2
+    assert capsys.readouterr().err == "error: --gpus 0: a job needs at least 1 GPU\n"
+    assert main(["--nodes", "0"]) == 2
+    assert capsys.readouterr().err == "error: --nodes 0: a job needs at least 1 node\n"

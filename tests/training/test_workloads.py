@@ -33,11 +33,11 @@ SMALL_RUN = (
     "logging.progress_bar=false",
     "logging.tensorboard=false",
 )
-# The v100x1 job (ResNet-50, fp16) as a CPU can run it: a tiny ResNet, fp32 (no fp16 on
+# The l4x1 job (ResNet-50, bf16) as a CPU can run it: a tiny ResNet, fp32 (no half precision on
 # CPU), 32-pixel crops of 4 generated classes.
 IMAGE = (
     *SMALL_RUN,
-    "precision.fp16=false",
+    "precision.bf16=false",
     "model.preset=resnet-tiny",
     "data.num_classes=4",
     "data.image_size=32",
@@ -131,7 +131,7 @@ def held_out_accuracy(config_path: Path, overrides: tuple[str, ...], state: dict
 
 def test_v100_image_job_trains_resumes_reports_accuracy_and_exports(tmp_path, images):
     overrides = (*IMAGE, f"data.path={images / 'folder'}")
-    whole, resumed = train_and_resume(tmp_path, "v100x1.toml", *overrides)
+    whole, resumed = train_and_resume(tmp_path, "l4x1.toml", *overrides)
     assert_trains_and_resumes_exactly(whole, resumed)
     evaluated = [r for r in whole.metrics if "val_accuracy" in r]
     assert [r["step"] for r in evaluated] == [CHECKPOINT, STEPS]
@@ -140,7 +140,7 @@ def test_v100_image_job_trains_resumes_reports_accuracy_and_exports(tmp_path, im
     assert f"held-out top-1 {100 * accuracy:.1f}%" in whole.stdout
     assert "images/s" in whole.stdout
     state = export(whole, tmp_path)
-    assert held_out_accuracy(JOBS / "v100x1.toml", overrides, state) == accuracy
+    assert held_out_accuracy(JOBS / "l4x1.toml", overrides, state) == accuracy
 
 
 def test_image_shards_from_s3_resume_with_the_same_samples(tmp_path, images, s3_uri):
@@ -150,7 +150,7 @@ def test_image_shards_from_s3_resume_with_the_same_samples(tmp_path, images, s3_
         key = f"{prefix}/{shard.relative_to(images / 'shards').as_posix()}"
         client.upload_file(str(shard), bucket, key)
     overrides = (*IMAGE, "data.kind=image_shards", f"data.path={s3_uri}")
-    whole, resumed = train_and_resume(tmp_path, "v100x1.toml", *overrides)
+    whole, resumed = train_and_resume(tmp_path, "l4x1.toml", *overrides)
     assert_trains_and_resumes_exactly(whole, resumed)
 
 

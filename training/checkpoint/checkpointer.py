@@ -52,6 +52,7 @@ from training.checkpoint.layout import (
     tag_for,
     write_atomically,
 )
+from training.checkpoint.resume_check import engine_precision
 from training.checkpoint.store import CheckpointStore, prune
 
 log = logging.getLogger(__name__)
@@ -127,6 +128,7 @@ class Checkpointer:
             "step": step,
             "dp_world_size": engine.dp_world_size,
             "zero_stage": engine.zero_optimization_stage(),
+            "precision": engine_precision(engine),
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "files": files,
         }

@@ -88,6 +88,7 @@ def export(checkpoint: Path, out: Path) -> tuple[str, int]:
         checkpoint, warn=lambda message: print(f"warning: {message}", file=sys.stderr)
     )
     state = fp32_state_dict(root, tag)
+    out.parent.mkdir(parents=True, exist_ok=True)  # check_output found it can be made
     torch.save(state, out)
     unique = {tensor.data_ptr(): tensor.numel() for tensor in state.values()}
     return tag, sum(unique.values())

@@ -201,6 +201,10 @@ def load_config(
         raw = tomllib.loads(source.read_text())
     except FileNotFoundError:
         raise ConfigError(f"config file {source} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {source} is a folder: give a TOML file in it") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"config file {source} cannot be read: {error}") from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {source} is not valid TOML: {error}") from None
     for variable, key in ENV_OVERRIDES.items():

@@ -103,9 +103,9 @@ def stub_stack(monkeypatch):
     return stack
 
 
-BUCKET = "gpu-training-stack-v100x1-ckpt"
-REPOSITORY = "gpu-training-stack-v100x1"
-LOG_GROUP = "/gpu-training/gpu-training-stack-v100x1"
+BUCKET = "gpu-training-stack-l4x1-ckpt"
+REPOSITORY = "gpu-training-stack-l4x1"
+LOG_GROUP = "/gpu-training/gpu-training-stack-l4x1"
 
 
 def launch_nodes(ec2, count: int, *, spot: bool) -> list[str]:
@@ -132,7 +132,7 @@ def launch_nodes(ec2, count: int, *, spot: bool) -> list[str]:
 
 
 def stack_outputs(instance_ids: list[str], *, spot: bool, **extra) -> dict[str, Any]:
-    """The outputs infra/components/stack.py exports, for a v100x1 stack in moto."""
+    """The outputs infra/components/stack.py exports, for a l4x1 stack in moto."""
     return {
         "instance_type": "p3.2xlarge",
         "nodes": len(instance_ids),
@@ -162,6 +162,6 @@ def checkpoint_bucket(s3, tags: list[str]) -> None:
 
 
 def log_args(**values) -> argparse.Namespace:
-    """`logs`'s arguments: its defaults for stack v100x1, changed by `values`."""
-    defaults = {"stack": "v100x1", "node": None, "follow": False, "since": 60, "job": None}
+    """`logs`'s arguments: its defaults for stack l4x1, changed by `values`."""
+    defaults = {"stack": "l4x1", "node": None, "follow": False, "since": 60, "job": None}
     return argparse.Namespace(**{**defaults, **values})

@@ -20,7 +20,7 @@ from tests.support.head_node import HeadNodeSSM
 
 pytestmark = pytest.mark.slow
 
-STACK = "a100x2"
+STACK = "l40sx4"
 TAG = ("gpu-stack", f"gpu-training-stack-{STACK}")
 ARGS = argparse.Namespace(stack=STACK, watch=None)
 NO_WAIT = {"sleep": lambda seconds: None}
@@ -108,7 +108,7 @@ def test_status_lists_the_stacks_live_instances_and_an_empty_queue(cluster):
 def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
     cluster.ssm.unregistered_for = 1
     text = status.run(ARGS)
-    assert f"queue       unknown: the head node {cluster.head} of a100x2 does not answer" in text
+    assert f"queue       unknown: the head node {cluster.head} of l40sx4 does not answer" in text
     assert _rows(text, "head") and "spend       " in text  # the rest is there
     cluster.ssm.unregistered_for = 1
     with pytest.raises(ConfigError, match="its agent is not registered"):
@@ -126,7 +126,7 @@ def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster,
 
     said = io.StringIO()
     result = stop.run(ARGS, out=said, **NO_WAIT)
-    assert "held 1 job(s) of a100x2" in result and "10 idle minutes" in result
+    assert "held 1 job(s) of l40sx4" in result and "10 idle minutes" in result
     stopped = next(line for line in said.getvalue().splitlines() if line.startswith("job "))
     assert "(interrupted)" in stopped and "step_" in stopped  # its checkpoint, read from S3
     assert job.state()["JobState"] == "PENDING" and job.state()["Priority"] == "0"
@@ -171,7 +171,7 @@ def test_logs_name_what_a_cluster_job_log_takes(cluster):
         logs.run(log_args(stack=STACK, node=1))
     with pytest.raises(ConfigError, match="a Slurm job id is a number"):
         logs.run(log_args(stack=STACK, job="x"))
-    with pytest.raises(ConfigError, match="the queue of a100x2 is empty"):
+    with pytest.raises(ConfigError, match="the queue of l40sx4 is empty"):
         logs.run(log_args(stack=STACK))
 
 
@@ -179,7 +179,7 @@ def test_stop_and_start_with_the_head_node_stopped(cluster):
     cluster.ec2.stop_instances(InstanceIds=[cluster.head])
     assert "is stopped: no job runs, nothing to stop" in stop.run(ARGS, out=io.StringIO())
     result = start.run(ARGS, out=io.StringIO(), **NO_WAIT)
-    assert "the queue of a100x2 is empty: nothing to resume" in result
+    assert "the queue of l40sx4 is empty: nothing to resume" in result
 
 
 def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm, tmp_path):

@@ -145,7 +145,7 @@ def test_quota_below_what_the_profile_needs_fails_with_the_quota_to_raise():
 
 def test_on_demand_quota_is_asked_by_its_code():
     asked = []
-    checks(good_probes(quota_vcpus=lambda r, q: asked.append(q) or 96.0), profile="a100x2")
+    checks(good_probes(quota_vcpus=lambda r, q: asked.append(q) or 96.0), profile="l40sx4")
     assert asked[0].code == "L-DB2E81BA"  # g6e: Running On-Demand G and VT instances
 
 
@@ -159,12 +159,12 @@ def test_unreadable_quota_warns_with_the_permission():
 
 def test_run_prints_one_line_per_check_and_exits_1_on_a_failure():
     args = argparse.Namespace(
-        profile="v100x1", region=None, checkpoint_dir=Path("runs"), min_free_gib=50.0
+        profile="l4x1", region=None, checkpoint_dir=Path("runs"), min_free_gib=50.0
     )
     outcome = doctor.run(args, good_probes(shm_bytes=lambda: 64 * 2**20))
     lines = outcome.text.splitlines()
     assert outcome.exit_code == 1
     assert len(lines) == 1 + 8 + 1  # header, one line per check, summary
-    assert lines[-1] == "1 check(s) failed (profile v100x1)"
+    assert lines[-1] == "1 check(s) failed (profile l4x1)"
     assert next(line for line in lines if " shm " in line).startswith("FAIL")
     assert doctor.run(args, good_probes()).exit_code == 0

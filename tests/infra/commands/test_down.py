@@ -51,7 +51,7 @@ def spot_stack(aws, stub_stack):
 
 
 def _args(**values):
-    return argparse.Namespace(**{"stack": "v100x1", "yes": True, "delete_data": False, **values})
+    return argparse.Namespace(**{"stack": "l4x1", "yes": True, "delete_data": False, **values})
 
 
 def test_down_cancels_the_spot_requests_before_destroy_and_says_what_remains(spot_stack, aws):
@@ -93,7 +93,7 @@ def test_nothing_left_when_the_stack_deleted_its_own_data(spot_stack, aws):
 
     stack.on_destroy = delete_data_on_destroy
     assert down.run(_args(), out=io.StringIO(), sleep=lambda s: None) == (
-        "stack v100x1 is destroyed; nothing remains"
+        "stack l4x1 is destroyed; nothing remains"
     )
 
 
@@ -110,7 +110,7 @@ def test_the_question_names_what_is_kept(spot_stack):
     asked = []
     down.run(_args(yes=False), out=io.StringIO(), ask=lambda q: asked.append(q) or "n")
     assert asked == [
-        f"Destroy stack v100x1 (2 node(s)) and keep bucket {BUCKET} and repository "
+        f"Destroy stack l4x1 (2 node(s)) and keep bucket {BUCKET} and repository "
         f"{REPOSITORY}? [y/N] "
     ]
 

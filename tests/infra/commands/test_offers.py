@@ -40,6 +40,23 @@ def test_a100_with_eight_gpus_lists_p4d_then_p4de_cheapest_first():
     assert "NVSwitch" in row and " 40 " in row and "a100x8" in row.split()
 
 
+def test_l4_is_offered_with_its_profile():
+    result = run_cli("offers", "--gpu", "L4")
+    assert result.returncode == 0, result.stderr
+    assert _type_column(result.stdout) == ["g6.2xlarge"]
+    row = result.stdout.splitlines()[1].split()
+    # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.4575/h spot in us-east-1.
+    assert row[:5] == ["g6.2xlarge", "L4", "1", "24", "none"]
+    assert row[5:7] == ["$0.98", "$0.46"] and row[-1] == "l4x1"
+
+
+def test_every_row_of_the_selection_guide_has_its_types_to_compare():
+    result = run_cli("offers")
+    assert result.returncode == 0, result.stderr
+    families = {name.split(".")[0] for name in _type_column(result.stdout)}
+    assert {"g5", "g6", "g6e", "p4d", "p4de", "p5", "p5e"} <= families
+
+
 def test_every_type_by_on_demand_price():
     chosen = select_offers(load_catalog())
     assert [o.instance.type for o in chosen] == _expected(lambda r: True)

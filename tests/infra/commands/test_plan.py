@@ -74,11 +74,24 @@ def test_profile_without_a_stack_file_prints_no_costs(tmp_path, monkeypatch, cap
     assert "1 x p4d.24xlarge" in out and "stack file" not in out and "runway" not in out
 
 
-def test_v100_profile_shows_eol_and_guide_range():
-    result = run_cli("plan", "v100x1")
+def test_l4x1_shows_the_guide_row_it_answers_and_that_its_v100_is_gone():
+    result = run_cli("plan", "l4x1")
     assert result.returncode == 0, result.stderr
-    assert "p3.2xlarge" in result.stdout and "base-proprietary-nvidia-driver" in result.stdout
-    assert "past end of life" in result.stdout and "8-12 CNY/h" in result.stdout
+    lines = result.stdout.splitlines()
+    assert "instance       1 x g6.2xlarge" in lines
+    assert (
+        "guide row      small image classification on 1x V100 16GB, 8-12 CNY/h "
+        "(GPU-cloud selection guide)"
+    ) in lines
+    gone = [line for line in lines if line.startswith("guide hardware ")]
+    assert len(gone) == 1 and "p3.2xlarge" in gone[0] and "past end of life" in gone[0]
+
+
+def test_a_v100_stays_plannable_with_its_end_of_life_warning():
+    result = run_cli("plan", "--instance", "p3.2xlarge")
+    assert result.returncode == 0, result.stderr
+    assert "base-proprietary-nvidia-driver" in result.stdout
+    assert "past end of life" in result.stdout
 
 
 def test_instance_variant_nodes_instead_of_a_profile():
@@ -120,11 +133,19 @@ def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
         (("plan", "--instance", "p4d.24xlarge", "--variant", "cu99"), "unknown image variant"),
         (("plan", "--instance", "p3.2xlarge", "--variant", "cu130"), "CUDA 13 dropped"),
         (("plan", "--instance", "p3.2xlarge", "--variant", "cpu"), "'cpu' has no CUDA"),
-        (("plan", "--instance", "p4d.24xlarge", "--nodes", "0"), "nodes must be"),
+        (
+            ("plan", "--instance", "p4d.24xlarge", "--nodes", "0"),
+            "nodes must be a whole number from 1 to 256, got 0",
+        ),
+        (
+            ("plan", "--instance", "p4d.24xlarge", "--nodes", "100000"),
+            "nodes must be a whole number from 1 to 256, got 100000",
+        ),
+        (("plan", "--resources", "--stack-file", "/"), "no stack file /: give a profile"),
         (("plan", "--instance", "p4d.24xlarge", "--nodes", "two"), "--nodes: invalid int"),
-        (("plan", "v100x1", "--instance", "p3.2xlarge"), "not both"),
-        (("plan", "v100x1", "--nodes", "1"), "go with --instance"),
-        (("plan", "v100x1", "--variant", "cu128", "--nodes", "2"), "goes with --instance"),
+        (("plan", "l4x1", "--instance", "p3.2xlarge"), "not both"),
+        (("plan", "l4x1", "--nodes", "1"), "go with --instance"),
+        (("plan", "l4x1", "--variant", "cu128", "--nodes", "2"), "goes with --instance"),
         (
             (
                 *("plan", "--instance", "p4d.24xlarge", "--variant", "cu130"),
@@ -135,6 +156,7 @@ def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
         (("plan", "a100x8", "--parallelcluster", "2.11.0"), "use one of 3.14.0, 3.15.1"),
         (("deploy",), "invalid choice: 'deploy'"),
         (("plan", "--profiles", "/nonexistent/profiles.toml"), "file not found"),
+        (("plan", "--profiles", "/"), "/ is a folder: give the TOML file"),
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, expected):

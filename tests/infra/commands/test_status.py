@@ -20,7 +20,7 @@ from training.checkpoint.checkpointer import POINTER_NAME as TRAINER_POINTER
 from training.checkpoint.s3 import STATUS_NAME as TRAINER_STATUS
 
 NOW = datetime.datetime(2026, 12, 1, 8, 0, tzinfo=datetime.UTC)
-ARGS = argparse.Namespace(stack="v100x1", watch=None)
+ARGS = argparse.Namespace(stack="l4x1", watch=None)
 
 
 def test_the_object_names_are_the_trainers():
@@ -81,11 +81,11 @@ def _spend_line(text: str) -> str:
 
 
 def test_spend_and_budget_left_from_the_ledger(aws, stub_stack):
-    _deploy(aws, stub_stack, spend_ledger_table="gpu-stack-v100x1-ledger")
+    _deploy(aws, stub_stack, spend_ledger_table="gpu-stack-l4x1-ledger")
     dynamodb = aws.client("dynamodb")
-    _ledger_table(dynamodb, "gpu-stack-v100x1-ledger")
-    write_ledger(dynamodb, "gpu-stack-v100x1-ledger", _ledger("2026-11", 99.0), after=0)
-    write_ledger(dynamodb, "gpu-stack-v100x1-ledger", _ledger("2026-12", 61.5), after=0)
+    _ledger_table(dynamodb, "gpu-stack-l4x1-ledger")
+    write_ledger(dynamodb, "gpu-stack-l4x1-ledger", _ledger("2026-11", 99.0), after=0)
+    write_ledger(dynamodb, "gpu-stack-l4x1-ledger", _ledger("2026-12", 61.5), after=0)
     spend = _spend_line(status.run(ARGS, now=lambda: NOW))
     assert spend.endswith("$61.50 of $100.00 in 2026-12, $38.50 left")  # this month's item
 
@@ -130,13 +130,13 @@ def test_watch_prints_again_until_ctrl_c(aws, stub_stack):
             raise KeyboardInterrupt
 
     out = io.StringIO()
-    args = argparse.Namespace(stack="v100x1", watch=30.0)
+    args = argparse.Namespace(stack="l4x1", watch=30.0)
     assert status.run(args, now=lambda: NOW, out=out, sleep=sleep) == ""
-    reports = out.getvalue().split("stack       v100x1")[1:]
+    reports = out.getvalue().split("stack       l4x1")[1:]
     assert naps == [30.0, 30.0] and len(reports) == 2
     assert f"{ids[1]}  stopped" in reports[0] and f"{ids[1]}  running" in reports[1]
 
 
 def test_watch_needs_a_positive_interval(stub_stack):
     with pytest.raises(ConfigError, match="--watch 0"):
-        status.run(argparse.Namespace(stack="v100x1", watch=0.0))
+        status.run(argparse.Namespace(stack="l4x1", watch=0.0))

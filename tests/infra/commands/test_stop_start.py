@@ -22,7 +22,7 @@ def test_stop_then_start(aws, stub_stack):
     ids = launch_nodes(ec2, 2, spot=True)
     checkpoint_bucket(aws.client("s3"), ["step_00000300"])
     stub_stack.outputs_ = stack_outputs(ids, spot=True)
-    args = argparse.Namespace(stack="v100x1")
+    args = argparse.Namespace(stack="l4x1")
 
     out = io.StringIO()
     result = stop.run(args, out=out, sleep=lambda s: None)
@@ -31,7 +31,7 @@ def test_stop_then_start(aws, stub_stack):
     assert "the job published no progress" in out.getvalue()  # no status.json in this bucket
     (command,) = aws.client("ssm").list_commands()["Commands"]
     assert command["Parameters"]["commands"] == ["systemctl stop gpu-training"]
-    assert "stopped 2 node(s) of v100x1" in result and "step_00000300" in result
+    assert "stopped 2 node(s) of l4x1" in result and "step_00000300" in result
     assert "nothing to stop" in stop.run(args, out=io.StringIO(), sleep=lambda s: None)
 
     result = start.run(args)
@@ -42,5 +42,5 @@ def test_stop_then_start(aws, stub_stack):
 
 def test_a_stack_without_instances_says_how_to_create_them(aws, stub_stack):
     stub_stack.outputs_ = {}
-    with pytest.raises(ConfigError, match="python -m infra up v100x1"):
-        start.run(argparse.Namespace(stack="v100x1"))
+    with pytest.raises(ConfigError, match="python -m infra up l4x1"):
+        start.run(argparse.Namespace(stack="l4x1"))

@@ -4,6 +4,7 @@ and the Automation API calls they make (a stub stack records them)."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import tomllib
 
@@ -12,37 +13,50 @@ import yaml
 
 from infra import cli
 from infra.commands import up, workspace
+from infra.commands.doctor import ProbeError, Probes
 from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 
-STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.v100x1.yaml").read_text())["config"]
+STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.l4x1.yaml").read_text())["config"]
 PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
-P3 = PRICES[STACK_FILE["aws:region"]]["p3.2xlarge"]
+NODE = PRICES[STACK_FILE["aws:region"]]["g6.2xlarge"]
+
+
+# What renting needs, all there: the Pulumi CLI, credentials, quota to spare.
+READY = Probes(
+    pulumi_version=lambda: "v3.210.0",
+    aws_identity=lambda region: ("123456789012", region),
+    quota_vcpus=lambda region, need: 1024.0,
+)
+
+
+def _no_credentials(region):
+    raise ProbeError("no AWS credentials found")
 
 
 def _args(**values):
-    return argparse.Namespace(**{"stack": "v100x1", "yes": False, "policy_pack": True, **values})
+    return argparse.Namespace(**{"stack": "l4x1", "yes": False, "policy_pack": True, **values})
 
 
 def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_stack):
     out, asked = io.StringIO(), []
-    result = up.run(_args(), out=out, ask=lambda q: asked.append(q) or "n")
+    result = up.run(_args(), out=out, ask=lambda q: asked.append(q) or "n", probes=READY)
     assert result == "nothing was created"
     assert stub_stack.opened == [] and stub_stack.calls == []  # Pulumi was never started
     text = out.getvalue()
     budget = STACK_FILE["gpu:budgetUsd"]
     assert STACK_FILE["gpu:spot"] is True
     spot_row = next(line for line in text.splitlines() if line.startswith("spot *"))
-    assert f"${P3['spot_usd_per_hour']:,.2f}" in spot_row
-    assert f"{budget / P3['spot_usd_per_hour']:,.1f} h" in spot_row
+    assert f"${NODE['spot_usd_per_hour']:,.2f}" in spot_row
+    assert f"{budget / NODE['spot_usd_per_hour']:,.1f} h" in spot_row
     on_demand_row = next(line for line in text.splitlines() if line.startswith("on-demand"))
-    assert f"{budget / P3['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
+    assert f"{budget / NODE['on_demand_usd_per_hour']:,.1f} h" in on_demand_row
     # The spend guard's bound: one 5-minute period plus a 60-second run at the stack's $/h.
-    bound = P3["spot_usd_per_hour"] * (5 + 1) / 60
+    bound = NODE["spot_usd_per_hour"] * (5 + 1) / 60
     assert f"worst case: ${bound:,.2f} past the budget" in text
     assert asked == [
-        f"Create or update stack v100x1 at ${P3['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
+        f"Create or update stack l4x1 at ${NODE['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
         " [y/N] "
     ]
 
@@ -50,16 +64,16 @@ def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_st
 def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
     stub_stack.outputs_ = {"instance_ids": ["i-0abc"], "image_uri": "r/repo:tag"}
     out = io.StringIO()
-    result = up.run(_args(), out=out, ask=lambda q: "y")
-    assert stub_stack.opened == [("v100x1", True)]
+    result = up.run(_args(), out=out, ask=lambda q: "y", probes=READY)
+    assert stub_stack.opened == [("l4x1", True)]
     (call,) = [c for c in stub_stack.calls if c[0] == "up"]
     assert call[1]["color"] == "never"
     # The guardrail policies run with Pulumi's own up, from the project's pack.
     assert call[1]["policy_packs"] == [str(REPO_ROOT / "policy")]
     assert (REPO_ROOT / "policy" / "PulumiPolicy.yaml").is_file()
-    call[1]["on_output"]("Updating (v100x1)")  # Pulumi's lines reach the person as they come
-    assert out.getvalue().endswith("Updating (v100x1)\n")
-    assert "stack v100x1 is up: i-0abc" in result and "r/repo:tag" in result
+    call[1]["on_output"]("Updating (l4x1)")  # Pulumi's lines reach the person as they come
+    assert out.getvalue().endswith("Updating (l4x1)\n")
+    assert "stack l4x1 is up: i-0abc" in result and "r/repo:tag" in result
 
 
 def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
@@ -69,19 +83,20 @@ def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
         "submit_command": "aws ssm start-session --target i-0head, then: sbatch ...",
         "image_uri": "r/repo:tag",
     }
-    result = up.run(_args(), out=io.StringIO(), ask=lambda q: "y")
-    assert "stack v100x1 is up: Slurm cluster, head node i-0head" in result
+    result = up.run(_args(), out=io.StringIO(), ask=lambda q: "y", probes=READY)
+    assert "stack l4x1 is up: Slurm cluster, head node i-0head" in result
     assert "Submit: aws ssm start-session --target i-0head, then: sbatch" in result
 
 
 def test_yes_flag_skips_the_question(stub_stack):
-    up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"))
+    up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"), probes=READY)
     assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
 
 
 def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeypatch):
+    monkeypatch.setattr(up, "Probes", lambda: READY)
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    assert cli.main(["up", "v100x1"]) == 2
+    assert cli.main(["up", "l4x1"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "pass --yes" in err
     assert stub_stack.opened == []
@@ -89,18 +104,18 @@ def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeyp
 
 def test_a_missing_pulumi_cli_is_one_line_with_the_install_command(monkeypatch, capsys):
     monkeypatch.setattr(workspace.shutil, "which", lambda name: None)
-    assert cli.main(["up", "v100x1", "--yes"]) == 2
+    assert cli.main(["up", "l4x1", "--yes"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "curl -fsSL https://get.pulumi.com | sh" in err
 
 
 def test_a_bad_stack_file_stops_before_pulumi(tmp_path, monkeypatch, stub_stack):
-    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu:profile: v100x1\n  gpu:spot: maybe\n")
+    (tmp_path / "Pulumi.bad.yaml").write_text("config:\n  gpu:profile: l4x1\n  gpu:spot: maybe\n")
     monkeypatch.setattr(up, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
     with pytest.raises(ConfigError, match="gpu:spot is 'maybe'"):
-        up.run(_args(stack="bad", yes=True), out=io.StringIO())
+        up.run(_args(stack="bad", yes=True), out=io.StringIO(), probes=READY)
     with pytest.raises(ConfigError, match=r"no stack file Pulumi\.none\.yaml"):
-        up.run(_args(stack="none", yes=True), out=io.StringIO())
+        up.run(_args(stack="none", yes=True), out=io.StringIO(), probes=READY)
     assert stub_stack.opened == []
 
 
@@ -108,6 +123,49 @@ def test_preview_runs_pulumi_preview_and_creates_nothing(stub_stack):
     stub_stack.resources = [{}] * 31
     result = up.run_preview(_args(), out=io.StringIO())
     assert [c[0] for c in stub_stack.calls] == ["preview"]
-    assert result == "preview of v100x1: 31 to create"
+    assert result == "preview of l4x1: 31 to create"
     up.run_preview(_args(policy_pack=False), out=io.StringIO())
     assert [c[1]["policy_packs"] for c in stub_stack.calls] == [[str(REPO_ROOT / "policy")], []]
+
+
+@pytest.mark.parametrize(
+    ("probes", "expected"),
+    [
+        (
+            Probes(pulumi_version=lambda: None),
+            "error: the Pulumi CLI is not on PATH (up, preview and down run it): install it "
+            "with `curl -fsSL https://get.pulumi.com | sh` (https://www.pulumi.com/docs/install/); "
+            "nothing was created\n",
+        ),
+        (
+            Probes(pulumi_version=READY.pulumi_version, aws_identity=_no_credentials),
+            "error: no AWS credentials found: run `aws configure` (or `aws sso login`), or set "
+            "AWS_PROFILE; nothing was created\n",
+        ),
+        (
+            dataclasses.replace(READY, quota_vcpus=lambda region, need: 4.0),
+            "error: 1 x g6.2xlarge needs 8 vCPUs of 'All G and VT Spot Instance Requests'; "
+            "us-east-1 allows 4: request 8 vCPUs in the Service Quotas console (us-east-1, "
+            "Amazon EC2, 'All G and VT Spot Instance Requests'); increases take "
+            "hours to days; nothing was created\n",
+        ),
+    ],
+    ids=["no-pulumi", "no-credentials", "no-quota"],
+)
+def test_up_checks_what_renting_needs_before_it_asks(
+    stub_stack, monkeypatch, capsys, probes, expected
+):
+    monkeypatch.setattr(up, "Probes", lambda: probes)
+    monkeypatch.setattr("builtins.input", lambda question: pytest.fail(f"asked: {question}"))
+    assert cli.main(["up", "l4x1"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err == expected
+    assert "Create or update" not in captured.out and stub_stack.opened == []
+
+
+def test_a_stack_name_pulumi_would_refuse_is_one_line(capsys):
+    assert cli.main(["up", "../l4x1"]) == 2
+    assert capsys.readouterr().err == (
+        "error: stack name '../l4x1': a stack name is 1 to 100 letters, digits, '-', '_' or '.' "
+        "(one of the profiles: l4x1, l40sx4, a100x8-80g, a100x8)\n"
+    )

@@ -19,7 +19,7 @@ from tests.support.stack_runs import (
 
 def test_root_volume_is_mapped_on_the_amis_root_device():
     # Both profiles boot Amazon Linux (2023 and 2), whose AMIs name the root /dev/xvda.
-    for profile in ("a100x8", "v100x1"):
+    for profile in ("a100x8", "l4x1"):
         template = one(run_stack(profile=profile), LAUNCH_TEMPLATE)
         (root,) = template.inputs["blockDeviceMappings"]
         assert root["deviceName"] == "/dev/xvda"

@@ -17,7 +17,7 @@ from infra.node.agent import GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 from tests.support.mock_runs import STACK, of_type, one, resolved, run_under_mocks
 from tests.support.stack_runs import run_stack
 
-PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
+PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 EMAILS = ("ml@example.com", "ops@example.org")
 COST_TAG = ("gpu-training-stack", f"{PROJECT}-{STACK}")
 STOP_ARN = f"arn:aws:automate:{REGION}:ec2:stop"
@@ -155,7 +155,7 @@ def test_execution_role_is_trusted_by_budgets_and_stops_only_these_instances():
 
 
 def test_topic_accepts_budget_and_alarm_notifications_of_this_account_only():
-    plan = resolve_profile("v100x1")
+    plan = resolve_profile("l4x1")
     mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, alert_emails=EMAILS))
     topic_arn = one(mocks, TOPIC).state["arn"]
     policy = one(mocks, TOPIC_POLICY).inputs
@@ -195,7 +195,7 @@ def test_no_runtime_alarm_without_a_maximum():
 
 
 def test_daily_budget_and_custom_thresholds_reach_the_budget():
-    plan = resolve_profile("v100x1")
+    plan = resolve_profile("l4x1")
     config = GuardrailConfig(
         budget_usd=40,
         budget_period="DAILY",
@@ -213,7 +213,7 @@ def test_daily_budget_and_custom_thresholds_reach_the_budget():
 
 
 def test_without_alert_addresses_the_topic_is_the_only_subscriber():
-    plan = resolve_profile("v100x1")
+    plan = resolve_profile("l4x1")
     mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, allow_no_alerts=True))
     action = one(mocks, ACTION).inputs
     assert [s["subscriptionType"] for s in action["subscribers"]] == ["SNS"]
@@ -247,7 +247,7 @@ def test_budget_below_one_hour_allowed_with_the_override():
 
 
 def test_each_alert_address_subscribes_to_the_topic():
-    plan = resolve_profile("v100x1")
+    plan = resolve_profile("l4x1")
     mocks, _, _ = guarded_stack(plan, GuardrailConfig(budget_usd=50, alert_emails=EMAILS))
     topic_arn = one(mocks, TOPIC).state["arn"]
     subscriptions = of_type(mocks, "aws:sns/topicSubscription:TopicSubscription")

@@ -19,7 +19,7 @@ RECORDED = json.loads((Path(__file__).parent / "fixtures" / "resource_names.json
 
 CASES = {
     f"{profile}-{market}": {"profile": profile, "spot": market == "spot", "maxRuntimeHours": 8}
-    for profile in ("a100x2", "a100x8", "a100x8-80g", "v100x1")
+    for profile in ("l40sx4", "a100x8", "a100x8-80g", "l4x1")
     for market in ("on-demand", "spot")
 }
 CASES["a100x8-on-demand-default-vpc"] = {"profile": "a100x8", "useDefaultVpc": True}

@@ -108,7 +108,7 @@ def test_the_ledger_table_is_keyed_by_period(profile_run):
 
 
 def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
-    run = run_stack(profile="v100x1", **{"aws:region": "eu-west-1"})
+    run = run_stack(instanceType="p3.2xlarge", **{"aws:region": "eu-west-1"})
     settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
     ireland = load_catalog().prices.region("eu-west-1")
     assert settings.region == "eu-west-1"

@@ -36,7 +36,7 @@ CASES = [(profile, 1, spot) for profile in PROFILES for spot in (False, True)]
 
 
 def test_every_profile_is_covered():
-    assert set(PROFILES) == {"v100x1", "a100x2", "a100x8-80g", "a100x8"}
+    assert set(PROFILES) == {"l4x1", "l40sx4", "a100x8-80g", "a100x8"}
 
 
 @pytest.fixture(
@@ -201,7 +201,8 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     assert outputs["spot_usd_per_hour"] == pytest.approx(spot_price, abs=0.005)
     assert outputs["hourly_cost_usd"] == pytest.approx(hourly, abs=0.005)
     assert outputs["monthly_budget_usd"] == budget
-    assert outputs["runway_hours"] == pytest.approx(budget / hourly, abs=0.05)
+    # At most the budget's month (730 h): a cheap node outlasts the month on the budget.
+    assert outputs["runway_hours"] == pytest.approx(min(budget / hourly, 730.0), abs=0.05)
 
 
 def test_every_node_gets_the_stacks_price_for_the_trainers_summary(case):
@@ -214,11 +215,11 @@ def test_every_node_gets_the_stacks_price_for_the_trainers_summary(case):
 
 
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
-    outputs = run_stack(profile="v100x1", spot=True, budgetUsd=40, budgetPeriod="DAILY").outputs
-    spot_price = data_file_prices("p3.2xlarge").spot_usd_per_hour
-    assert outputs["monthly_budget_usd"] == pytest.approx(40 * 365 / 12, abs=0.005)
+    outputs = run_stack(profile="l4x1", spot=True, budgetUsd=5, budgetPeriod="DAILY").outputs
+    spot_price = data_file_prices("g6.2xlarge").spot_usd_per_hour
+    assert outputs["monthly_budget_usd"] == pytest.approx(5 * 365 / 12, abs=0.005)
     # The runway is what one period's budget buys: hours a day here.
-    assert outputs["runway_hours"] == pytest.approx(40 / spot_price, abs=0.05)
+    assert outputs["runway_hours"] == pytest.approx(5 / spot_price, abs=0.05)
 
 
 def _as_list(value: str | list[str]) -> list[str]:
@@ -296,7 +297,7 @@ def test_the_stack_passes_the_policy_packs_checks(spot):
 
 
 def test_warnings_output_holds_the_plans_and_the_guardrails():
-    run = run_stack(profile="v100x1", alertEmails=["you@example.com"])
+    run = run_stack(instanceType="p3.2xlarge", alertEmails=["you@example.com"])
     warnings = run.outputs["warnings"]
     assert any("past end of life" in w or "end of life" in w for w in warnings), warnings
     assert any("you@example.com" in w for w in warnings), warnings
@@ -307,7 +308,8 @@ def test_warnings_output_holds_the_plans_and_the_guardrails():
 
 def test_a_stack_is_priced_for_its_own_region():
     prices = load_catalog().prices
-    run = run_program({**BASE_CONFIG, "profile": "v100x1"}, stack="test", aws_region="eu-west-1")
+    config = {**BASE_CONFIG, "instanceType": "p3.2xlarge"}
+    run = run_program(config, stack="test", aws_region="eu-west-1")
     ireland = prices.price("eu-west-1", "p3.2xlarge").on_demand_usd_per_hour
     assert ireland != prices.price("us-east-1", "p3.2xlarge").on_demand_usd_per_hour
     assert run.outputs["on_demand_usd_per_hour"] == pytest.approx(ireland, abs=0.005)

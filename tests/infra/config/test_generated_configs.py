@@ -5,15 +5,19 @@ traceback. The checks are the ones the Pulumi program runs before any resource
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from infra.config.guardrails import GuardrailConfig
-from infra.config.schema import load_stack_config, own_keys
+from infra.config.guardrails import MAX_BUDGET_USD, GuardrailConfig
+from infra.config.schema import load_stack_config, own_keys, stack_region
+from infra.config.stack_file import load_stack_file, stack_file_region
 from infra.errors import ConfigError
+from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles
-from infra.knowledge.resolver import Plan
+from infra.knowledge.resolver import MAX_NODES, Plan
 
 KEYS = sorted({*own_keys(), *GuardrailConfig.config_keys()} - {"trainConfig"})
 TYPOS = ["profil", "budgetUSD", "spot ", "gpu:spot", "nodes.count", ""]
@@ -75,3 +79,61 @@ def test_any_stack_config_is_a_clear_error_or_a_valid_plan(raw, region):
     assert isinstance(plan, Plan)
     assert plan.nodes >= 1 and plan.gpus == plan.nodes * plan.instance.gpu_count
     assert plan.nodes == 1 or config.cluster is not None  # more than one node: the cluster
+
+
+# Stack files as a person writes them: gpu: keys, a few aws: ones, a key given twice, a key in
+# a namespace nothing reads, and numbers far out of range.
+FILE_KEYS = [f"gpu:{key}" for key in KEYS] + [
+    "aws:region",
+    "aws:regoin",
+    "gpus:budgetUsd",
+    "budgetUsd",
+    "gpu-training-stack:nodes",
+]
+OUT_OF_RANGE = st.sampled_from(["1e12", "100000", "1000001", "-5", "257", "99999999"])
+FILE_VALUES = {
+    "aws:region": st.sampled_from(["us-east-1", "us-west-2", "eu-west-1", "mars-north-1"]),
+    "gpu:budgetUsd": st.one_of(st.sampled_from(LIKELY["budgetUsd"]), OUT_OF_RANGE),
+    "gpu:nodes": st.one_of(st.sampled_from(LIKELY["nodes"]), OUT_OF_RANGE),
+}
+ENTRIES = st.lists(
+    st.sampled_from(FILE_KEYS).flatmap(
+        lambda key: st.tuples(st.just(key), FILE_VALUES.get(key, value_for(key.split(":")[-1])))
+    ),
+    max_size=6,
+)
+
+
+def _stack_file_text(entries: list[tuple[str, str]]) -> str:
+    lines = ["config:", "  gpu:alertEmails: [ml@team.dev]"]
+    # A JSON string is a YAML double-quoted scalar: every value reaches the loader as written.
+    lines += [f"  {key}: {json.dumps(value)}" for key, value in entries]
+    return "\n".join(lines) + "\n"
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries=ENTRIES)
+def test_any_stack_file_is_a_clear_error_or_a_plan_within_every_limit(entries):
+    keys = [key for key, _ in entries]
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "Pulumi.generated.yaml"
+        path.write_text(_stack_file_text(entries))
+        try:
+            config = load_stack_file(path)
+            plan = config.resolve_plan(stack_region(stack_file_region(path)))
+            config.check_plan(plan)
+        except ConfigError as error:
+            message = str(error)
+            assert message and "\n" not in message
+            duplicated = sorted({key for key in keys if keys.count(key) > 1})
+            if duplicated:  # the first thing refused, before any value is read
+                assert "is given twice" in message
+            return
+    # Nothing was silently accepted: no key twice, none unread, every number in range.
+    assert len(set(keys)) == len(keys)
+    assert all(key.split(":")[0] in ("gpu", "aws") and key != "aws:regoin" for key in keys)
+    assert 0 < config.guardrails.budget_usd <= MAX_BUDGET_USD
+    assert 1 <= plan.nodes <= MAX_NODES
+    costs = cost_summary(plan, config.guardrails, spot=config.spot)
+    period_hours = 24 if config.guardrails.budget_period == "DAILY" else 365 / 12 * 24
+    assert 0 < costs["runway_hours"] <= round(period_hours, 1)

@@ -53,7 +53,7 @@ def test_keys_are_the_camel_case_config_names():
         (
             {"budgetUsd": "-5"},
             "gpu:budgetUsd is '-5': must be more than 0; "
-            "use a positive amount of US dollars per budget period, e.g. 200",
+            "use a positive amount of US dollars per budget period, at most 1,000,000, e.g. 200",
         ),
         (
             {"alertEmails": '["ml@example.com", "bob"]'},

@@ -38,8 +38,8 @@ def test_each_stack_file_names_its_profiles_job_and_ships_it(profile):
 
 def test_the_jobs_are_the_workloads_their_profiles_describe():
     jobs = {p: tomllib.loads((REPO_ROOT / "jobs" / f"{p}.toml").read_text()) for p in PROFILES}
-    assert jobs["v100x1"]["model"]["preset"] == "resnet-50"
-    assert jobs["v100x1"]["precision"] == {"fp16": True}  # a V100 has no bf16
+    assert jobs["l4x1"]["model"]["preset"] == "resnet-50"
+    assert jobs["l4x1"]["precision"] == {"bf16": True}  # an L4 (compute capability 8.9) has it
     assert jobs["a100x8"]["model"]["preset"] == "bert-base"
     assert jobs["a100x8"]["data"]["seq_len"] == 512
     large = jobs["a100x8-80g"]
@@ -47,14 +47,17 @@ def test_the_jobs_are_the_workloads_their_profiles_describe():
     assert large["zero"]["stage"] == 3
 
 
-def test_a_v100_job_in_bf16_fails_preview_in_one_line(tmp_path):
-    job = tmp_path / "v100x1.toml"
-    text = (REPO_ROOT / "jobs" / "v100x1.toml").read_text()
-    job.write_text(text.replace("fp16 = true", "bf16 = true"))
-    config = stack_file_config(REPO_ROOT / "Pulumi.v100x1.yaml") | {"gpu:trainConfig": str(job)}
+def test_the_l4_job_on_a_v100_fails_preview_in_one_line(tmp_path):
+    """V100 stays an explicit instance type; the shipped bf16 job is refused on it."""
+    job = tmp_path / "l4x1.toml"
+    job.write_text((REPO_ROOT / "jobs" / "l4x1.toml").read_text())
+    config = stack_file_config(REPO_ROOT / "Pulumi.l4x1.yaml") | {
+        "gpu:trainConfig": str(job),
+        "gpu:instanceType": "p3.2xlarge",
+    }
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError) as raised:
-        run_program(config, stack="v100x1", mocks=mocks)
+        run_program(config, stack="l4x1", mocks=mocks)
     message = str(raised.value)
     assert "\n" not in message
     assert message.startswith(f"gpu:trainConfig is {str(job)!r}: the trainer would refuse it")

@@ -26,7 +26,7 @@ BAD_VALUES = [
     ({"sshCidr": "0.0.0.0/0"}, ["gpu:sshCidr", "'0.0.0.0/0'", "203.0.113.7/32", "Session Manager"]),
     ({"sshCidr": "10.0.0.1/33"}, ["gpu:sshCidr", "'10.0.0.1/33'", "IPv4 CIDR"]),
     ({"dataS3Uri": "https://bucket/data"}, ["gpu:dataS3Uri", "'https://bucket/data'", "s3://"]),
-    ({"profile": "a100x16"}, ["gpu:profile", "'a100x16'", "a100x8", "v100x1"]),
+    ({"profile": "a100x16"}, ["gpu:profile", "'a100x16'", "a100x8", "l4x1"]),
     ({"instanceType": "p9.huge"}, ["gpu:instanceType", "'p9.huge'", "p4d.24xlarge"]),
     ({"imageVariant": "cu999"}, ["gpu:imageVariant", "'cu999'", "cu130"]),
     (
@@ -103,7 +103,7 @@ def test_bf16_on_a_v100_fails_before_any_resource_with_the_trainers_message(tmp_
     job.write_text(BF16_JOB)
     mocks = RecordingMocks()
     with pytest.raises(pulumi.RunError) as raised:
-        run_stack(mocks=mocks, profile="v100x1", trainConfig=str(job))
+        run_stack(mocks=mocks, instanceType="p3.2xlarge", trainConfig=str(job))
     message = str(raised.value)
     assert message.startswith(f"gpu:trainConfig is {str(job)!r}: the trainer would refuse it on ")
     for words in ("1 x p3.2xlarge", "compute capability 7.0", "precision.bf16 = true"):

@@ -86,8 +86,8 @@ def test_plan_resources_for_the_main_job_prints_plan_costs_and_resources():
 def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, capsys):
     stack = tmp_path / "Pulumi.small.yaml"
     stack.write_text(
-        "config:\n  gpu:profile: v100x1\n  gpu:spot: true\n  gpu:instanceType: g5.xlarge\n"
-        "  gpu:budgetUsd: 40\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
+        "config:\n  gpu:profile: l4x1\n  gpu:spot: true\n  gpu:instanceType: g5.xlarge\n"
+        "  gpu:budgetUsd: 5\n  gpu:budgetPeriod: DAILY\n  gpu:maxRuntimeHours: 12\n"
         "  gpu:alertEmails: [ml@example.com]\n"
     )
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
@@ -95,14 +95,15 @@ def test_plan_resources_prices_a_stack_file_that_changes_the_plan(tmp_path, caps
     g5 = data_file_prices("g5.xlarge")
     on_demand, spot = g5.on_demand_usd_per_hour, g5.spot_usd_per_hour
     assert lines[0] == "stack file     Pulumi.small.yaml"
-    # Another instance type is not the v100x1 profile: its description would not hold.
+    # Another instance type is not the l4x1 profile: its description would not hold.
     assert not any(line.startswith("profile ") for line in lines)
     assert "instance       1 x g5.xlarge" in lines
     assert f"market         spot: ${spot:.2f}/h for the stack" in lines
-    assert f"budget         $40.00 a day (${40 * 365 / 12:,.2f} a month)" in lines
+    assert f"budget         $5.00 a day (${5 * 365 / 12:,.2f} a month)" in lines
+    # Under a day's 24 h in both markets (a bigger budget's runway stops at 24 h).
     assert (
-        f"runway         {40 / spot:.1f} h a day at full load spot "
-        f"(on-demand {40 / on_demand:.1f} h, spot {40 / spot:.1f} h)"
+        f"runway         {5 / spot:.1f} h a day at full load spot "
+        f"(on-demand {5 / on_demand:.1f} h, spot {5 / spot:.1f} h)"
     ) in lines
     assert (
         f"longest run    ${12 * spot:,.2f} spot: gpu:maxRuntimeHours stops each node after 12 h"
@@ -136,7 +137,7 @@ def test_plan_resources_refuses_a_training_config_the_stacks_gpus_cannot_run(tmp
     job.write_text("[precision]\nbf16 = true\n")
     stack = tmp_path / "Pulumi.old.yaml"
     stack.write_text(
-        "config:\n  gpu:profile: v100x1\n  gpu:budgetUsd: 100\n"
+        "config:\n  gpu:instanceType: p3.2xlarge\n  gpu:budgetUsd: 100\n"
         f"  gpu:alertEmails: [ml@example.com]\n  gpu:trainConfig: {job}\n"
     )
     result = run_cli("plan", "--resources", "--stack-file", str(stack))

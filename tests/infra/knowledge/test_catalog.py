@@ -55,7 +55,7 @@ def test_real_amis_root_device_follows_the_os_and_p5_family_has_efa_only_seconda
         assert ami.root_device_name == expected, ami.name
         assert ami.sources.root_device_name
     efa_only = {t for t, i in catalog.instances.items() if i.efa_secondary_interface == "efa-only"}
-    assert efa_only == {"p5.48xlarge", "p5en.48xlarge"}
+    assert efa_only == {"p5.48xlarge", "p5e.48xlarge", "p5en.48xlarge"}
 
 
 def test_real_amis_oss_drivers_need_turing_and_al2_is_past_end_of_life():

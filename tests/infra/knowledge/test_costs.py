@@ -6,7 +6,7 @@ from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
 
-PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
+PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 
 
 def test_p4d_on_demand_runway():
@@ -43,7 +43,7 @@ def test_costs_scale_with_nodes():
 
 
 def test_daily_budget_is_shown_per_month_and_max_run_priced():
-    plan = resolve_profile("v100x1")  # p3.2xlarge: $3.06/h
+    plan = resolve("p3.2xlarge")  # $3.06/h
     config = GuardrailConfig(budget_usd=30, budget_period="DAILY", max_runtime_hours=8)
     summary = cost_summary(plan, config)
     assert summary["budget_period"] == "DAILY"
@@ -58,7 +58,18 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
     summary = cost_summary(plan, GuardrailConfig(budget_usd=1000))
     assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
     on_demand = data_file_prices(plan.instance.type).on_demand_usd_per_hour * plan.nodes
-    assert summary["runway_hours"] == round(1000 / on_demand, 1)
+    # A month has 730 hours: a budget that buys more buys the whole month.
+    assert summary["runway_hours"] == round(min(1000 / on_demand, 730.0), 1)
+
+
+@pytest.mark.parametrize(("period", "hours"), [("MONTHLY", 730.0), ("DAILY", 24.0)])
+def test_the_runway_is_at_most_the_budget_period(period, hours):
+    plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.4575/h spot
+    config = GuardrailConfig(budget_usd=1_000_000, budget_period=period)
+    summary = cost_summary(plan, config, spot=True)
+    assert summary["runway_hours"] == summary["runway_hours_on_demand"] == hours
+    small = cost_summary(plan, GuardrailConfig(budget_usd=5, budget_period=period), spot=True)
+    assert small["runway_hours"] == round(5 / 0.4575, 1) == 10.9
 
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.config.stack_file import REPO_ROOT, stack_file_config, stack_file_path
 from infra.errors import ConfigError
 from infra.knowledge.profiles import (
     PROFILES_PATH,
@@ -12,6 +13,7 @@ from infra.knowledge.profiles import (
     load_profiles,
     resolve_profile,
 )
+from infra.knowledge.resolver import resolve
 
 TODAY = datetime.date(2026, 11, 30)
 PROFILES_TEXT = PROFILES_PATH.read_text()
@@ -27,8 +29,8 @@ def modified_profiles(tmp_path: Path, old: str, new: str) -> Path:
 @pytest.mark.parametrize(
     ("name", "instance_type", "gpus", "gpu_model", "guide"),
     [
-        ("v100x1", "p3.2xlarge", 1, "V100", (8, 12)),
-        ("a100x2", "g6e.12xlarge", 4, "L40S", (25, 35)),
+        ("l4x1", "g6.2xlarge", 1, "L4", (8, 12)),
+        ("l40sx4", "g6e.12xlarge", 4, "L40S", (25, 35)),
         ("a100x8-80g", "p4de.24xlarge", 8, "A100", (180, 220)),
         ("a100x8", "p4d.24xlarge", 8, "A100", None),
     ],
@@ -55,28 +57,50 @@ def test_a100x8_80g_is_eight_80gb_a100s_on_nvswitch():
     assert plan.instance.gpu_memory_gib == 80 and plan.instance.gpu_interconnect == "NVSwitch"
 
 
-def test_a100x2_explains_that_aws_sells_no_two_a100_instance():
-    mapping = load_profiles().get("a100x2").mapping
+def test_l40sx4_explains_that_aws_sells_no_two_a100_instance():
+    mapping = load_profiles().get("l40sx4").mapping
     assert "no 2x A100" in mapping and "g5.12xlarge" in mapping and "Trade-off" in mapping
-    plan = resolve_profile("a100x2", today=TODAY)
+    plan = resolve_profile("l40sx4", today=TODAY)
     # Each L40S holds at least what one A100 40GB holds.
     assert plan.instance.gpu_memory_gib >= 40
 
 
-def test_v100_profile_carries_the_end_of_life_warning_and_the_price_gap():
-    plan = resolve_profile("v100x1", today=TODAY)
-    assert any("past end of life" in warning for warning in plan.warnings)
-    # 3.06 USD/h x 7.10 = 21.7 CNY/h, above the guide's 8-12.
+def test_l4x1_answers_the_v100_row_and_says_aws_no_longer_sells_a_bootable_v100():
+    profile = load_profiles().get("l4x1")
+    assert profile.guide_row == "small image classification on 1x V100 16GB"
+    assert "past end of life" in profile.guide_hardware_gone
+    plan = resolve_profile("l4x1", today=TODAY)
+    assert not any("past end of life" in warning for warning in plan.warnings)
+    # 0.9776 USD/h x 7.10 = 6.9 CNY/h, under the guide's 8-12.
     gap = [warning for warning in plan.warnings if "selection guide's 8-12 CNY/h" in warning]
-    assert len(gap) == 1 and "22 CNY/h is above" in gap[0]
+    assert len(gap) == 1 and "7 CNY/h is below" in gap[0]
+    # The V100 itself stays plannable, with its warning.
+    v100 = resolve("p3.2xlarge", today=TODAY)
+    assert any("past end of life" in warning for warning in v100.warnings)
+
+
+def test_each_profile_is_named_for_the_gpus_it_rents():
+    """A name is MODELxCOUNT[-MEMORY]: the instance's GPU model and count."""
+    for name in load_profiles().profiles:
+        plan = resolve_profile(name, today=TODAY)
+        model, count = name.split("-")[0].split("x")
+        assert model == plan.instance.gpu_model.lower(), name
+        assert int(count) == plan.gpus, name
+
+
+def test_every_shipped_stack_file_is_named_for_its_profile():
+    stacks = {path.name.split(".")[1] for path in REPO_ROOT.glob("Pulumi.*.yaml")}
+    assert stacks == set(load_profiles().profiles)
+    for stack in stacks:
+        assert stack_file_config(stack_file_path(stack))["gpu:profile"] == stack
 
 
 def test_price_inside_the_guide_range_adds_no_warning():
     profiles = load_profiles()
-    profile = profiles.get("v100x1")
-    plan = resolve_profile("v100x1", today=TODAY)
+    profile = profiles.get("l4x1")
+    plan = resolve_profile("l4x1", today=TODAY)
     rate = profiles.exchange_rate
-    assert rate.to_cny(plan.on_demand_usd_per_hour) == pytest.approx(3.06 * rate.cny_per_usd)
+    assert rate.to_cny(plan.on_demand_usd_per_hour) == pytest.approx(0.9776 * rate.cny_per_usd)
     cheap = type(plan)(**{**plan.__dict__, "on_demand_usd_per_hour": 10 / rate.cny_per_usd})
     assert guide_price_warning(profile, cheap, rate) is None
     dear = type(plan)(**{**plan.__dict__, "on_demand_usd_per_hour": 5 / rate.cny_per_usd})
@@ -89,7 +113,7 @@ def test_exchange_rate_has_date_and_source():
 
 
 def test_unknown_profile_names_the_known_ones():
-    with pytest.raises(ConfigError, match="unknown profile 'a100x4': known profiles are v100x1"):
+    with pytest.raises(ConfigError, match="unknown profile 'a100x4': known profiles are l4x1"):
         resolve_profile("a100x4", today=TODAY)
 
 
@@ -97,18 +121,18 @@ def test_unknown_profile_names_the_known_ones():
     ("old", "new", "expected"),
     [
         (
-            'instance_type = "p3.2xlarge"',
-            'instance_typ = "p3.2xlarge"',
-            ["profile 'v100x1'", "field 'instance_typ'", "unknown key"],
+            'instance_type = "g6.2xlarge"',
+            'instance_typ = "g6.2xlarge"',
+            ["profile 'l4x1'", "field 'instance_typ'", "unknown key"],
         ),
         (
             "guide_cny_per_hour = [8, 12]",
             "guide_cny_per_hour = [12, 8]",
-            ["profile 'v100x1'", "field 'guide_cny_per_hour'", "low <= high"],
+            ["profile 'l4x1'", "field 'guide_cny_per_hour'", "low <= high"],
         ),
-        ('default = "a100x8"', 'default = "a100x16"', ["'default'", "a100x16", "v100x1"]),
+        ('default = "a100x8"', 'default = "a100x16"', ["'default'", "a100x16", "l4x1"]),
         ("cny_per_usd = 7.10", "cny_per_usd = -7.10", ["exchange_rate", "field 'cny_per_usd'"]),
-        ("nodes = 1", "nodes = 0", ["profile 'v100x1'", "field 'nodes'"]),
+        ("nodes = 1", "nodes = 0", ["profile 'l4x1'", "field 'nodes'"]),
     ],
 )
 def test_bad_profiles_file(tmp_path, old, new, expected):
@@ -123,8 +147,8 @@ def test_bad_profiles_file(tmp_path, old, new, expected):
 def test_profile_with_an_impossible_variant_fails_at_resolve(tmp_path):
     path = modified_profiles(
         tmp_path,
-        'instance_type = "p3.2xlarge"\nvariant = "auto"',
+        'instance_type = "g6.2xlarge"\nvariant = "auto"',
         'instance_type = "p3.2xlarge"\nvariant = "cu130"',
     )
     with pytest.raises(ConfigError, match="CUDA 13 dropped"):
-        resolve_profile("v100x1", profiles=load_profiles(path), today=TODAY)
+        resolve_profile("l4x1", profiles=load_profiles(path), today=TODAY)

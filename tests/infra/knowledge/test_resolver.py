@@ -211,9 +211,9 @@ def test_price_caveats_become_warnings():
     assert not any("upper bound" in warning for warning in g5.warnings)
 
 
-@pytest.mark.parametrize("nodes", [0, -1, True, 1.5, "2"])
+@pytest.mark.parametrize("nodes", [0, -1, True, 1.5, "2", 257, 100000])
 def test_bad_node_count(nodes):
-    with pytest.raises(ConfigError, match="nodes must be a whole number of at least 1"):
+    with pytest.raises(ConfigError, match="nodes must be a whole number from 1 to 256, got "):
         resolve("p4d.24xlarge", "auto", nodes, catalog=CATALOG, matrix=MATRIX, today=TODAY)
 
 

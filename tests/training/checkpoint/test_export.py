@@ -46,6 +46,14 @@ def test_export_writes_the_trained_weights(single_rank, tmp_path, stage, capsys)
     assert main([str(tmp_path / "ckpt" / "step_00000003"), str(out)]) == 0
 
 
+def test_export_into_a_folder_not_made_yet_makes_it(single_rank, tmp_path):
+    trained = _trained_checkpoint(tmp_path / "ckpt", 0)
+    out = tmp_path / "exports" / "v1" / "model.pt"
+    assert main([str(tmp_path / "ckpt"), str(out)]) == 0
+    exported = torch.load(out, weights_only=True)
+    assert exported.keys() == trained.keys()
+
+
 def test_export_refuses_a_folder_without_committed_checkpoint(tmp_path, capsys):
     (tmp_path / "step_00000005").mkdir()
     assert main([str(tmp_path), str(tmp_path / "out.pt")]) == 2
