@@ -2,7 +2,6 @@
 
 import sys
 
-from common.pipes import run_until_pipe_closes
-from infra.cli import main
+from infra.cli import run
 
-sys.exit(run_until_pipe_closes(main))
+sys.exit(run())

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from common.pipes import run_until_pipe_closes
 from images.matrix import MatrixError
 from infra.commands import doctor, down, logs, offers, plan, start, status, stop, up
 from infra.commands.outcome import Outcome
@@ -111,3 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     if text:
         print(text)
     return code
+
+
+def run() -> int:
+    """`python -m infra` and the `gpu-stack` script: main(), quiet when `| head` closes early."""
+    return run_until_pipe_closes(main)

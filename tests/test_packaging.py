@@ -143,3 +143,15 @@ def test_the_installed_script_runs_the_trainers_estimate(installed_script):
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "GiB" in result.stdout
+
+
+def test_the_installed_script_is_quiet_when_its_reader_goes_away(installed_script, tmp_path):
+    site_packages = next(p for p in sys.path if p.endswith("site-packages"))
+    result = subprocess.run(
+        # `true` has exited before the script's first write: that write finds no reader.
+        f"'{installed_script}' offers | true; echo $((PIPESTATUS[0]))",
+        shell=True, executable="bash", cwd=tmp_path, capture_output=True, text=True, check=False,
+        env={**os.environ, "PYTHONPATH": site_packages},
+    )  # fmt: skip
+    assert result.stdout.strip() == "141"  # 128 + SIGPIPE, as a shell reports it
+    assert result.stderr == ""
