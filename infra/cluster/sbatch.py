@@ -14,8 +14,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.cluster.config import KILL_WAIT_S
 from infra.node.boot import _ScriptTemplate
-from training.contract import DEFAULT_MASTER_PORT
+from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, DEFAULT_MASTER_PORT, ExitCode
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -79,6 +80,13 @@ def render_sbatch(job: BatchJob) -> str:
         "master_port": str(DEFAULT_MASTER_PORT),
         "checkpoint_root": job.checkpoint_root.rstrip("/"),
         "s3_root": job.s3_root.rstrip("/"),
+        "stop_lead_s": str(KILL_WAIT_S),
+        "stop_signal": f"B:TERM@{KILL_WAIT_S}",
+        "crash_restarts": str(CRASH_RESTARTS),
+        "crash_window_s": str(CRASH_WINDOW_S),
+        "exit_done": str(int(ExitCode.DONE)),
+        "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
+        "exit_interrupted": str(int(ExitCode.INTERRUPTED)),
     }
     for key, value in values.items():
         # These land inside double quotes or #SBATCH lines: nothing may end them.

@@ -47,7 +47,8 @@ _PACKAGES = {
 _START_TIMEOUT_S = 30
 
 # What slurm.conf(5) says each line does, for the lines a test relies on:
-# - RequeueExit=75: a batch job that exits 75 is requeued (the trainer's "interrupted").
+# - no RequeueExit: the batch script requeues a job that checkpointed and stopped itself,
+#   so the tests show it needs no slurm.conf setting the project does not control.
 # - AuthInfo cred_expire=10: a requeued job may start again cred_expire + 1 s after it
 #   ended (default 120 s), so a requeue costs the tests 11 s instead of two minutes.
 # - ReturnToService=2: a node set DOWN rejoins as soon as it is set back (RESUME).
@@ -78,7 +79,6 @@ AccountingStorageType=accounting_storage/none
 ReturnToService=2
 SlurmdTimeout=30
 KillWait=30
-RequeueExit=75
 {nodes}
 PartitionName={partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """
