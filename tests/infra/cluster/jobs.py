@@ -7,7 +7,6 @@ checkpoints in a folder both nodes share.
 
 from __future__ import annotations
 
-import itertools
 import sys
 import time
 from pathlib import Path
@@ -134,12 +133,10 @@ def assert_completed(job: Submitted, state: dict) -> list[float]:
 
 
 def assert_completed_after_a_crash(job: Submitted, state: dict) -> list[float]:
-    """As assert_completed, for a run that crashed and started again in place: the steps
-    it had trained past its last checkpoint are trained, and logged, again. Each step's
-    last record counts; the log goes back at least once."""
+    """As assert_completed, for a run that crashed and started again in place: steps it had
+    logged past its last checkpoint are trained, and logged, again; each step's last
+    record counts."""
     assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", job.log[-3000:]
-    steps = [r["step"] for r in job.metrics]
-    assert any(later <= earlier for earlier, later in itertools.pairwise(steps)), steps
     losses = {r["step"]: r["loss"] for r in job.metrics}
     assert sorted(losses) == list(range(1, STEPS + 1))
     return [losses[step] for step in range(1, STEPS + 1)]

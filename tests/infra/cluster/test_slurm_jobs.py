@@ -205,3 +205,21 @@ def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, tmp_pat
         last,
     ), last
     say(f"job {job.id}: {CRASH_RESTARTS + 1} crashes, ended FAILED: {last}")
+
+
+def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(
+    slurm, tmp_path, reference_losses, say
+):
+    """What the time-limit warning (#SBATCH --signal=B:TERM@...) does: only the shell hears it."""
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(3)
+    slurm.command("scancel", "--signal=TERM", "--batch", job.id)
+    state = job.wait_until_done()
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
+    step = int(stops[0])
+    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert state["Restarts"] == "1"
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
