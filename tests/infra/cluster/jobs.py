@@ -32,7 +32,15 @@ DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "
 class Submitted:
     """One submitted job: its id, folders and log."""
 
-    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME, s3_root: str = ""):
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        work: Path,
+        name: str = JOB_NAME,
+        s3_root: str = "",
+        sbatch_options: tuple[str, ...] = (),
+        job: tuple[str, ...] = JOB,
+    ):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
         script = work / "train.sbatch"
@@ -52,12 +60,13 @@ class Submitted:
             TRAIN_MASTER_PORT=str(free_port()),
             TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
         )
-        overrides = [arg for override in JOB for arg in ("--set", override)]
+        overrides = [arg for override in job for arg in ("--set", override)]
         out = cluster.command(
             "sbatch",
             "--parsable",
             f"--chdir={work}",
             f"--job-name={name}",
+            *sbatch_options,
             str(script),
             *overrides,
             env=env,

@@ -14,6 +14,7 @@ import time
 import pytest
 
 from tests.infra.cluster.jobs import (
+    JOB,
     JOB_NAME,
     STEPS,
     Submitted,
@@ -223,3 +224,33 @@ def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(
     assert state["Restarts"] == "1"
     assert_finished_like_the_reference(job, state, reference_losses)
     say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
+
+
+def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, say):
+    """The batch shell's warning before --time ends the job: checkpoint, requeue, resume.
+
+    The job is far too long to finish: the test stops it once it has come back. Slurm
+    looks at time limits every 30 s or so, and sends the warning (here 45 s ahead of a
+    2-minute limit) at the first look inside that lead.
+    """
+    job = Submitted(
+        slurm,
+        tmp_path,
+        sbatch_options=("--time=2", "--signal=B:TERM@45"),
+        job=(*JOB, "train.steps=1000000"),
+    )
+    try:
+        wait_for_restarts(job, 1)
+        deadline = time.monotonic() + 120
+        while "resumed from" not in job.log:
+            assert time.monotonic() < deadline, job.log[-3000:]
+            time.sleep(0.5)
+    finally:
+        slurm.command("scancel", job.id, check=False)
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
+    step = int(stops[0])
+    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert "checkpointed and stopped: requeueing it" in job.log
+    say(f"job {job.id}: time-limit warning, checkpoint at step {step}, requeued, resumed")
