@@ -11,6 +11,7 @@ Pure Python: the Pulumi program renders it for the stack, the tests render and r
 from __future__ import annotations
 
 import shlex
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,6 +88,8 @@ def render_sbatch(job: BatchJob) -> str:
         "exit_done": str(int(ExitCode.DONE)),
         "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
         "exit_interrupted": str(int(ExitCode.INTERRUPTED)),
+        # srun's exit status for a task killed by a signal is 128 + its number.
+        "killed_by_sigterm": str(128 + signal.SIGTERM),
     }
     for key, value in values.items():
         # These land inside double quotes or #SBATCH lines: nothing may end them.

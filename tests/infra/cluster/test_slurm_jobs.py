@@ -252,5 +252,5 @@ def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, s
     assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
     step = int(stops[0])
     assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
-    assert "checkpointed and stopped: requeueing it" in job.log
+    assert "stopped: requeueing it; it resumes from its newest" in job.log
     say(f"job {job.id}: time-limit warning, checkpoint at step {step}, requeued, resumed")
