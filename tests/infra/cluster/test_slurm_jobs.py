@@ -21,6 +21,7 @@ from tests.infra.cluster.jobs import (
     assert_completed,
     assert_completed_after_a_crash,
 )
+from tests.support.slurm import slurm_cluster
 from training.contract import CRASH_RESTARTS
 
 pytestmark = pytest.mark.slow
@@ -123,10 +124,22 @@ def wait_for_restarts(job: Submitted, count: int) -> None:
         time.sleep(0.2)
 
 
+@pytest.fixture(scope="module")
+def slurm_with_requeue_exit(tmp_path_factory):
+    """A second cluster whose slurm.conf requeues exit 75 itself, as ParallelCluster's does."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm-requeue-exit"), ("RequeueExit=75",)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("requeue_exit", [False, True], ids=["no-RequeueExit", "RequeueExit=75"])
 def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(
-    slurm, tmp_path, reference_losses, say
+    request, tmp_path, reference_losses, say, requeue_exit
 ):
-    """scancel --full signals the batch shell and srun too, not only the tasks."""
+    """scancel --full signals the batch shell and srun too, not only the tasks.
+
+    Whether or not slurm.conf requeues exit 75 too, each stop is one requeue.
+    """
+    slurm = request.getfixturevalue("slurm_with_requeue_exit" if requeue_exit else "slurm")
     job = Submitted(slurm, tmp_path)
     step = 0
     for stop in range(1, 4):
@@ -145,7 +158,10 @@ def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(
     stopped = [int(s) for s in re.findall(r"stopped at step (\d+) \(SIGTERM\)", job.log)[::2]]
     assert resumed == stopped, job.log[-3000:]
     assert_finished_like_the_reference(job, state, reference_losses)
-    say(f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed")
+    say(
+        f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed"
+        + (" (RequeueExit=75 set)" if requeue_exit else "")
+    )
 
 
 def test_scontrol_requeue_checkpoints_and_resumes(slurm, tmp_path, reference_losses, say):
