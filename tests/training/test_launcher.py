@@ -87,6 +87,11 @@ def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     assert job.returncode == 1
     assert "Traceback" in job.stderr and "hidden_size" in job.stderr
     assert "a worker failed" in job.stderr
+    # The launcher names each failed worker in one line: rank, node, status.
+    for rank in (0, 1):
+        assert re.search(
+            rf"rank {rank} \(local rank {rank}\) on node 0 \(\S+\) exited with status 1", job.stderr
+        ), job.stderr[-2000:]
 
 
 def host_address() -> str:
