@@ -24,9 +24,17 @@ class ExitCode(IntEnum):
     INTERRUPTED = 75
 
 
+# How often a crashed run (exit 1, or a worker or launcher killed by a signal) is started
+# again from the last committed checkpoint: at most CRASH_RESTARTS times within
+# CRASH_WINDOW_S; the next crash in that window ends the job. The boot unit on a single
+# node (systemd's StartLimitBurst and StartLimitIntervalSec) and the Slurm batch script
+# on a cluster (in one allocation) both apply it.
+CRASH_RESTARTS = 3
+CRASH_WINDOW_S = 6 * 3600
+
 EXIT_MEANING = {
     ExitCode.DONE: "done",
-    ExitCode.FAILED: "a worker failed: see its error above",
+    ExitCode.FAILED: "a worker failed: the line above names it, its error is above that",
     ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
     ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
 }

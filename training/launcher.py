@@ -11,6 +11,7 @@ import ctypes
 import logging
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 
@@ -116,12 +117,36 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
             [failure.exitcode for failure in error.failures.values()],
             stop_requested=bool(_forwarded),
         )
+        if code == ExitCode.FAILED:
+            for rank, failure in sorted(error.failures.items()):
+                log.error(
+                    failed_worker_line(rank, failure.local_rank, failure.exitcode, topo.node_rank)
+                )
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def failed_worker_line(rank: int, local_rank: int, exit_code: int, node_rank: int) -> str:
+    """One line that names a failed worker: its rank, its node and how it ended.
+
+    A worker killed by a signal (the kernel's OOM killer, a SIGKILL) prints nothing
+    itself; torch reports it with a negative exit code.
+    """
+    # Slurm names its node in the task's environment (srun(1), SLURMD_NODENAME); the
+    # host name elsewhere.
+    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    where = f"rank {rank} (local rank {local_rank}) on node {node_rank} ({node})"
+    if exit_code < 0:
+        try:
+            name = signal.Signals(-exit_code).name
+        except ValueError:  # a real-time signal has no name
+            name = f"signal {-exit_code}"
+        return f"{where} was killed by {name}"
+    return f"{where} exited with status {exit_code}"
 
 
 def stopped_before_training(signal_name: str | None) -> int:

@@ -11,11 +11,13 @@ Pure Python: the Pulumi program renders it for the stack, the tests render and r
 from __future__ import annotations
 
 import shlex
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.cluster.config import KILL_WAIT_S
 from infra.node.boot import _ScriptTemplate
-from training.contract import DEFAULT_MASTER_PORT, ENV
+from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, DEFAULT_MASTER_PORT, ENV, ExitCode
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -93,6 +95,15 @@ def render_sbatch(job: BatchJob) -> str:
         "master_port": str(DEFAULT_MASTER_PORT),
         "checkpoint_root": job.checkpoint_root.rstrip("/"),
         "s3_root": job.s3_root.rstrip("/"),
+        "stop_lead_s": str(KILL_WAIT_S),
+        "stop_signal": f"B:TERM@{KILL_WAIT_S}",
+        "crash_restarts": str(CRASH_RESTARTS),
+        "crash_window_s": str(CRASH_WINDOW_S),
+        "exit_done": str(int(ExitCode.DONE)),
+        "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
+        "exit_interrupted": str(int(ExitCode.INTERRUPTED)),
+        # srun's exit status for a task killed by a signal is 128 + its number.
+        "killed_by_sigterm": str(128 + signal.SIGTERM),
     }
     for key, value in values.items():
         # These land inside double quotes or #SBATCH lines: nothing may end them.

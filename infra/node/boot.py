@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from infra.node.agent import cloudwatch_agent_config
-from training.contract import ExitCode
+from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, ExitCode
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -164,6 +164,8 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "bin_dir": BIN_DIR,
                 "done_marker": DONE_MARKER,
                 "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
+                "start_limit_burst": CRASH_RESTARTS + 1,
+                "crash_window_s": CRASH_WINDOW_S,
             },
         ),
         ENV_FILE: _env_file(node.environment()),

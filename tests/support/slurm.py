@@ -47,7 +47,8 @@ _PACKAGES = {
 _START_TIMEOUT_S = 30
 
 # What slurm.conf(5) says each line does, for the lines a test relies on:
-# - RequeueExit=75: a batch job that exits 75 is requeued (the trainer's "interrupted").
+# - no RequeueExit: the batch script requeues a job that checkpointed and stopped itself,
+#   so the tests show it needs no slurm.conf setting the project does not control.
 # - AuthInfo cred_expire=10: a requeued job may start again cred_expire + 1 s after it
 #   ended (default 120 s), so a requeue costs the tests 11 s instead of two minutes.
 # - ReturnToService=2: a node set DOWN rejoins as soon as it is set back (RESUME).
@@ -78,8 +79,7 @@ AccountingStorageType=accounting_storage/none
 ReturnToService=2
 SlurmdTimeout=30
 KillWait=30
-RequeueExit=75
-{nodes}
+{settings}{nodes}
 PartitionName={partition} Nodes={node_list} Default=YES MaxTime=INFINITE State=UP
 """
 _NODE_LINE = (
@@ -132,8 +132,11 @@ class SlurmCluster:
 
 
 @contextlib.contextmanager
-def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
-    """Start munged, slurmctld and slurmd n1/n2 with state in `root`; stop them at the end."""
+def slurm_cluster(root: Path, settings: tuple[str, ...] = ()) -> Iterator[SlurmCluster]:
+    """Start munged, slurmctld and slurmd n1/n2 with state in `root`; stop them at the end.
+
+    `settings`: more slurm.conf lines, e.g. "RequeueExit=75".
+    """
     tools = {name: require_tool(name, package) for name, package in _PACKAGES.items()}
     if os.geteuid() != 0:
         _unavailable("a loopback Slurm cluster runs its daemons as root (SlurmdUser=root)")
@@ -146,6 +149,7 @@ def slurm_cluster(root: Path) -> Iterator[SlurmCluster]:
             root=root,
             ctld_port=free_port(),
             nodes=nodes,
+            settings="".join(f"{line}\n" for line in settings),
             partition=PARTITION,
             node_list=",".join(NODES),
         )

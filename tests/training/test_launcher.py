@@ -11,7 +11,7 @@ import pytest
 from tests.training.jobs import TINY, job_env, run_job, start_job
 from tests.training.multirank import free_port
 from training.checkpoint.s3 import S3Mirror
-from training.launcher import TopologyError, _job_exit_code, topology_from_env
+from training.launcher import TopologyError, _job_exit_code, failed_worker_line, topology_from_env
 
 
 def test_topology_defaults_to_one_cpu_node_with_two_workers():
@@ -87,6 +87,11 @@ def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     assert job.returncode == 1
     assert "Traceback" in job.stderr and "hidden_size" in job.stderr
     assert "a worker failed" in job.stderr
+    # The launcher names each failed worker in one line: rank, node, status.
+    for rank in (0, 1):
+        assert re.search(
+            rf"rank {rank} \(local rank {rank}\) on node 0 \(\S+\) exited with status 1", job.stderr
+        ), job.stderr[-2000:]
 
 
 def host_address() -> str:
@@ -131,3 +136,15 @@ def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
         assert node.returncode == 0, stderr[-3000:]
     assert "world size 2" in outputs[0][1]
     assert S3Mirror.from_uri(s3_uri).latest_tag() == "step_00000004"
+
+
+def test_a_failed_worker_is_named_by_rank_node_and_how_it_ended(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n2")
+    assert failed_worker_line(3, 1, -9, 1) == (
+        "rank 3 (local rank 1) on node 1 (n2) was killed by SIGKILL"
+    )
+    assert (
+        failed_worker_line(0, 0, 1, 0)
+        == "rank 0 (local rank 0) on node 0 (n2) exited with status 1"
+    )
+    assert failed_worker_line(2, 0, -40, 0).endswith("was killed by signal 40")

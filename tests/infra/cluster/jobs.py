@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
 from tests.support.slurm import NODES, SlurmCluster
 from tests.training.jobs import TINY, read_metrics
@@ -37,6 +39,8 @@ class Submitted:
         name: str = JOB_NAME,
         s3_root: str = "",
         launch: Launch | None = None,
+        sbatch_options: tuple[str, ...] = (),
+        job: tuple[str, ...] = JOB,
     ):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
@@ -57,12 +61,13 @@ class Submitted:
             TRAIN_MASTER_PORT=str(free_port()),
             TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
         )
-        overrides = [arg for override in JOB for arg in ("--set", override)]
+        overrides = [arg for override in job for arg in ("--set", override)]
         out = cluster.command(
             "sbatch",
             "--parsable",
             f"--chdir={work}",
             f"--job-name={name}",
+            *sbatch_options,
             str(script),
             *overrides,
             env=env,
@@ -80,6 +85,37 @@ class Submitted:
 
     def state(self) -> dict[str, str]:
         return self.cluster.job(self.id)
+
+    def training_process(self, node_rank: int, *, worker: bool) -> psutil.Process | None:
+        """This job's launcher (worker=False) or worker of rank 0 on a node, if it runs now.
+
+        Found by what Slurm and torch put in their environment: the job id and node
+        rank (srun), RANK for a worker (torch's launcher).
+        """
+        for process in psutil.process_iter(["cmdline"]):
+            try:
+                # python -m training: not srun or a shell that has it in its arguments
+                if (process.info["cmdline"] or [])[1:3] != ["-m", "training"]:
+                    continue
+                env = process.environ()
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            if (
+                env.get("SLURM_JOB_ID") == self.id
+                and env.get("SLURM_NODEID") == str(node_rank)
+                and ("RANK" in env) == worker
+            ):
+                return process
+        return None
+
+    def kill(self, node_rank: int, *, worker: bool) -> int:
+        """SIGKILL this job's launcher or worker on a node once it runs: its pid."""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (process := self.training_process(node_rank, worker=worker)) is None:
+            assert time.monotonic() < deadline, f"no process to kill:\n{self.log[-3000:]}"
+            time.sleep(0.1)
+        process.kill()
+        return process.pid
 
     def wait_for_step(self, step: int) -> None:
         """Until rank 0 has logged `step` (the job trains on both nodes)."""
@@ -104,3 +140,13 @@ def assert_completed(job: Submitted, state: dict) -> list[float]:
     records = job.metrics
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))  # none twice or missing
     return [r["loss"] for r in records]
+
+
+def assert_completed_after_a_crash(job: Submitted, state: dict) -> list[float]:
+    """As assert_completed, for a run that crashed and started again in place: steps it had
+    logged past its last checkpoint are trained, and logged, again; each step's last
+    record counts."""
+    assert state["JobState"] == "COMPLETED" and state["ExitCode"] == "0:0", job.log[-3000:]
+    losses = {r["step"]: r["loss"] for r in job.metrics}
+    assert sorted(losses) == list(range(1, STEPS + 1))
+    return [losses[step] for step in range(1, STEPS + 1)]

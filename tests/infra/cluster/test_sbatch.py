@@ -29,7 +29,7 @@ HOST = rendered(Launch.host("/usr/bin/python3"))
 def test_the_two_forms_differ_only_in_the_launch_prefix():
     options = shlex.join(CLUSTER_LAUNCH.srun_options)
     as_host = CLUSTER.replace(options, "", 1).replace(
-        "\n  python -m training", "\n  /usr/bin/python3 -m training", 1
+        "\n    python -m training", "\n    /usr/bin/python3 -m training", 1
     )
     assert as_host == HOST
     # Pyxis's image syntax for a registry other than Docker Hub: registry#repository:tag.
@@ -38,7 +38,7 @@ def test_the_two_forms_differ_only_in_the_launch_prefix():
         "gpu-stack-test-images:1.0-cu128" in CLUSTER
     )
     assert "--container-mounts=/scratch:/scratch,/home:/home" in CLUSTER
-    assert "/usr/bin/python3 -m training" in HOST and "\n  python -m training" in CLUSTER
+    assert "/usr/bin/python3 -m training" in HOST and "\n    python -m training" in CLUSTER
 
 
 def test_the_script_sets_only_variables_the_trainer_reads():
@@ -74,3 +74,13 @@ def test_every_variable_the_script_exports_keeps_the_jobs_value_under_pyxis():
 def test_a_value_that_would_break_the_script_is_refused():
     with pytest.raises(ValueError, match="checkpoint_root"):
         render_sbatch(BatchJob(nodes=2, launch=Launch.host("python"), checkpoint_root='/a"b'))
+
+
+def test_the_script_warns_before_the_time_limit_and_bounds_crash_restarts():
+    # The shell alone gets SIGTERM the cluster's KillWait (120 s) before the time limit.
+    assert "\n#SBATCH --signal=B:TERM@120\n" in CLUSTER
+    # The single-node boot unit's bound (training/contract.py): 3 restarts in 6 hours.
+    assert 'if [ "$crashes" -gt 3 ]; then' in CLUSTER
+    assert "-lt 21600 ]" in CLUSTER
+    # srun is started outside the batch shell's process tree, never exec'd by it.
+    assert "setsid --fork bash -c" in CLUSTER and "exec srun" not in CLUSTER

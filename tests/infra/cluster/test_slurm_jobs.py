@@ -18,7 +18,16 @@ import pytest
 
 from infra.cluster.sbatch import Launch
 from infra.components.cluster import CONTAINER_MOUNTS
-from tests.infra.cluster.jobs import JOB_NAME, STEPS, Submitted, assert_completed
+from tests.infra.cluster.jobs import (
+    JOB,
+    JOB_NAME,
+    STEPS,
+    Submitted,
+    assert_completed,
+    assert_completed_after_a_crash,
+)
+from tests.support.slurm import slurm_cluster
+from training.contract import CRASH_RESTARTS
 
 PYXIS_ENV = Path(__file__).with_name("pyxis_env.py")
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-cu128"
@@ -81,7 +90,8 @@ def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(
     assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]  # both nodes' ranks
     step = int(stops[0])
     assert 3 <= step < STEPS
-    assert state["Restarts"] == "1", job.log[-3000:]  # requeued through RequeueExit=75
+    # Requeued by the script itself: this cluster's slurm.conf has no RequeueExit.
+    assert state["Restarts"] == "1", job.log[-3000:]
     checkpoint = tmp_path / "ckpt" / JOB_NAME / f"step_{step:08d}"
     assert f"resumed from {checkpoint} at step {step}" in job.log
     assert_finished_like_the_reference(job, state, reference_losses)
@@ -162,3 +172,158 @@ def test_the_jobs_checkpoints_land_where_the_sbatch_said_when_the_image_sets_its
         f"job {job.id}: the image sets {IMAGE_CHECKPOINT_DIR}; checkpoints committed under "
         f"the sbatch's {tmp_path / 'ckpt' / JOB_NAME} ({len(committed)} of them)"
     )
+
+
+def wait_for_restarts(job: Submitted, count: int) -> None:
+    deadline = time.monotonic() + 120
+    while int(job.state()["Restarts"]) < count:
+        assert time.monotonic() < deadline, f"not requeued:\n{job.log[-3000:]}"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def slurm_with_requeue_exit(tmp_path_factory):
+    """A second cluster whose slurm.conf requeues exit 75 itself, as ParallelCluster's does."""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm-requeue-exit"), ("RequeueExit=75",)) as c:
+        yield c
+
+
+@pytest.mark.parametrize("requeue_exit", [False, True], ids=["no-RequeueExit", "RequeueExit=75"])
+def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(
+    request, tmp_path, reference_losses, say, requeue_exit
+):
+    """scancel --full signals the batch shell and srun too, not only the tasks.
+
+    Whether or not slurm.conf requeues exit 75 too, each stop is one requeue.
+    """
+    slurm = request.getfixturevalue("slurm_with_requeue_exit" if requeue_exit else "slurm")
+    job = Submitted(slurm, tmp_path)
+    step = 0
+    for stop in range(1, 4):
+        job.wait_for_step(step + 3)  # trained past where it last stopped
+        slurm.command("scancel", "--signal=TERM", "--full", job.id)
+        wait_for_restarts(job, stop)
+        stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+        assert len(stops) == 2 * stop, job.log[-3000:]  # both nodes' ranks, each time
+        assert stops[-1] == stops[-2] and int(stops[-1]) >= step + 3, stops
+        step = int(stops[-1])
+    state = job.wait_until_done()
+
+    assert "forcing job termination" not in job.log
+    assert state["Restarts"] == "3"
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", job.log)]
+    stopped = [int(s) for s in re.findall(r"stopped at step (\d+) \(SIGTERM\)", job.log)[::2]]
+    assert resumed == stopped, job.log[-3000:]
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(
+        f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed"
+        + (" (RequeueExit=75 set)" if requeue_exit else "")
+    )
+
+
+def test_scontrol_requeue_checkpoints_and_resumes(slurm, tmp_path, reference_losses, say):
+    """A requeue (the project's stop uses requeuehold) signals every process of the job."""
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(3)
+    slurm.command("scontrol", "requeue", job.id)
+    state = job.wait_until_done()
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
+    step = int(stops[0])
+    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert state["Restarts"] == "1"
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(f"job {job.id}: scontrol requeue, checkpoint at step {step}, resumed, completed")
+
+
+@pytest.mark.parametrize("killed", ["worker", "launcher"])
+def test_a_killed_process_restarts_the_launchers_from_the_last_checkpoint(
+    slurm, tmp_path, reference_losses, say, killed
+):
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(6)  # past the checkpoint of step 4
+    job.kill(1, worker=killed == "worker")
+    state = job.wait_until_done()
+
+    if killed == "worker":
+        assert "rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL" in job.log
+    # 3 restarts in 6 hours (training/contract.py), the single-node boot unit's bound
+    assert "(crash 1 in 21600 s, restart 1 of 3): starting again from the" in job.log
+    resumed = re.findall(r"resumed from \S+/step_(\d+) at step (\d+)", job.log)
+    assert len(resumed) == 1 and int(resumed[0][1]) >= 4, job.log[-3000:]
+    assert state["Restarts"] == "0"  # in the same allocation, no requeue
+    losses = assert_completed_after_a_crash(job, state)
+    assert losses == pytest.approx(reference_losses, rel=1e-6, abs=1e-7)
+    say(f"job {job.id}: {killed} on n2 killed, restarted at step {resumed[0][1]}, completed")
+
+
+def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, tmp_path, say):
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(6)
+    for crash in range(1, CRASH_RESTARTS + 2):
+        job.kill(1, worker=True)
+        if crash <= CRASH_RESTARTS:  # wait until it trains again: rank 0 has resumed
+            deadline = time.monotonic() + 120
+            while job.log.count("resumed from") < crash:
+                assert time.monotonic() < deadline, job.log[-3000:]
+                time.sleep(0.2)
+    state = job.wait_until_done()
+
+    assert state["JobState"] == "FAILED" and state["Restarts"] == "0", job.log[-3000:]
+    assert job.log.count("rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL") == 4
+    last = job.log.strip().splitlines()[-1]
+    assert re.fullmatch(
+        rf"slurm: job {job.id} failed: the launchers ended with status 1, crash 4 in 21600 s "
+        "after 3 restarts; not restarting",
+        last,
+    ), last
+    say(f"job {job.id}: {CRASH_RESTARTS + 1} crashes, ended FAILED: {last}")
+
+
+def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(
+    slurm, tmp_path, reference_losses, say
+):
+    """What the time-limit warning (#SBATCH --signal=B:TERM@...) does: only the shell hears it."""
+    job = Submitted(slurm, tmp_path)
+    job.wait_for_step(3)
+    slurm.command("scancel", "--signal=TERM", "--batch", job.id)
+    state = job.wait_until_done()
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
+    step = int(stops[0])
+    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert state["Restarts"] == "1"
+    assert_finished_like_the_reference(job, state, reference_losses)
+    say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
+
+
+def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, say):
+    """The batch shell's warning before --time ends the job: checkpoint, requeue, resume.
+
+    The job is far too long to finish: the test stops it once it has come back. Slurm
+    looks at time limits every 30 s or so, and sends the warning (here 45 s ahead of a
+    2-minute limit) at the first look inside that lead.
+    """
+    job = Submitted(
+        slurm,
+        tmp_path,
+        sbatch_options=("--time=2", "--signal=B:TERM@45"),
+        job=(*JOB, "train.steps=1000000"),
+    )
+    try:
+        wait_for_restarts(job, 1)
+        deadline = time.monotonic() + 120
+        while "resumed from" not in job.log:
+            assert time.monotonic() < deadline, job.log[-3000:]
+            time.sleep(0.5)
+    finally:
+        slurm.command("scancel", job.id, check=False)
+
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
+    step = int(stops[0])
+    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert "stopped: requeueing it; it resumes from its newest" in job.log
+    say(f"job {job.id}: time-limit warning, checkpoint at step {step}, requeued, resumed")

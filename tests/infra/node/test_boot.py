@@ -121,6 +121,8 @@ def test_the_unit_follows_the_trainers_exit_codes_and_stops_the_scripts_containe
     # on-failure: 1 (failed) and 75 (interrupted, checkpointed) start the job again, 0 does not.
     assert service["Restart"] == "on-failure"
     assert service["RestartPreventExitStatus"].split() == [str(int(ExitCode.BAD_CONFIG))]
+    # A crash is started again 3 times in 6 hours, as the Slurm batch script does: 4 starts.
+    assert (service["StartLimitBurst"], service["StartLimitIntervalSec"]) == ("4", "21600")
     # ExecStop stops the container run-training.sh starts (SIGTERM: the trainer checkpoints),
     # within systemd's own stop timeout, after which it would kill everything at once.
     stop = re.fullmatch(r"/usr/bin/docker stop --time (\d+) (\S+)", service["ExecStop"])
