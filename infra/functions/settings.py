@@ -25,6 +25,11 @@ _KEYS = {
     "region": "PRICE_REGION",
     "prices": "PRICES_USD_PER_HOUR",
 }
+# Set only for the stacks that have one: absent means none.
+_OPTIONAL_KEYS = {
+    "cluster_name": "CLUSTER_NAME",
+    "capacity_block_id": "CAPACITY_BLOCK_ID",
+}
 
 
 class SettingsError(ValueError):
@@ -43,6 +48,10 @@ class GuardSettings:
     thresholds_percent: tuple[float, ...]
     region: str
     prices: Mapping[str, Mapping[str, float]]
+    # A Slurm cluster's ParallelCluster name: the guard stops its compute fleet the way
+    # `pcluster update-compute-fleet --status STOP_REQUESTED` does.
+    cluster_name: str = ""
+    capacity_block_id: str = ""  # the Capacity Block the stack's nodes launch into
 
     def __post_init__(self) -> None:
         if self.budget_period not in PERIODS:
@@ -68,7 +77,11 @@ class GuardSettings:
             "region": self.region,
             "prices": json.dumps(self.prices, separators=(",", ":"), sort_keys=True),
         }
-        return {_KEYS[name]: value for name, value in values.items()}
+        environment = {_KEYS[name]: value for name, value in values.items()}
+        for name, key in _OPTIONAL_KEYS.items():
+            if getattr(self, name):
+                environment[key] = getattr(self, name)
+        return environment
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> GuardSettings:
@@ -90,6 +103,7 @@ class GuardSettings:
                 thresholds_percent=thresholds,
                 region=raw["region"],
                 prices=json.loads(raw["prices"]),
+                **{name: environ.get(key, "") for name, key in _OPTIONAL_KEYS.items()},
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"the function's environment is malformed: {exc}") from None
