@@ -19,9 +19,9 @@ PERIOD_KEY = "period"  # the table's partition key (a string)
 class Ledger:
     """What a stack spent in one budget period, up to `accounted_until`.
 
-    `running` lists the instances that were running at `accounted_until`: an instance among
-    them found restarted later was stopped at a time EC2 no longer says, and is counted as
-    running through the gap (counting too much, never too little).
+    `running` lists the instances that were running (or pending) at `accounted_until`: an
+    instance among them found restarted later was stopped at a time EC2 no longer says, and is
+    counted as running through the gap (counting too much, never too little).
     """
 
     period: str  # "2026-12" for a monthly budget, "2026-12-01" for a daily one

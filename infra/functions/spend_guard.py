@@ -25,6 +25,7 @@ The clock is a parameter of `run_guard`; `handler` is the Lambda entry point.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -167,9 +168,12 @@ def run_guard(
     reported), and a ledger it cannot write does not keep it from stopping the stack.
     """
     period, period_start = budget_period(now, settings.budget_period)
+    closing = _close_previous_period(settings, ec2, dynamodb, period_start)
     write_error = ""
     for attempt in range(WRITE_ATTEMPTS):
         before, unreadable = _read_before(dynamodb, settings.table, period, period_start, now)
+        if before.version == 0 and closing is not None:  # running across the boundary
+            before = dataclasses.replace(before, running=closing.running)
         instances = stack_instances(ec2, settings.cost_tag)
         block_fee, block_problem = _capacity_block_fee(settings, ec2, before)
         since = max(before.accounted_until_time, period_start)
@@ -245,6 +249,30 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     }
     print(json.dumps(summary))  # one line per run in the function's log group
     return summary
+
+
+def _close_previous_period(
+    settings: GuardSettings, ec2: Any, dynamodb: Any, period_start: datetime.datetime
+) -> Ledger | None:
+    """Count the end of the period before this one, from its last run to its last instant:
+    the first run of a period is the only one that can. Returns that period's ledger."""
+    previous, previous_start = budget_period(
+        period_start - datetime.timedelta(microseconds=1), settings.budget_period
+    )
+    try:
+        item = read_item(dynamodb, settings.table, previous)
+        before = from_item(item) if item else None
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError, ClientError):
+        return None  # its own runs reported it; this period's count goes on
+    if before is None or before.accounted_until_time >= period_start:
+        return before
+    instances = stack_instances(ec2, settings.cost_tag)
+    since = max(before.accounted_until_time, previous_start)
+    charges = _charges(settings, ec2, instances, before, since, period_start)
+    closed = _account(settings, before, instances, charges, period_start)
+    with contextlib.suppress(ClientError):  # another run closed it first
+        write_ledger(dynamodb, settings.table, closed, after=before.version)
+    return closed
 
 
 def _opening(period: str, start: datetime.datetime) -> Ledger:
@@ -350,8 +378,9 @@ def _account(
             "what they cost and stops the stack rather than count them as free; add the "
             "price to infra/knowledge/data/prices.toml and run pulumi up"
         )
+    # Pending ones too: one that starts and is stopped between two runs is counted from here.
     running = tuple(
-        sorted(i["InstanceId"] for i in instances if i["State"]["Name"] == BILLED_STATE)
+        sorted(i["InstanceId"] for i in instances if i["State"]["Name"] in STOPPABLE_STATES)
     )
     notified = before.notified_thresholds
     if before.budget_usd != settings.budget_usd:  # a new budget: thresholds of the new one
