@@ -89,6 +89,9 @@ class TrainingStack(pulumi.ComponentResource):
                 cost_tag=(tag_key, tag_value),
                 alert_topic_arn=guardrails.alert_topic_arn,
                 head_node=head_node,
+                # SlurmCluster names its ParallelCluster cluster after the stack.
+                cluster_name=name if config.cluster is not None else "",
+                capacity_block_id=config.capacity_block_id or "",
             ),
             opts=child,
         )
