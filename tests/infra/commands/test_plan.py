@@ -23,9 +23,9 @@ def test_default_profile_prints_the_plan():
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023"
         "/latest/ami-id" in out
     )
-    assert "$32.77/h" in out and "$9.90/h" in out  # on-demand and spot
+    assert "$21.96/h" in out and "$9.90/h" in out  # on-demand and spot
     assert "0.1.0-torch2.13.0-cu130-py3.12" in out and "595.91.07" in out
-    assert "upper bound" in out
+    assert "upper bound" not in out  # priced after the June 2025 cut
 
 
 def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():

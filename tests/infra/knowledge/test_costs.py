@@ -10,15 +10,15 @@ PROFILES = ("v100x1", "a100x2", "a100x8-80g", "a100x8")
 
 
 def test_p4d_on_demand_runway():
-    plan = resolve_profile("a100x8")  # p4d.24xlarge: $32.7726/h on-demand, $9.9/h spot
+    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $9.9/h spot
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
     assert summary["instance_type"] == "p4d.24xlarge"
     assert summary["market"] == "on-demand"
-    assert summary["on_demand_usd_per_hour"] == 32.77
+    assert summary["on_demand_usd_per_hour"] == 21.96
     assert summary["spot_usd_per_hour"] == 9.9
-    assert summary["hourly_usd"] == 32.77
+    assert summary["hourly_usd"] == 21.96
     assert summary["monthly_budget_usd"] == 500
-    assert summary["runway_hours"] == 15.3  # 500 / 32.7726
+    assert summary["runway_hours"] == 22.8  # 500 / 21.96
     assert summary["runway_hours_spot"] == 50.5  # 500 / 9.9
 
 
@@ -28,7 +28,7 @@ def test_spot_market_sets_the_runway():
     assert summary["market"] == "spot"
     assert summary["hourly_usd"] == 9.9
     assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
-    assert summary["runway_hours_on_demand"] == 15.3
+    assert summary["runway_hours_on_demand"] == 22.8
 
 
 def test_costs_scale_with_nodes():
@@ -65,4 +65,4 @@ def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_pric
     plan = resolve("p4d.24xlarge", nodes=2)
     summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
     # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
-    assert summary["worst_case_overspend_usd"] == round(2 * 32.7726 * 6 / 60, 2)
+    assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * 6 / 60, 2)
