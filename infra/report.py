@@ -91,7 +91,10 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         f"spot {costs['runway_hours_spot']:.1f} h)",
         f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
         f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
-        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s",
+        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s"
+        if costs["worst_case_overspend_usd"] is not None
+        else "overspend      none: the block is paid up front; the spend guard counts its fee "
+        "once and never stops its nodes",
     ]
     if hours is not None:
         lines.append(
@@ -138,6 +141,14 @@ def format_cost_table(costs: Mapping[str, Any]) -> str:
             f"{costs['runway_hours_spot']:,.1f} h",
         ),
     ]
+    if costs["market"] not in ("on-demand", "spot"):  # a Capacity Block or a reservation
+        rows.append(
+            (
+                f"{costs['market']} *",
+                f"${costs['hourly_usd']:,.2f}",
+                f"{costs['runway_hours']:,.1f} h",
+            )
+        )
     lines = [
         format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
         f"* this stack's market; runway: hours of full load one budget ({period}) buys",
@@ -145,6 +156,8 @@ def format_cost_table(costs: Mapping[str, Any]) -> str:
     lines.append(
         f"worst case: ${costs['worst_case_overspend_usd']:,.2f} past the budget before the "
         "spend guard's stop takes hold"
+        if costs["worst_case_overspend_usd"] is not None
+        else "worst case: the block is paid up front; the spend guard never stops its nodes"
     )
     if costs.get("max_run_usd") is not None:
         lines.append(

@@ -134,7 +134,7 @@ def describe_stack(stack: StackConfig, region: str) -> str:
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),
             *cluster,
-            format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
+            format_costs(cost_summary(plan, stack.guardrails, market=stack.market)),
             "price model    "
             + price_model(
                 plan,

@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MARKETS = ("on-demand", "spot", "capacity-block")
+from infra.functions.market import PRICED_MARKETS
+
 PERIODS = ("MONTHLY", "DAILY")
 
 _KEYS = {
@@ -38,7 +39,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class GuardSettings:
-    """`prices` maps instance type -> market (MARKETS) -> $/h per instance, for `region`."""
+    """`prices` maps instance type -> market (PRICED_MARKETS) -> $/h per instance, for
+    `region`."""
 
     table: str
     topic_arn: str
@@ -60,7 +62,7 @@ class GuardSettings:
             raise SettingsError(f"budget {self.budget_usd!r} is not above 0 USD")
         for instance_type, by_market in self.prices.items():
             for market, price in by_market.items():
-                if market not in MARKETS or not price > 0:
+                if market not in PRICED_MARKETS or not price > 0:
                     raise SettingsError(f"price {instance_type} {market} = {price!r} is invalid")
 
     def price(self, instance_type: str, market: str) -> float | None:

@@ -40,6 +40,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
+from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
 
 UTC = datetime.UTC
@@ -126,8 +127,11 @@ def _node_type(instance: dict[str, Any]) -> str:
     return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == NODE_TYPE_TAG), "")
 
 
-def market(instance: dict[str, Any]) -> str:
-    return instance.get("InstanceLifecycle") or "on-demand"
+def market(instance: dict[str, Any]) -> Market:
+    """Spot, capacity block or on-demand (a reservation's instances are on-demand ones); a
+    lifecycle EC2 may add later counts at the on-demand price, the dearest."""
+    lifecycle = instance.get("InstanceLifecycle")
+    return Market(lifecycle) if lifecycle in Market.__members__.values() else Market.ON_DEMAND
 
 
 def running_hours(
@@ -304,13 +308,13 @@ def _charges(
         if hours <= 0:
             continue
         kind = market(instance)
-        if kind == "spot":
+        if kind == Market.SPOT:
             zone = instance["Placement"]["AvailabilityZone"]
             key = (instance["InstanceType"], zone)
             if key not in spot_prices:
                 spot_prices[key] = _spot_price(ec2, settings, *key, since, now)
             price = spot_prices[key]
-        elif kind == "capacity-block" and settings.capacity_block_id in before.prepaid_blocks:
+        elif kind == Market.CAPACITY_BLOCK and settings.capacity_block_id in before.prepaid_blocks:
             price = 0.0  # its whole fee is counted already
         else:
             price = settings.price(instance["InstanceType"], kind)
@@ -335,7 +339,7 @@ def _spot_price(
         EndTime=now,
     )["SpotPriceHistory"]
     observed = [float(entry["SpotPrice"]) for entry in history]
-    planned = settings.price(instance_type, "spot")
+    planned = settings.price(instance_type, Market.SPOT)
     known = [*observed, *([planned] if planned is not None else [])]
     return max(known) if known else None
 
@@ -420,7 +424,7 @@ def _enforce(
     live = [
         i
         for i in instances
-        if i["State"]["Name"] in STOPPABLE_STATES and market(i) != "capacity-block"
+        if i["State"]["Name"] in STOPPABLE_STATES and market(i) != Market.CAPACITY_BLOCK
     ]
     compute = sorted(i["InstanceId"] for i in live if _node_type(i) == COMPUTE_NODE)
     rest = [i for i in live if _node_type(i) != COMPUTE_NODE]
@@ -438,7 +442,7 @@ def _enforce(
             ec2.stop_instances(InstanceIds=[instance_id])
             stopped.append(instance_id)
         except ClientError as exc:
-            if market(instance) != "spot":
+            if market(instance) != Market.SPOT:
                 refused.append(f"{instance_id} ({exc.response['Error']['Code']})")
                 continue
             # A one-time spot instance cannot be stopped: ending it is the only way to end
@@ -658,7 +662,7 @@ def _capacity_block_fee(
             f"could not read Capacity Block {block} ({exc}); its instances are counted by "
             "their running time at the block's rate until it can"
         )
-    rate = settings.price(instance_type, "capacity-block")
+    rate = settings.price(instance_type, Market.CAPACITY_BLOCK)
     if rate is None:
         return None, f"no capacity-block price for {instance_type}: block {block} is not counted"
     return (block, hours * count * rate), ""

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from infra.errors import ConfigError
+from infra.functions.market import Market
+
 if TYPE_CHECKING:
     from infra.config.guardrails import GuardrailConfig
     from infra.knowledge.resolver import Plan
@@ -28,27 +31,47 @@ def worst_case_overspend_usd(hourly: float) -> float:
     return hourly * minutes / 60
 
 
-def hourly_usd(plan: Plan, *, spot: bool) -> float:
-    """The stack's full-load $/h (all nodes) in the market it launches into."""
-    return plan.spot_usd_per_hour if spot else plan.on_demand_usd_per_hour
+def hourly_usd(plan: Plan, market: Market) -> float:
+    """The stack's full-load $/h (all nodes) in `market`: the one price the plan, the budget
+    check, the spend guard and status use.
+
+    A Capacity Block's is its effective hourly rate (paid up front for the block's hours); a
+    reservation's, the on-demand rate. A block the catalog cannot price is refused here, at
+    preview, rather than found unpriced by the spend guard after launch.
+    """
+    if market is Market.SPOT:
+        return plan.spot_usd_per_hour
+    if market is Market.CAPACITY_BLOCK:
+        rate = plan.price.capacity_block_usd_per_hour
+        if rate is None:
+            raise ConfigError(
+                f"gpu:capacityBlockId is set, but the catalog has no capacity-block price for "
+                f"{plan.instance.type} in {plan.price.region}, so the budget and the spend "
+                "guard could not count the block; add capacity_block_usd_per_hour for it to "
+                "infra/knowledge/data/prices.toml, or use a type with one"
+            )
+        return rate * plan.nodes
+    return plan.on_demand_usd_per_hour
 
 
-def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> dict[str, Any]:
+def cost_summary(
+    plan: Plan, config: GuardrailConfig, *, market: Market = Market.ON_DEMAND
+) -> dict[str, Any]:
     """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
 
-    `runway_hours` is for the chosen market (`spot`); both markets' runways are given too, so a
-    caller that does not know the market still sees the shorter (on-demand) one.
+    `runway_hours` is for the stack's `market`; the on-demand and spot runways are given too,
+    so a caller that does not know the market still sees the shorter (on-demand) one.
     """
     budget = config.budget_usd
     monthly_budget = budget * DAYS_PER_MONTH if config.budget_period == "DAILY" else budget
     on_demand = plan.on_demand_usd_per_hour
     spot_price = plan.spot_usd_per_hour
-    hourly = hourly_usd(plan, spot=spot)
+    hourly = hourly_usd(plan, market)
     max_hours = config.max_runtime_hours
     return {
         "instance_type": plan.instance.type,
         "nodes": plan.nodes,
-        "market": "spot" if spot else "on-demand",
+        "market": market,
         "on_demand_usd_per_hour": round(on_demand, 2),
         "spot_usd_per_hour": round(spot_price, 2),
         "hourly_usd": round(hourly, 2),
@@ -60,7 +83,10 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "runway_hours_spot": round(budget / spot_price, 1),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
-        "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
+        # A block's fee is all paid when bought: the guard has nothing to stop in time.
+        "worst_case_overspend_usd": (
+            None if market is Market.CAPACITY_BLOCK else round(worst_case_overspend_usd(hourly), 2)
+        ),
     }
 
 
@@ -84,7 +110,8 @@ def price_model(
         return (
             f"Capacity Block {capacity_block_id}: paid up front when bought, {quoted}, for "
             "the whole block whether the nodes run or not; running them adds nothing, and EC2 "
-            "ends them with the block"
+            "ends them with the block. The spend guard counts the block once, up front, and "
+            "never stops its nodes (that would save nothing)"
         )
     if capacity_reservation_id is not None:
         return (

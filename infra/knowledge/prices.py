@@ -19,6 +19,7 @@ from pydantic.dataclasses import dataclass
 
 from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
 from infra.errors import ConfigError
+from infra.functions.market import Market
 
 PRICES_FILE = "prices.toml"
 Usd = Annotated[StrictFloat, Field(gt=0)]
@@ -56,11 +57,14 @@ class InstancePrice:
     def estimated(self) -> bool:
         return self.on_demand_estimated or self.spot_estimated
 
-    def by_market(self) -> dict[str, float]:
-        """market -> $/h, in the spend guard's market names (infra/functions/settings.py)."""
-        markets = {"on-demand": self.on_demand_usd_per_hour, "spot": self.spot_usd_per_hour}
+    def by_market(self) -> dict[Market, float]:
+        """Market -> $/h per instance, for each market priced here."""
+        markets = {
+            Market.ON_DEMAND: self.on_demand_usd_per_hour,
+            Market.SPOT: self.spot_usd_per_hour,
+        }
         if self.capacity_block_usd_per_hour is not None:
-            markets["capacity-block"] = self.capacity_block_usd_per_hour
+            markets[Market.CAPACITY_BLOCK] = self.capacity_block_usd_per_hour
         return markets
 
 

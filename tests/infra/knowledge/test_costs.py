@@ -1,7 +1,9 @@
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.knowledge.costs import cost_summary
+from infra.errors import ConfigError
+from infra.functions.market import Market
+from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
@@ -24,7 +26,7 @@ def test_p4d_on_demand_runway():
 
 def test_spot_market_sets_the_runway():
     plan = resolve_profile("a100x8")
-    summary = cost_summary(plan, GuardrailConfig(budget_usd=500), spot=True)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=500), market=Market.SPOT)
     assert summary["market"] == "spot"
     assert summary["hourly_usd"] == 9.9
     assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
@@ -63,6 +65,32 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
     plan = resolve("p4d.24xlarge", nodes=2)
-    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
     # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
     assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * 6 / 60, 2)
+
+
+@pytest.mark.parametrize(
+    ("market", "expected"),
+    [
+        (Market.ON_DEMAND, 2 * 21.96),
+        (Market.SPOT, 2 * 9.9),
+        (Market.CAPACITY_BLOCK, 2 * 14.75),  # the block's effective rate, not on-demand's
+        (Market.RESERVATION, 2 * 21.96),  # a reservation bills at the on-demand rate
+    ],
+)
+def test_one_price_per_market(market, expected):
+    plan = resolve("p4d.24xlarge", nodes=2)
+    assert hourly_usd(plan, market) == pytest.approx(expected)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=1000), market=market)
+    assert summary["market"] == market and summary["hourly_usd"] == round(expected, 2)
+
+
+def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():
+    plan = resolve("g5.xlarge")
+    with pytest.raises(ConfigError) as caught:
+        hourly_usd(plan, Market.CAPACITY_BLOCK)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "no capacity-block price for g5.xlarge in us-east-1" in message
+    assert "capacity_block_usd_per_hour" in message
