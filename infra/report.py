@@ -6,7 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
-from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.costs import (
+    SPEND_GUARD_PERIOD_MINUTES,
+    SPEND_GUARD_TIMEOUT_SECONDS,
+    IdleCost,
+)
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
@@ -102,6 +106,20 @@ def format_costs(costs: Mapping[str, Any]) -> str:
             f"stops each node after {hours:g} h"
         )
     return "\n".join(lines)
+
+
+def format_idle(idle: IdleCost) -> str:
+    """The stack's standing cost (infra.knowledge.costs.idle_cost): what it bills with no job."""
+    parts = [
+        f"root volumes ${idle.root_volumes_usd:,.2f}" if idle.root_volumes_usd else "",
+        f"head node ${idle.head_node_usd:,.2f}" if idle.head_node_usd else "",
+        f"network ${idle.network_usd:,.2f}",
+    ]
+    return (
+        f"idle           ${idle.total_usd:,.2f} a month with no job running "
+        f"({', '.join(p for p in parts if p)}), plus "
+        f"${idle.checkpoint_usd_per_100_gib:,.2f} a month per 100 GiB of checkpoints kept"
+    )
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:

@@ -7,16 +7,8 @@ checkpoint bucket and image repository) and what ParallelCluster keeps for every
 the region (its `parallelcluster-*-v1-do-not-delete` bucket: aws-parallelcluster v3.15.1,
 cli/src/pcluster/models/s3_bucket.py, S3Bucket.get_bucket_name).
 
-Monthly figures are us-east-1 list prices (other regions differ by a few percent), 730 hours
-a month:
-- EBS gp3 storage $0.08 per GB-month; snapshots $0.05 per GB-month ("Amazon EBS pricing",
-  aws.amazon.com/ebs/pricing/, read 2026-12-01);
-- a public IPv4 address, attached or not, $0.005 an hour since 2024-02-01 ("Amazon VPC
-  pricing", aws.amazon.com/vpc/pricing/, "Public IPv4 addresses");
-- a NAT gateway $0.045 an hour before data ("Amazon VPC pricing", "NAT gateway pricing");
-- CloudWatch Logs storage $0.03 per GB-month ("Amazon CloudWatch pricing",
-  aws.amazon.com/cloudwatch/pricing/).
-Instances are listed at $0 a month once terminated; a stopped one bills only its volumes
+Monthly figures are the us-east-1 list prices of infra/knowledge/costs.py. Instances are
+listed at $0 a month once terminated; a stopped one bills only its volumes
 (listed on their own).
 """
 
@@ -25,12 +17,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-HOURS_PER_MONTH = 730
-GP3_USD_PER_GB_MONTH = 0.08
-SNAPSHOT_USD_PER_GB_MONTH = 0.05
-PUBLIC_IPV4_USD_PER_HOUR = 0.005
-NAT_GATEWAY_USD_PER_HOUR = 0.045
-LOG_STORAGE_USD_PER_GB_MONTH = 0.03
+from infra.knowledge.costs import (
+    GP3_USD_PER_GB_MONTH,
+    HOURS_PER_MONTH,
+    LOG_STORAGE_USD_PER_GB_MONTH,
+    SNAPSHOT_USD_PER_GB_MONTH,
+    network_usd_per_hour,
+)
+
 PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
 
 
@@ -80,7 +74,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
             Leftover(
                 "elastic IP",
                 address.get("AllocationId", address["PublicIp"]),
-                PUBLIC_IPV4_USD_PER_HOUR * HOURS_PER_MONTH,
+                network_usd_per_hour(public_ipv4_addresses=1) * HOURS_PER_MONTH,
                 f"{address['PublicIp']}, {'attached' if attached else 'unattached'}",
             )
         )
@@ -99,7 +93,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
                 Leftover(
                     "NAT gateway",
                     gateway["NatGatewayId"],
-                    NAT_GATEWAY_USD_PER_HOUR * HOURS_PER_MONTH,
+                    network_usd_per_hour(nat_gateways=1) * HOURS_PER_MONTH,
                 )
             )
     for interface in ec2.describe_network_interfaces(Filters=tag_filter)["NetworkInterfaces"]:

@@ -5,6 +5,7 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from infra.errors import ConfigError
@@ -23,6 +24,61 @@ DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a m
 # past its budget for at most one period plus one run.
 SPEND_GUARD_PERIOD_MINUTES = 5
 SPEND_GUARD_TIMEOUT_SECONDS = 60
+
+
+# What the stack costs beside its instances, at us-east-1 list prices (other regions differ by
+# a few percent), 730 hours a month:
+HOURS_PER_MONTH = 730
+# gp3 storage, billed while the volume exists, the instance running or stopped ("Amazon EBS
+# pricing", aws.amazon.com/ebs/pricing/); snapshots.
+GP3_USD_PER_GB_MONTH = 0.08
+SNAPSHOT_USD_PER_GB_MONTH = 0.05
+# Every public IPv4 address, attached or not, since 2024-02-01 ("Amazon VPC pricing",
+# aws.amazon.com/vpc/pricing/, "Public IPv4 addresses"); a NAT gateway before data.
+PUBLIC_IPV4_USD_PER_HOUR = 0.005
+NAT_GATEWAY_USD_PER_HOUR = 0.045
+# S3 Standard, first 50 TB a month ("Amazon S3 pricing", aws.amazon.com/s3/pricing/).
+S3_STANDARD_USD_PER_GB_MONTH = 0.023
+# CloudWatch Logs storage ("Amazon CloudWatch pricing", aws.amazon.com/cloudwatch/pricing/).
+LOG_STORAGE_USD_PER_GB_MONTH = 0.03
+
+
+def network_usd_per_hour(*, public_ipv4_addresses: int = 0, nat_gateways: int = 0) -> float:
+    """The network's own $/h, job or no job: the one place network cost is added."""
+    return (
+        public_ipv4_addresses * PUBLIC_IPV4_USD_PER_HOUR + nat_gateways * NAT_GATEWAY_USD_PER_HOUR
+    )
+
+
+@dataclass(frozen=True)
+class IdleCost:
+    """What a stack costs a month with no job running (its nodes stopped or not started)."""
+
+    root_volumes_usd: float  # the nodes' root volumes: EBS bills stopped instances' volumes
+    head_node_usd: float  # a cluster's head node (and its root volume) runs all the time
+    network_usd: float
+    checkpoint_usd_per_100_gib: float  # the bucket, per 100 GiB of checkpoints kept
+
+    @property
+    def total_usd(self) -> float:
+        return self.root_volumes_usd + self.head_node_usd + self.network_usd
+
+
+def idle_cost(
+    plan: Plan, root_volume_gib: int, head_node_usd_per_hour: float | None = None
+) -> IdleCost:
+    """`plan`'s standing cost. An EC2 stack's stopped nodes keep their root volumes and
+    release their public IPv4 addresses (billed only while running); a cluster's compute
+    nodes do not exist without a job, and its head node has no public address (ParallelCluster
+    pre-creates its interface without one: cli/src/pcluster/templates/cluster_stack.py,
+    _add_head_eni, v3.15.1)."""
+    cluster = plan.cluster is not None
+    return IdleCost(
+        root_volumes_usd=0.0 if cluster else plan.nodes * root_volume_gib * GP3_USD_PER_GB_MONTH,
+        head_node_usd=(head_node_usd_per_hour or 0.0) * HOURS_PER_MONTH,
+        network_usd=network_usd_per_hour() * HOURS_PER_MONTH,
+        checkpoint_usd_per_100_gib=100 * S3_STANDARD_USD_PER_GB_MONTH,
+    )
 
 
 def worst_case_overspend_usd(hourly: float) -> float:
