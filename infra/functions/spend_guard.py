@@ -175,7 +175,15 @@ def run_guard(
     closing = _close_previous_period(settings, ec2, dynamodb, period_start)
     write_error = ""
     for attempt in range(WRITE_ATTEMPTS):
-        before, unreadable = _read_before(dynamodb, settings.table, period, period_start, now)
+        try:
+            before, unreadable = _read_before(dynamodb, settings.table, period, period_start, now)
+            read_error = ""
+        except (ClientError, BotoCoreError) as exc:
+            # The table does not answer: count from EC2's facts alone, and write nothing
+            # over a ledger this run could not see.
+            before, unreadable = _opening(period, period_start), "its table did not answer"
+            read_error = f"the ledger could not be read ({_error_code(exc)}): spend counted "
+            read_error += "from EC2's running times since the period began"
         if before.version == 0 and closing is not None:  # running across the boundary
             before = dataclasses.replace(before, running=closing.running)
         instances = stack_instances(ec2, settings.cost_tag)
@@ -185,18 +193,21 @@ def run_guard(
         ledger = _account(
             settings, before, instances, charges, now, block_fee=block_fee, rebuilt=bool(unreadable)
         )
+        if read_error:
+            write_error = read_error
+            break
         try:
             write_ledger(
                 dynamodb, settings.table, ledger, after=None if unreadable else before.version
             )
             break
-        except ClientError as exc:
-            code = exc.response["Error"]["Code"]
+        except (ClientError, BotoCoreError) as exc:
+            code = _error_code(exc)
             if code == _CONFLICT and attempt < WRITE_ATTEMPTS - 1:
                 continue
             write_error = f"the ledger could not be written ({code}): this run's count is lost"
             break
-    problems = [_unreadable_notice(period, unreadable)] if unreadable else []
+    problems = [_unreadable_notice(period, unreadable)] if unreadable and not read_error else []
     problems += [block_problem] if block_problem else []
     enforcement = _enforce(settings, ec2, dynamodb, instances, now) if ledger.stopped else None
     if enforcement is not None:
@@ -214,7 +225,7 @@ def run_guard(
         try:
             write_ledger(dynamodb, settings.table, noted, after=ledger.version)
             ledger = noted
-        except ClientError:  # a newer run holds the ledger: it notifies again
+        except (ClientError, BotoCoreError):  # a newer run holds the ledger: it notifies again
             pass
     sent = tuple(subject for subject, message in notices if (subject, message) not in unsent)
     done = enforcement or Enforcement()
@@ -266,7 +277,15 @@ def _close_previous_period(
     try:
         item = read_item(dynamodb, settings.table, previous)
         before = from_item(item) if item else None
-    except (KeyError, ValueError, TypeError, IndexError, AttributeError, ClientError):
+    except (
+        KeyError,
+        ValueError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        ClientError,
+        BotoCoreError,
+    ):
         return None  # its own runs reported it; this period's count goes on
     if before is None or before.accounted_until_time >= period_start:
         return before
@@ -274,7 +293,7 @@ def _close_previous_period(
     since = max(before.accounted_until_time, previous_start)
     charges = _charges(settings, ec2, instances, before, since, period_start)
     closed = _account(settings, before, instances, charges, period_start)
-    with contextlib.suppress(ClientError):  # another run closed it first
+    with contextlib.suppress(ClientError, BotoCoreError):  # another run closed it first
         write_ledger(dynamodb, settings.table, closed, after=before.version)
     return closed
 
@@ -624,6 +643,13 @@ def _salvage(read: Any, default: Any) -> Any:
         return read()
     except (KeyError, ValueError, TypeError, IndexError, AttributeError):
         return default
+
+
+def _error_code(exc: Exception) -> str:
+    """EC2/DynamoDB's error code, or the kind of failure when the service never answered."""
+    if isinstance(exc, ClientError):
+        return exc.response["Error"]["Code"]
+    return type(exc).__name__
 
 
 def _unreadable_notice(period: str, problem: str) -> str:

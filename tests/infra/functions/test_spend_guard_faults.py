@@ -146,19 +146,20 @@ def test_an_unreadable_ledger_item_is_reported_once_and_the_stack_still_stops(aw
     assert subjects.count(f"{STACK}: spend guard problem") == 1
 
 
-def test_a_ledger_write_that_fails_at_the_budget_does_not_delay_the_stop(aws, topic):
+@pytest.mark.parametrize("operation", ["put_item", "get_item"], ids=["write", "read"])
+def test_a_ledger_that_fails_at_the_budget_does_not_delay_the_stop(aws, topic, operation):
     topic_arn, _ = topic
     world = World(aws["ec2"], DECEMBER)
     config = settings(topic_arn, 100.0)
     node = world.launch()
-    throttled = Failing(aws["dynamodb"], "put_item", "ProvisionedThroughputExceededException")
+    throttled = Failing(aws["dynamodb"], operation, "ProvisionedThroughputExceededException")
     stopped = []
 
     def run(minute):
         failing = 150 <= minute < 240
         outcome = guard(aws, world, config, dynamodb=throttled if failing else aws["dynamodb"])
         if failing:
-            assert any("could not be written" in p for p in outcome.problems)
+            assert any("ledger could not be" in p for p in outcome.problems)
         if outcome.stopped_instances:
             stopped.append((minute, outcome.stopped_instances))
 
