@@ -196,7 +196,10 @@ def test_a_new_period_starts_a_new_ledger(aws, topic):
     january = guard(aws, world, config).ledger
     assert january.period == "2027-01"
     assert january.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])  # one hour
-    assert read_ledger(aws["dynamodb"], "ledger", "2026-12").spent_usd == 0.0
+    # December's last hour (23:00 to midnight) is counted in December, by January's first run.
+    december = read_ledger(aws["dynamodb"], "ledger", "2026-12")
+    assert december.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])
+    assert december.accounted_until == "2027-01-01T00:00:00+00:00"
     assert read_ledger(aws["dynamodb"], "ledger", "2026-11") is None  # never written
 
 
