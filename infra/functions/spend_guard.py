@@ -449,7 +449,7 @@ def _enforce(
     rest = [i for i in live if _node_type(i) != COMPUTE_NODE]
     problems = []
     fleet_stop_requested = False
-    if settings.cluster_name:
+    if settings.cluster_name and live:  # nothing runs: nothing to ask of clustermgtd
         fleet_stop_requested, problem = _request_fleet_stop(dynamodb, settings.cluster_name, now)
         problems += [problem] if problem else []
     terminated, refused = _terminate(ec2, compute)
