@@ -122,6 +122,14 @@ def run(
             f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"
             for shared in leftovers.parallelcluster_buckets(workspace.aws("s3", region))
         ]
+        # The cluster is named after the stack, as its cost tag's value is (__main__.py).
+        cluster = (outputs.get("cost_tag") or "").partition("=")[2]
+        logs = workspace.aws("logs", region)
+        kept += [
+            f"{kept_log.describe()}; ParallelCluster keeps it: "
+            f"`aws logs delete-log-group --log-group-name {kept_log.resource_id}`"
+            for kept_log in (leftovers.parallelcluster_log_groups(logs, cluster) if cluster else [])
+        ]
     unexpected = _unexpected(outputs.get("cost_tag"), region)
     lines = [f"stack {name} is destroyed" + "".join(f", {d}" for d in deleted)]
     if kept:

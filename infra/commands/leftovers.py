@@ -26,6 +26,11 @@ from infra.knowledge.costs import (
 )
 
 PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
+# The cluster's log group, kept after the cluster is deleted (Monitoring.Logs.CloudWatch.
+# DeletionPolicy defaults to Retain): f"/aws/parallelcluster/{cluster}-{timestamp}"
+# (aws-parallelcluster v3.15.1, cli/src/pcluster/templates/cluster_stack.py and constants.py,
+# CW_LOG_GROUP_NAME_PREFIX).
+PARALLELCLUSTER_LOG_GROUPS = "/aws/parallelcluster/"
 
 
 @dataclass(frozen=True)
@@ -105,15 +110,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
         for group in page["logGroups"]:
             tags = logs.list_tags_for_resource(resourceArn=group["arn"].removesuffix(":*"))
             if tags.get("tags", {}).get(key) == value:
-                gigabytes = group.get("storedBytes", 0) / 1e9
-                found.append(
-                    Leftover(
-                        "log group",
-                        group["logGroupName"],
-                        gigabytes * LOG_STORAGE_USD_PER_GB_MONTH,
-                        f"{gigabytes:.2f} GB stored",
-                    )
-                )
+                found.append(_log_group(group))
     return found
 
 
@@ -124,6 +121,23 @@ def parallelcluster_buckets(s3: Any) -> list[str]:
         bucket["Name"]
         for bucket in s3.list_buckets()["Buckets"]
         if bucket["Name"].startswith(prefix) and bucket["Name"].endswith(suffix)
+    )
+
+
+def parallelcluster_log_groups(logs: Any, cluster_name: str) -> list[Leftover]:
+    """The cluster's log groups ParallelCluster keeps after deleting the cluster."""
+    prefix = f"{PARALLELCLUSTER_LOG_GROUPS}{cluster_name}-"
+    pages = logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix)
+    return [_log_group(group) for page in pages for group in page["logGroups"]]
+
+
+def _log_group(group: dict[str, Any]) -> Leftover:
+    gigabytes = group.get("storedBytes", 0) / 1e9
+    return Leftover(
+        "log group",
+        group["logGroupName"],
+        gigabytes * LOG_STORAGE_USD_PER_GB_MONTH,
+        f"{gigabytes:.2f} GB stored",
     )
 
 

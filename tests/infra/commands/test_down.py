@@ -174,3 +174,21 @@ def test_down_with_nothing_left_carrying_the_tag_exits_zero(spot_stack, aws):
     assert result.startswith(
         "stack v100x1 is destroyed; nothing else carrying its cost tag remains"
     )
+
+
+def test_down_of_a_cluster_lists_what_parallelcluster_keeps_apart(spot_stack, aws):
+    stack, instance_ids, _ = spot_stack
+    stack.outputs_.update(cost_tag="=".join(COST_TAG), cluster="slurm")
+    stack.on_destroy = lambda options: aws.client("ec2").terminate_instances(
+        InstanceIds=instance_ids
+    )
+    shared = "parallelcluster-0123456789abcdef-v1-do-not-delete"
+    aws.client("s3").create_bucket(Bucket=shared)
+    kept_log = f"/aws/parallelcluster/{COST_TAG[1]}-202612011200"
+    aws.client("logs").create_log_group(logGroupName=kept_log)
+    aws.client("logs").create_log_group(logGroupName="/aws/parallelcluster/another-202612011200")
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(result, str)  # nothing unexpected: exit 0
+    assert f"  s3://{shared} (ParallelCluster's, for every cluster of" in result
+    assert f"  log group {kept_log} (0.00 GB stored): $0.00 a month" in result
+    assert "another" not in result
