@@ -65,14 +65,23 @@ def every_run(world: World, minutes: int, run, events=None):
         world.advance(minutes=1)
 
 
-def test_a_spot_cluster_is_stopped_the_parallelcluster_way_within_one_run(aws, topic):
+# $100 at 2 x $9.90 + $0.192 an hour (spot) lasts 300.12 minutes, at 2 x $32.7726 + $0.192
+# (on-demand) 91.27 minutes: the runs at minutes 305 and 95 stop them.
+@pytest.mark.parametrize(
+    ("spot", "hourly", "runs_out", "stop"),
+    [(True, 2 * 9.9 + 0.192, 300.12, 305), (False, 2 * 32.7726 + 0.192, 91.27, 95)],
+    ids=["spot", "on-demand"],
+)
+def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
+    aws, topic, spot, hourly, runs_out, stop
+):
     topic_arn, queue = topic
     world = World(aws["ec2"], MONDAY)
     ec2 = Ec2(aws["ec2"], world)  # EC2 refuses to stop the one-time spot compute nodes
     table = fleet_table(aws["dynamodb"], "demo")
     config = settings(topic_arn, 100.0, cluster_name="demo")
     head = world.launch(HEAD_NODE_TYPE, node_type="HeadNode")
-    compute = {world.launch(spot=True, node_type="Compute") for _ in range(2)}
+    compute = {world.launch(spot=spot, node_type="Compute") for _ in range(2)}
     stops = []
 
     def run(minute):
@@ -87,12 +96,12 @@ def test_a_spot_cluster_is_stopped_the_parallelcluster_way_within_one_run(aws, t
 
     every_run(world, 24 * 60, run)
 
-    # $100 at 2 x $9.90 + $0.192 an hour lasts 300.12 minutes: the run at minute 305 stops it.
-    assert stops == [305]
-    assert world.spend() - 100.0 == pytest.approx((2 * 9.9 + 0.192) * (305 - 300.12) / 60, 1e-3)
+    assert stops == [stop]
+    assert world.spend() - 100.0 == pytest.approx(hourly * (stop - runs_out) / 60, abs=0.01)
     fleet = aws["dynamodb"].get_item(TableName=table, Key={"Id": {"S": "COMPUTE_FLEET"}})["Item"]
     assert fleet["Data"]["M"]["status"]["S"] == "STOP_REQUESTED"
-    assert fleet["Data"]["M"]["lastStatusUpdatedTime"]["S"] == "2026-12-07 05:05:00+00:00"
+    stopped_at = MONDAY + datetime.timedelta(minutes=stop)
+    assert fleet["Data"]["M"]["lastStatusUpdatedTime"]["S"] == str(stopped_at)
     subjects = notices(aws["sqs"], queue)
     assert subjects.count(f"{STACK}: spend guard terminated 2 node(s)") == 1
     assert subjects.count(f"{STACK}: spend guard stopped 1 instance(s)") == 1
