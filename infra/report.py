@@ -6,7 +6,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
-from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
+from infra.knowledge.costs import (
+    SPEND_GUARD_PERIOD_MINUTES,
+    SPEND_GUARD_TIMEOUT_SECONDS,
+    IdleCost,
+)
 from infra.knowledge.parallelcluster import ParallelCluster
 from infra.knowledge.profiles import ExchangeRate, Profile
 from infra.knowledge.resolver import Plan
@@ -101,7 +105,10 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         f"spot {costs['runway_hours_spot']:,.1f} h)",
         f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
         f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
-        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s",
+        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s"
+        if costs["worst_case_overspend_usd"] is not None
+        else "overspend      none: the block is paid up front; the spend guard counts its fee "
+        "once and never stops its nodes",
     ]
     if hours is not None:
         lines.append(
@@ -109,6 +116,20 @@ def format_costs(costs: Mapping[str, Any]) -> str:
             f"stops each node after {hours:g} h"
         )
     return "\n".join(lines)
+
+
+def format_idle(idle: IdleCost) -> str:
+    """The stack's standing cost (infra.knowledge.costs.idle_cost): what it bills with no job."""
+    parts = [
+        f"root volumes ${idle.root_volumes_usd:,.2f}" if idle.root_volumes_usd else "",
+        f"head node ${idle.head_node_usd:,.2f}" if idle.head_node_usd else "",
+        f"network ${idle.network_usd:,.2f}",
+    ]
+    return (
+        f"idle           ${idle.total_usd:,.2f} a month with no job running "
+        f"({', '.join(p for p in parts if p)}), plus "
+        f"${idle.checkpoint_usd_per_100_gib:,.2f} a month per 100 GiB of checkpoints kept"
+    )
 
 
 def format_table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
@@ -148,6 +169,14 @@ def format_cost_table(costs: Mapping[str, Any]) -> str:
             f"{costs['runway_hours_spot']:,.1f} h",
         ),
     ]
+    if costs["market"] not in ("on-demand", "spot"):  # a Capacity Block or a reservation
+        rows.append(
+            (
+                f"{costs['market']} *",
+                f"${costs['hourly_usd']:,.2f}",
+                f"{costs['runway_hours']:,.1f} h",
+            )
+        )
     lines = [
         format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
         f"* this stack's market; runway: hours of full load one budget ({period}) buys",
@@ -155,6 +184,8 @@ def format_cost_table(costs: Mapping[str, Any]) -> str:
     lines.append(
         f"worst case: ${costs['worst_case_overspend_usd']:,.2f} past the budget before the "
         "spend guard's stop takes hold"
+        if costs["worst_case_overspend_usd"] is not None
+        else "worst case: the block is paid up front; the spend guard never stops its nodes"
     )
     if costs.get("max_run_usd") is not None:
         lines.append(

@@ -66,12 +66,20 @@ def usd_per_hour(env: Mapping[str, str]) -> float | None:
     return price
 
 
-def run_cost(seconds: float, gpus: int, price: float | None) -> str:
-    """GPU-hours of a run, and what they cost at `price` USD per hour when it is known."""
+def run_cost(
+    seconds: float, gpus: int, price: float | None, processed: float = 0, unit: str = "tokens"
+) -> str:
+    """GPU-hours of a run, and what they cost at `price` USD per hour when it is known, with
+    what a billion tokens (a million images) of the `processed` ones cost: the figure that
+    compares runs on different instances."""
     gpu_hours = gpus * seconds / 3600
     text = f"{gpu_hours:,.2f} GPU-hours"
     if price is not None:
-        text += f", ${price * seconds / 3600:,.2f} at ${price:,.2f}/h"
+        usd = price * seconds / 3600
+        text += f", ${usd:,.2f} at ${price:,.2f}/h"
+        if processed > 0:
+            per, amount = (1e9, "billion") if unit == "tokens" else (1e6, "million")
+            text += f" (${usd / processed * per:,.2f} per {amount} {unit})"
     return text
 
 

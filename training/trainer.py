@@ -376,7 +376,7 @@ class StepMetrics:
             f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
             f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
-            f"{run_cost(took, self.world_size, self.price)}; {accuracy}"
+            f"{run_cost(took, self.world_size, self.price, rate * took, self.unit)}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )

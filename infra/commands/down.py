@@ -15,6 +15,10 @@ before CloudFormation deletes the cluster and its nodes. Its CloudWatch log grou
 (`/aws/parallelcluster/<name>-<timestamp>`) stays after the destroy unless
 gpu:deleteDataOnDestroy is true (Monitoring.Logs.CloudWatch.DeletionPolicy,
 infra/cluster/config.py); it is listed with the rest, and deleted with `--delete-data`.
+
+After the destroy it proves nothing bills by mistake: everything still carrying the stack's
+cost tag is listed with its monthly cost (infra/commands/leftovers.py), apart from what is
+kept on purpose, and the command exits 1 if there is any.
 """
 
 from __future__ import annotations
@@ -26,8 +30,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.commands import head_node, nodes, workspace
+from infra.commands import head_node, leftovers, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
+from infra.commands.outcome import Outcome
+
+EXIT_LEFTOVERS = 1  # something still carries the stack's cost tag after the destroy
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +60,9 @@ def run(
     out=None,
     ask: Callable[[str], str] | None = None,
     sleep: Callable[[float], None] = time.sleep,
-) -> str:
-    """Checkpoint and stop the job, cancel spot requests, destroy; keep data unless asked."""
+) -> str | Outcome:
+    """Checkpoint and stop the job, cancel spot requests, destroy; keep data unless asked;
+    then list what still carries the stack's cost tag (exit 1 if anything does)."""
     out = out or sys.stdout
     say = workspace.printer(out)
     name = workspace.stack_name(args)
@@ -97,43 +105,57 @@ def run(
     cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
     checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
     stack.destroy(on_output=say, color="never")
+    deleted = []
     if args.delete_data:
         if bucket and bucket_exists(s3, bucket):
             say(f"deleted {delete_bucket(s3, bucket)} object version(s) and the bucket {bucket}")
         if repository and repository_exists(ecr, repository):
             images = delete_repository(ecr, repository)
             say(f"deleted the repository {repository} and its {images} image(s)")
-        for group in log_groups(cloudwatch_logs, log_prefix):
-            cloudwatch_logs.delete_log_group(logGroupName=group["logGroupName"])
-            say(f"deleted the log group {group['logGroupName']}")
-        return f"stack {name} is destroyed, its data with it; nothing remains"
-    remains = []
+        for group in leftovers.cluster_log_groups(cloudwatch_logs, log_prefix):
+            cloudwatch_logs.delete_log_group(logGroupName=group.resource_id)
+            say(f"deleted the log group {group.resource_id}")
+        deleted = ["its data with it"]
+    kept = []
     if bucket and bucket_exists(s3, bucket):
         count, size = bucket_usage(s3, bucket)
         last = f", last checkpoint {checkpoint.describe()}" if checkpoint else ""
-        remains.append(f"  s3://{bucket}: {count} object(s), {size / 2**30:.2f} GiB{last}")
+        uploads = leftovers.unfinished_uploads(s3, bucket)
+        unfinished = f", {uploads} unfinished multipart upload(s)" if uploads else ""
+        kept.append(f"  s3://{bucket}: {count} object(s), {size / 2**30:.2f} GiB{last}{unfinished}")
     if repository and repository_exists(ecr, repository):
-        remains.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
-    for group in log_groups(cloudwatch_logs, log_prefix):
-        stored = group.get("storedBytes", 0) / 2**20
-        remains.append(f"  log group {group['logGroupName']}: {stored:.1f} MiB")
-    if not remains:
-        return f"stack {name} is destroyed; nothing remains"
-    return "\n".join(
-        [
-            f"stack {name} is destroyed; what remains (it keeps costing storage):",
-            *remains,
-            f"delete it with `python -m infra down {name} --delete-data`",
+        kept.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
+    # Kept because gpu:deleteDataOnDestroy is false; gone already after --delete-data.
+    kept += [log.describe() for log in leftovers.cluster_log_groups(cloudwatch_logs, log_prefix)]
+    if deployed.is_cluster:
+        kept += [
+            f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"
+            for shared in leftovers.parallelcluster_buckets(workspace.aws("s3", region))
         ]
-    )
+    unexpected = _unexpected(outputs.get("cost_tag"), region)
+    lines = [f"stack {name} is destroyed" + "".join(f", {d}" for d in deleted)]
+    if kept:
+        lines += ["kept on purpose (it keeps costing storage):", *kept]
+        if not args.delete_data:
+            lines.append(f"delete it with `python -m infra down {name} --delete-data`")
+    if not unexpected:
+        lines[0] += "; nothing else carrying its cost tag remains" if kept else "; nothing remains"
+        return "\n".join(lines)
+    monthly = sum(leftover.monthly_usd for leftover in unexpected)
+    lines += [
+        f"still there though the stack is gone (about ${monthly:,.2f} a month):",
+        *(leftover.describe() for leftover in unexpected),
+        "delete them (EC2 console, or the AWS CLI) or find why the destroy kept them",
+    ]
+    return Outcome("\n".join(lines), EXIT_LEFTOVERS)
 
 
-def log_groups(cloudwatch_logs: Any, prefix: str | None) -> list[dict]:
-    """The log groups whose name starts with `prefix` (none without a prefix)."""
-    if not prefix:
+def _unexpected(cost_tag: str | None, region: str) -> list[leftovers.Leftover]:
+    """What still carries the stack's cost tag after the destroy (nothing should)."""
+    if not cost_tag:
         return []
-    pages = cloudwatch_logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix)
-    return [group for page in pages for group in page["logGroups"]]
+    key, _, value = cost_tag.partition("=")
+    return leftovers.tagged_leftovers(lambda service: workspace.aws(service, region), (key, value))
 
 
 def bucket_exists(s3: Any, bucket: str) -> bool:

@@ -145,7 +145,7 @@ def _stack_file_costs(profile: str, plan: Plan) -> str | None:
             f"({stack_plan.variant.name}): `python -m infra plan {profile} --resources` "
             "prices that stack"
         )
-    summary = cost_summary(plan, stack.guardrails, spot=stack.spot)
+    summary = cost_summary(plan, stack.guardrails, market=stack.market)
     return f"stack file     {path.name}\n{format_costs(summary)}"
 
 

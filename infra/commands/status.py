@@ -77,8 +77,12 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
             ],
         ),
         "",
-        f"job         {describe_job(job_status(s3, stack.checkpoint_uri), now)}",
     ]
+    progress = job_status(s3, stack.checkpoint_uri)
+    lines.append(f"job         {describe_job(progress, now)}")
+    rate = unit_cost(out.get("hourly_cost_usd"), progress)
+    if rate:
+        lines.append(f"cost        {rate}")
     checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
     lines.append(f"spend       {_spend(stack, now)}")
@@ -166,6 +170,21 @@ def describe_job(status: dict | None, now: datetime.datetime) -> str:
     updated = datetime.datetime.fromisoformat(status["updated_at"])
     parts.append(f"as of {_duration((now - updated).total_seconds())} ago")
     return ", ".join(parts)
+
+
+def unit_cost(hourly_usd: float | None, status: dict | None) -> str:
+    """What a billion tokens (or a million images) cost at the job's current rate, with every
+    node of the stack running: the figure to compare runs and instance types by."""
+    if not hourly_usd or status is None or not status.get("tokens_per_s"):
+        return ""
+    unit = status.get("unit", "tokens")
+    per = 1e9 if unit == "tokens" else 1e6
+    usd = hourly_usd / (status["tokens_per_s"] * 3600) * per
+    amount = "billion" if per == 1e9 else "million"
+    return (
+        f"${usd:,.2f} per {amount} {unit} at ${hourly_usd:,.2f}/h and "
+        f"{status['tokens_per_s']:,.0f} {unit}/s"
+    )
 
 
 def _duration(seconds: float) -> str:

@@ -23,7 +23,7 @@ from infra.config.stack_file import (
     stack_file_region,
 )
 from infra.errors import ConfigError
-from infra.knowledge.costs import cost_summary
+from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.resolver import Plan
 from infra.report import format_cost_table
 
@@ -75,7 +75,7 @@ def describe(name: str, config: StackConfig, plan: Plan) -> str:
         f"image       {config.image_tag or plan.image_tag} ({plan.variant.name}), AMI "
         f"{plan.ami.name} (driver {plan.ami.driver_version})",
         "",
-        format_cost_table(cost_summary(plan, config.guardrails, spot=config.spot)),
+        format_cost_table(cost_summary(plan, config.guardrails, market=config.market)),
     ]
     lines += [f"warning     {warning}" for warning in (*plan.warnings, *config.guardrails.warnings)]
     return "\n".join(lines)
@@ -125,9 +125,8 @@ def run(
     config, plan = _checked(name)
     _ready_to_rent(name, config, plan, probes or Probes(), out)
     out.write(describe(name, config, plan) + "\n\n")
-    market = "spot" if config.spot else "on-demand"
-    hourly = cost_summary(plan, config.guardrails, spot=config.spot)["hourly_usd"]
-    question = f"Create or update stack {name} at ${hourly:,.2f}/h ({market}) while it runs?"
+    hourly = hourly_usd(plan, config.market)
+    question = f"Create or update stack {name} at ${hourly:,.2f}/h ({config.market}) while it runs?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
         return "nothing was created"
     stack = workspace.open_stack(name, create=True)

@@ -9,9 +9,13 @@ where AWS Budgets acts within hours.
 AWS behaviour the resources rely on (mocks accept anything):
 - Lambda's Python runtimes include boto3, so the code ships as a plain archive of
   infra/functions/ ("Lambda runtimes", docs.aws.amazon.com/lambda/latest/dg/lambda-runtimes.html).
-- ec2:StopInstances honours `aws:ResourceTag/<key>`; the Describe actions take no resource-level
-  permission, only "*" ("Actions, resources, and condition keys for Amazon EC2",
-  docs.aws.amazon.com/service-authorization/latest/reference/list_amazonec2.html).
+- ec2:StopInstances and ec2:TerminateInstances honour `aws:ResourceTag/<key>`; the Describe
+  actions take no resource-level permission, only "*" ("Actions, resources, and condition keys
+  for Amazon EC2", docs.aws.amazon.com/service-authorization/latest/reference/
+  list_amazonec2.html).
+- dynamodb:UpdateItem on a table is what changing one item of it takes ("Actions, resources,
+  and condition keys for Amazon DynamoDB", docs.aws.amazon.com/service-authorization/latest/
+  reference/list_amazondynamodb.html): the cluster's fleet item, in ParallelCluster's table.
 - EventBridge Scheduler invokes a Lambda target as a role it may assume, which needs
   lambda:InvokeFunction ("Set up the execution role", docs.aws.amazon.com/scheduler/latest/
   UserGuide/setting-up.html#setting-up-execution-role).
@@ -34,6 +38,7 @@ import pulumi_aws as aws
 from infra.config.guardrails import GuardrailConfig
 from infra.functions.ledger import PERIOD_KEY
 from infra.functions.settings import GuardSettings
+from infra.functions.spend_guard import FLEET_TABLE_PREFIX
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
 from infra.knowledge.parallelcluster import HeadNode
@@ -57,6 +62,9 @@ class SpendGuardArgs:
     # plan's region from infra/knowledge/data/parallelcluster.toml (without it the guard would
     # fail safe).
     head_node: HeadNode | None = None
+    # The ParallelCluster cluster's name, on a cluster stack: the guard stops its compute fleet.
+    cluster_name: str = ""
+    capacity_block_id: str = ""  # the guard counts the block's fee and never stops it
 
 
 class SpendGuard(pulumi.ComponentResource):
@@ -100,7 +108,16 @@ class SpendGuard(pulumi.ComponentResource):
             role=role.id,
             policy=pulumi.Output.all(
                 partition, region, account, self.ledger.arn, args.alert_topic_arn, log_group.arn
-            ).apply(lambda values: json.dumps(guard_policy(*values, cost_tag=args.cost_tag))),
+            ).apply(
+                lambda values: json.dumps(
+                    guard_policy(
+                        *values,
+                        cost_tag=args.cost_tag,
+                        cluster_name=args.cluster_name,
+                        capacity_block=bool(args.capacity_block_id),
+                    )
+                )
+            ),
             opts=child,
         )
         prices = {
@@ -120,6 +137,8 @@ class SpendGuard(pulumi.ComponentResource):
                 thresholds_percent=args.guardrails.actual_thresholds_percent,
                 region=args.plan.price.region,
                 prices=prices,
+                cluster_name=args.cluster_name,
+                capacity_block_id=args.capacity_block_id,
             ).to_environment()
         )
         self.function = aws.lambda_.Function(
@@ -209,9 +228,32 @@ def guard_policy(
     log_group_arn: str,
     *,
     cost_tag: tuple[str, str],
+    cluster_name: str = "",
+    capacity_block: bool = False,
 ) -> dict[str, Any]:
-    """Stop only instances carrying the stack's tag; read EC2; its own table, topic and logs."""
+    """Stop or end only instances carrying the stack's tag; read EC2; its own table, topic
+    and logs; on a cluster, its compute fleet's status item."""
     tag_key, tag_value = cost_tag
+    instances = f"arn:{partition}:ec2:{region}:{account}:instance/*"
+    the_stacks = {"StringEquals": {f"aws:ResourceTag/{tag_key}": tag_value}}
+    reads = ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
+    # A block's dates and size (the fee counted up front); Describe takes only "*".
+    reads += ["ec2:DescribeCapacityReservations"] if capacity_block else []
+    cluster = (
+        [
+            {
+                "Sid": "StopTheClustersComputeFleet",
+                "Effect": "Allow",
+                "Action": "dynamodb:UpdateItem",
+                "Resource": (
+                    f"arn:{partition}:dynamodb:{region}:{account}:table/"
+                    f"{FLEET_TABLE_PREFIX}{cluster_name}"
+                ),
+            }
+        ]
+        if cluster_name
+        else []
+    )
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -219,15 +261,24 @@ def guard_policy(
                 "Sid": "StopTheStacksInstances",
                 "Effect": "Allow",
                 "Action": "ec2:StopInstances",
-                "Resource": f"arn:{partition}:ec2:{region}:{account}:instance/*",
-                "Condition": {"StringEquals": {f"aws:ResourceTag/{tag_key}": tag_value}},
+                "Resource": instances,
+                "Condition": the_stacks,
+            },
+            # A cluster's compute nodes, and spot instances EC2 will not stop (one-time).
+            {
+                "Sid": "TerminateTheStacksInstances",
+                "Effect": "Allow",
+                "Action": "ec2:TerminateInstances",
+                "Resource": instances,
+                "Condition": the_stacks,
             },
             {
                 "Sid": "ReadInstancesAndSpotPrices",
                 "Effect": "Allow",
-                "Action": ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"],
+                "Action": reads,
                 "Resource": "*",
             },
+            *cluster,
             {
                 "Sid": "KeepTheLedger",
                 "Effect": "Allow",

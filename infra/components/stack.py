@@ -92,6 +92,9 @@ class TrainingStack(pulumi.ComponentResource):
                 cost_tag=(tag_key, tag_value),
                 alert_topic_arn=guardrails.alert_topic_arn,
                 head_node=head_node,
+                # SlurmCluster names its ParallelCluster cluster after the stack.
+                cluster_name=name if config.cluster is not None else "",
+                capacity_block_id=config.capacity_block_id or "",
             ),
             opts=child,
         )
@@ -102,7 +105,7 @@ class TrainingStack(pulumi.ComponentResource):
         )
         # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
         # in the one it uses, and the budget per month.
-        costs = cost_summary(plan, config.guardrails, spot=config.spot)
+        costs = cost_summary(plan, config.guardrails, market=config.market)
         # The outputs of both kinds of stack, which the commands read (docs/contracts.md).
         shared_outputs = {
             "instance_type": plan.instance.type,
@@ -159,7 +162,7 @@ class TrainingStack(pulumi.ComponentResource):
                     instance_store_drives=plan.instance.instance_store_nvme,
                     data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                     train_config=config.train_config_text,
-                    usd_per_hour=hourly_usd(plan, spot=config.spot),
+                    usd_per_hour=hourly_usd(plan, config.market),
                 )
             )
         )

@@ -29,6 +29,7 @@ from common.errors import describe
 from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
+from infra.functions.market import Market
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import hourly_usd
 from infra.knowledge.parallelcluster import load_parallelcluster
@@ -331,12 +332,15 @@ class StackConfig(BaseModel):
         return path
 
     @property
-    def market(self) -> str:
-        """How the nodes are bought: "spot", "capacity-block" or "on-demand" (which includes
-        an On-Demand Capacity Reservation: its instances count against the on-demand quota)."""
+    def market(self) -> Market:
+        """How the nodes are bought."""
         if self.spot:
-            return "spot"
-        return "capacity-block" if self.capacity_block_id is not None else "on-demand"
+            return Market.SPOT
+        if self.capacity_block_id is not None:
+            return Market.CAPACITY_BLOCK
+        if self.capacity_reservation_id is not None:
+            return Market.RESERVATION
+        return Market.ON_DEMAND
 
     @property
     def train_config_text(self) -> str | None:
@@ -413,7 +417,7 @@ class StackConfig(BaseModel):
         """The refusals that need the plan: the guardrails' (instance type allowed, budget,
         alerts) and the trainer's on gpu:trainConfig."""
         self.guardrails.check_instance_type(plan.instance.type)
-        self.guardrails.check_against(hourly_usd(plan, spot=self.spot))
+        self.guardrails.check_against(hourly_usd(plan, self.market))
         if self.train_config is not None:
             self._check_train_config(plan)
 

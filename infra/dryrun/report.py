@@ -8,10 +8,11 @@ from typing import Any
 from infra.config.schema import StackConfig
 from infra.dryrun.mocks import Recorded
 from infra.dryrun.runner import ProgramRun
-from infra.knowledge.costs import cost_summary, price_model
+from infra.knowledge.costs import cost_summary, idle_cost, price_model
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.report import format_cluster, format_costs, format_plan
+from infra.knowledge.resolver import Plan
+from infra.report import format_cluster, format_costs, format_idle, format_plan
 
 # What `--resources` shows per resource type: (label, dotted input path) pairs.
 _KEY_INPUTS: dict[str, tuple[tuple[str, str], ...]] = {
@@ -132,7 +133,8 @@ def describe_stack(stack: StackConfig, region: str) -> str:
         [
             format_plan(plan, profile=profile, rate=profiles.exchange_rate),
             *cluster,
-            format_costs(cost_summary(plan, stack.guardrails, spot=stack.spot)),
+            format_costs(cost_summary(plan, stack.guardrails, market=stack.market)),
+            format_idle(idle_cost(plan, stack.root_volume_gib, *_cluster_standing_prices(plan))),
             "price model    "
             + price_model(
                 plan,
@@ -142,4 +144,16 @@ def describe_stack(stack: StackConfig, region: str) -> str:
             ),
             *(f"warning        {warning}" for warning in stack.guardrails.warnings),
         ]
+    )
+
+
+def _cluster_standing_prices(plan: Plan) -> tuple[float | None, float]:
+    """A cluster's head node $/h and its network's (the NAT gateway and its address) in the
+    plan's region; (None, 0) without a cluster, whose network has no standing cost."""
+    if plan.cluster is None:
+        return None, 0.0
+    parallelcluster, region = load_parallelcluster(), plan.price.region
+    return (
+        parallelcluster.head_node.price_in(region).on_demand_usd_per_hour,
+        parallelcluster.network.price_in(region).usd_per_hour,
     )

@@ -19,9 +19,9 @@ PERIOD_KEY = "period"  # the table's partition key (a string)
 class Ledger:
     """What a stack spent in one budget period, up to `accounted_until`.
 
-    `running` lists the instances that were running at `accounted_until`: an instance among
-    them found restarted later was stopped at a time EC2 no longer says, and is counted as
-    running through the gap (counting too much, never too little).
+    `running` lists the instances that were running (or pending) at `accounted_until`: an
+    instance among them found restarted later was stopped at a time EC2 no longer says, and is
+    counted as running through the gap (counting too much, never too little).
     """
 
     period: str  # "2026-12" for a monthly budget, "2026-12-01" for a daily one
@@ -34,6 +34,10 @@ class Ledger:
     version: int = 0  # 0: not yet written
     running: tuple[str, ...] = ()
     stop_reason: str = ""
+    # Notices SNS did not take, as (subject, message): published again at the next run.
+    unsent: tuple[tuple[str, str], ...] = ()
+    # Capacity Blocks whose whole fee is in spent_usd: each is counted once, up front.
+    prepaid_blocks: tuple[str, ...] = ()
 
     @property
     def accounted_until_time(self) -> datetime.datetime:
@@ -57,6 +61,8 @@ def to_item(ledger: Ledger) -> dict[str, Any]:
         "version": {"N": str(ledger.version)},
         "running": {"L": [{"S": instance_id} for instance_id in ledger.running]},
         "stop_reason": {"S": ledger.stop_reason},
+        "unsent": {"L": [{"L": [{"S": part} for part in notice]} for notice in ledger.unsent]},
+        "prepaid_blocks": {"L": [{"S": block} for block in ledger.prepaid_blocks]},
     }
     return item
 
@@ -73,24 +79,40 @@ def from_item(item: dict[str, Any]) -> Ledger:
         version=int(item["version"]["N"]),
         running=tuple(entry["S"] for entry in item["running"]["L"]),
         stop_reason=item["stop_reason"]["S"],
+        # Absent from items written before these fields existed.
+        unsent=tuple(
+            (notice["L"][0]["S"], notice["L"][1]["S"])
+            for notice in item.get("unsent", {"L": []})["L"]
+        ),
+        prepaid_blocks=tuple(b["S"] for b in item.get("prepaid_blocks", {"L": []})["L"]),
     )
+
+
+def read_item(dynamodb_client: Any, table_name: str, period: str) -> dict[str, Any] | None:
+    """The period's stored item as DynamoDB returns it, or None before the first write."""
+    response = dynamodb_client.get_item(
+        TableName=table_name, Key={PERIOD_KEY: {"S": period}}, ConsistentRead=True
+    )
+    return response.get("Item")
 
 
 def read_ledger(dynamodb_client: Any, table_name: str, period: str) -> Ledger | None:
     """The period's ledger, or None before the guard's first write in that period."""
-    response = dynamodb_client.get_item(
-        TableName=table_name, Key={PERIOD_KEY: {"S": period}}, ConsistentRead=True
-    )
-    item = response.get("Item")
+    item = read_item(dynamodb_client, table_name, period)
     return from_item(item) if item else None
 
 
-def write_ledger(dynamodb_client: Any, table_name: str, ledger: Ledger, *, after: int) -> None:
-    """Store `ledger` if the stored item is still at version `after` (0: none stored yet).
+def write_ledger(
+    dynamodb_client: Any, table_name: str, ledger: Ledger, *, after: int | None
+) -> None:
+    """Store `ledger` if the stored item is still at version `after` (0: none stored yet;
+    None: replace whatever is stored, an item the guard could not read).
 
     Raises the client's ConditionalCheckFailedException when another write came first.
     """
-    if after == 0:
+    if after is None:
+        condition: dict[str, Any] = {}
+    elif after == 0:
         condition = {"ConditionExpression": f"attribute_not_exists({PERIOD_KEY})"}
     else:
         condition = {

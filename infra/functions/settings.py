@@ -12,7 +12,8 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MARKETS = ("on-demand", "spot", "capacity-block")
+from infra.functions.market import PRICED_MARKETS
+
 PERIODS = ("MONTHLY", "DAILY")
 
 _KEYS = {
@@ -25,6 +26,11 @@ _KEYS = {
     "region": "PRICE_REGION",
     "prices": "PRICES_USD_PER_HOUR",
 }
+# Set only for the stacks that have one: absent means none.
+_OPTIONAL_KEYS = {
+    "cluster_name": "CLUSTER_NAME",
+    "capacity_block_id": "CAPACITY_BLOCK_ID",
+}
 
 
 class SettingsError(ValueError):
@@ -33,7 +39,8 @@ class SettingsError(ValueError):
 
 @dataclass(frozen=True)
 class GuardSettings:
-    """`prices` maps instance type -> market (MARKETS) -> $/h per instance, for `region`."""
+    """`prices` maps instance type -> market (PRICED_MARKETS) -> $/h per instance, for
+    `region`."""
 
     table: str
     topic_arn: str
@@ -43,6 +50,10 @@ class GuardSettings:
     thresholds_percent: tuple[float, ...]
     region: str
     prices: Mapping[str, Mapping[str, float]]
+    # A Slurm cluster's ParallelCluster name: the guard stops its compute fleet the way
+    # `pcluster update-compute-fleet --status STOP_REQUESTED` does.
+    cluster_name: str = ""
+    capacity_block_id: str = ""  # the Capacity Block the stack's nodes launch into
 
     def __post_init__(self) -> None:
         if self.budget_period not in PERIODS:
@@ -51,7 +62,7 @@ class GuardSettings:
             raise SettingsError(f"budget {self.budget_usd!r} is not above 0 USD")
         for instance_type, by_market in self.prices.items():
             for market, price in by_market.items():
-                if market not in MARKETS or not price > 0:
+                if market not in PRICED_MARKETS or not price > 0:
                     raise SettingsError(f"price {instance_type} {market} = {price!r} is invalid")
 
     def price(self, instance_type: str, market: str) -> float | None:
@@ -68,7 +79,11 @@ class GuardSettings:
             "region": self.region,
             "prices": json.dumps(self.prices, separators=(",", ":"), sort_keys=True),
         }
-        return {_KEYS[name]: value for name, value in values.items()}
+        environment = {_KEYS[name]: value for name, value in values.items()}
+        for name, key in _OPTIONAL_KEYS.items():
+            if getattr(self, name):
+                environment[key] = getattr(self, name)
+        return environment
 
     @classmethod
     def from_environment(cls, environ: Mapping[str, str]) -> GuardSettings:
@@ -90,6 +105,7 @@ class GuardSettings:
                 thresholds_percent=thresholds,
                 region=raw["region"],
                 prices=json.loads(raw["prices"]),
+                **{name: environ.get(key, "") for name, key in _OPTIONAL_KEYS.items()},
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"the function's environment is malformed: {exc}") from None

@@ -25,9 +25,11 @@ The clock is a parameter of `run_guard`; `handler` is the Lambda entry point.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
+import math
 import os
 import re
 from collections.abc import Iterable
@@ -35,9 +37,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.functions.ledger import Ledger, read_ledger, write_ledger
+from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
+from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
 
 UTC = datetime.UTC
@@ -47,6 +50,17 @@ ENDED_STATES = ("stopping", "stopped", "shutting-down", "terminated")
 WRITE_ATTEMPTS = 3  # a lost conditional write re-reads the ledger and accounts again
 _STATE_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 _CONFLICT = "ConditionalCheckFailedException"
+# A ledger dated later than this past the run's clock is not a concurrent run's: it is wrong.
+FUTURE_TOLERANCE = datetime.timedelta(minutes=5)
+# ParallelCluster tags each node with its role (aws-parallelcluster v3.15.1,
+# cli/src/pcluster/constants.py: PCLUSTER_NODE_TYPE_TAG = "parallelcluster:node-type";
+# values "HeadNode" and "Compute").
+NODE_TYPE_TAG = "parallelcluster:node-type"
+COMPUTE_NODE = "Compute"
+HEAD_NODE = "HeadNode"
+FLEET_TABLE_PREFIX = "parallelcluster-"
+FLEET_ITEM = "COMPUTE_FLEET"
+FLEET_STOPPING = ("STOP_REQUESTED", "STOPPING", "STOPPED")
 
 
 @dataclass(frozen=True)
@@ -65,12 +79,25 @@ class Charge:
 
 
 @dataclass(frozen=True)
+class Enforcement:
+    """What one run did to hold the stack to its budget."""
+
+    stopped: tuple[str, ...] = ()
+    terminated: tuple[str, ...] = ()  # compute nodes, and spot instances EC2 will not stop
+    refused: tuple[str, ...] = ()  # "id (EC2 error code)" for each instance EC2 kept running
+    fleet_stop_requested: bool = False
+    problems: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Outcome:
     ledger: Ledger
     charges: tuple[Charge, ...]
     stopped_instances: tuple[str, ...]  # stopped by this run
     notices: tuple[str, ...]  # subjects published by this run
     unstoppable: tuple[str, ...] = ()  # "id (EC2 error code)" for each stop EC2 refused
+    terminated_instances: tuple[str, ...] = ()
+    problems: tuple[str, ...] = ()  # what went wrong this run, in the function's log
 
 
 def budget_period(now: datetime.datetime, period: str) -> tuple[str, datetime.datetime]:
@@ -96,8 +123,15 @@ def stack_instances(ec2: Any, cost_tag: tuple[str, str]) -> list[dict[str, Any]]
     ]
 
 
-def market(instance: dict[str, Any]) -> str:
-    return instance.get("InstanceLifecycle") or "on-demand"
+def _node_type(instance: dict[str, Any]) -> str:
+    return next((t["Value"] for t in instance.get("Tags", []) if t["Key"] == NODE_TYPE_TAG), "")
+
+
+def market(instance: dict[str, Any]) -> Market:
+    """Spot, capacity block or on-demand (a reservation's instances are on-demand ones); a
+    lifecycle EC2 may add later counts at the on-demand price, the dearest."""
+    lifecycle = instance.get("InstanceLifecycle")
+    return Market(lifecycle) if lifecycle in Market.__members__.values() else Market.ON_DEMAND
 
 
 def running_hours(
@@ -132,39 +166,78 @@ def running_hours(
 def run_guard(
     settings: GuardSettings, *, ec2: Any, dynamodb: Any, sns: Any, now: datetime.datetime
 ) -> Outcome:
-    """Account the stack's spend up to `now`, then alert and stop as the ledger says."""
+    """Account the stack's spend up to `now`, then stop and alert as the ledger says.
+
+    It never fails open: a ledger item it cannot read is rebuilt from EC2's facts (and
+    reported), and a ledger it cannot write does not keep it from stopping the stack.
+    """
     period, period_start = budget_period(now, settings.budget_period)
+    closing = _close_previous_period(settings, ec2, dynamodb, period_start)
+    write_error = ""
     for attempt in range(WRITE_ATTEMPTS):
-        before = read_ledger(dynamodb, settings.table, period) or _opening(period, period_start)
+        try:
+            before, unreadable = _read_before(dynamodb, settings.table, period, period_start, now)
+            read_error = ""
+        except (ClientError, BotoCoreError) as exc:
+            # The table does not answer: count from EC2's facts alone, and write nothing
+            # over a ledger this run could not see.
+            before, unreadable = _opening(period, period_start), "its table did not answer"
+            read_error = f"the ledger could not be read ({_error_code(exc)}): spend counted "
+            read_error += "from EC2's running times since the period began"
+        if before.version == 0 and closing is not None:  # running across the boundary
+            before = dataclasses.replace(before, running=closing.running)
         instances = stack_instances(ec2, settings.cost_tag)
+        block_fee, block_problem = _capacity_block_fee(settings, ec2, before)
         since = max(before.accounted_until_time, period_start)
         charges = _charges(settings, ec2, instances, before, since, now) if now > since else ()
-        ledger = _account(settings, before, instances, charges, now)
-        try:
-            write_ledger(dynamodb, settings.table, ledger, after=before.version)
+        ledger = _account(
+            settings, before, instances, charges, now, block_fee=block_fee, rebuilt=bool(unreadable)
+        )
+        if read_error:
+            write_error = read_error
             break
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] != _CONFLICT or attempt == WRITE_ATTEMPTS - 1:
-                raise
-    stopped, unstoppable = _stop(ec2, instances) if ledger.stopped else ((), ())
-    notices = _notices(settings, ledger, stopped, unstoppable)
-    for subject, message in notices:
-        sns.publish(TopicArn=settings.topic_arn, Subject=subject, Message=message)
+        try:
+            write_ledger(
+                dynamodb, settings.table, ledger, after=None if unreadable else before.version
+            )
+            break
+        except (ClientError, BotoCoreError) as exc:
+            code = _error_code(exc)
+            if code == _CONFLICT and attempt < WRITE_ATTEMPTS - 1:
+                continue
+            write_error = f"the ledger could not be written ({code}): this run's count is lost"
+            break
+    problems = [_unreadable_notice(period, unreadable)] if unreadable and not read_error else []
+    problems += [block_problem] if block_problem else []
+    enforcement = _enforce(settings, ec2, dynamodb, instances, now) if ledger.stopped else None
+    if enforcement is not None:
+        problems.extend(enforcement.problems)
+    notices = [*ledger.unsent, *_notices(settings, ledger, enforcement, problems)]
+    unsent = tuple(notice for notice in notices if not _publish(sns, settings.topic_arn, notice))
     crossed = _crossed(settings, ledger)
-    if crossed:
-        notified = dataclasses.replace(
+    if not write_error and (crossed or unsent != ledger.unsent):
+        noted = dataclasses.replace(
             ledger,
             notified_thresholds=(*ledger.notified_thresholds, *crossed),
+            unsent=unsent,
             version=ledger.version + 1,
         )
         try:
-            write_ledger(dynamodb, settings.table, notified, after=ledger.version)
-            ledger = notified
-        except ClientError as exc:  # a newer run holds the ledger; it notifies again
-            if exc.response["Error"]["Code"] != _CONFLICT:
-                raise
-    subjects = tuple(subject for subject, _ in notices)
-    return Outcome(ledger, tuple(charges), stopped, subjects, unstoppable)
+            write_ledger(dynamodb, settings.table, noted, after=ledger.version)
+            ledger = noted
+        except (ClientError, BotoCoreError):  # a newer run holds the ledger: it notifies again
+            pass
+    sent = tuple(subject for subject, message in notices if (subject, message) not in unsent)
+    done = enforcement or Enforcement()
+    return Outcome(
+        ledger,
+        tuple(charges),
+        done.stopped,
+        sent,
+        done.refused,
+        done.terminated,
+        tuple(problems) + ((write_error,) if write_error else ()),
+    )
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
@@ -185,10 +258,44 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         "stopped": ledger.stopped,
         "stop_reason": ledger.stop_reason,
         "stopped_instances": list(outcome.stopped_instances),
+        "terminated_instances": list(outcome.terminated_instances),
         "notices": list(outcome.notices),
+        "problems": list(outcome.problems),
     }
     print(json.dumps(summary))  # one line per run in the function's log group
     return summary
+
+
+def _close_previous_period(
+    settings: GuardSettings, ec2: Any, dynamodb: Any, period_start: datetime.datetime
+) -> Ledger | None:
+    """Count the end of the period before this one, from its last run to its last instant:
+    the first run of a period is the only one that can. Returns that period's ledger."""
+    previous, previous_start = budget_period(
+        period_start - datetime.timedelta(microseconds=1), settings.budget_period
+    )
+    try:
+        item = read_item(dynamodb, settings.table, previous)
+        before = from_item(item) if item else None
+    except (
+        KeyError,
+        ValueError,
+        TypeError,
+        IndexError,
+        AttributeError,
+        ClientError,
+        BotoCoreError,
+    ):
+        return None  # its own runs reported it; this period's count goes on
+    if before is None or before.accounted_until_time >= period_start:
+        return before
+    instances = stack_instances(ec2, settings.cost_tag)
+    since = max(before.accounted_until_time, previous_start)
+    charges = _charges(settings, ec2, instances, before, since, period_start)
+    closed = _account(settings, before, instances, charges, period_start)
+    with contextlib.suppress(ClientError, BotoCoreError):  # another run closed it first
+        write_ledger(dynamodb, settings.table, closed, after=before.version)
+    return closed
 
 
 def _opening(period: str, start: datetime.datetime) -> Ledger:
@@ -220,12 +327,14 @@ def _charges(
         if hours <= 0:
             continue
         kind = market(instance)
-        if kind == "spot":
+        if kind == Market.SPOT:
             zone = instance["Placement"]["AvailabilityZone"]
             key = (instance["InstanceType"], zone)
             if key not in spot_prices:
                 spot_prices[key] = _spot_price(ec2, settings, *key, since, now)
             price = spot_prices[key]
+        elif kind == Market.CAPACITY_BLOCK and settings.capacity_block_id in before.prepaid_blocks:
+            price = 0.0  # its whole fee is counted already
         else:
             price = settings.price(instance["InstanceType"], kind)
         charges.append(Charge(instance["InstanceId"], instance["InstanceType"], kind, hours, price))
@@ -249,7 +358,7 @@ def _spot_price(
         EndTime=now,
     )["SpotPriceHistory"]
     observed = [float(entry["SpotPrice"]) for entry in history]
-    planned = settings.price(instance_type, "spot")
+    planned = settings.price(instance_type, Market.SPOT)
     known = [*observed, *([planned] if planned is not None else [])]
     return max(known) if known else None
 
@@ -260,11 +369,22 @@ def _account(
     instances: Iterable[dict[str, Any]],
     charges: Iterable[Charge],
     now: datetime.datetime,
+    *,
+    block_fee: tuple[str, float] | None = None,
+    rebuilt: bool = False,
 ) -> Ledger:
+    """The ledger after this run. `block_fee` (block id, $) is a Capacity Block counted now;
+    a `rebuilt` ledger (from an item the guard could not read) counts the larger of what the
+    item still said and the running time EC2 shows since the period began."""
     charges = tuple(charges)
     instances = tuple(instances)
     accounted_until = max(before.accounted_until_time, now)
-    spent = before.spent_usd + sum(charge.usd for charge in charges)
+    counted = sum(charge.usd for charge in charges)
+    spent = max(before.spent_usd, counted) if rebuilt else before.spent_usd + counted
+    prepaid = before.prepaid_blocks
+    if block_fee is not None:
+        spent += block_fee[1]
+        prepaid = (*prepaid, block_fee[0])
     reasons = []
     if spent >= settings.budget_usd:
         reasons.append(
@@ -281,8 +401,9 @@ def _account(
             "what they cost and stops the stack rather than count them as free; add the "
             "price to infra/knowledge/data/prices.toml and run pulumi up"
         )
+    # Pending ones too: one that starts and is stopped between two runs is counted from here.
     running = tuple(
-        sorted(i["InstanceId"] for i in instances if i["State"]["Name"] == BILLED_STATE)
+        sorted(i["InstanceId"] for i in instances if i["State"]["Name"] in STOPPABLE_STATES)
     )
     notified = before.notified_thresholds
     if before.budget_usd != settings.budget_usd:  # a new budget: thresholds of the new one
@@ -297,32 +418,116 @@ def _account(
         updated_at=now.isoformat(),
         accounted_until=accounted_until.isoformat(),
         running=running if now >= before.accounted_until_time else before.running,
+        prepaid_blocks=prepaid,
         version=before.version + 1,
     )
 
 
-def _stop(ec2: Any, instances: Iterable[dict[str, Any]]) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Stop every running or starting instance; their disks stay (a stop, not a terminate).
+def _enforce(
+    settings: GuardSettings,
+    ec2: Any,
+    dynamodb: Any,
+    instances: Iterable[dict[str, Any]],
+    now: datetime.datetime,
+) -> Enforcement:
+    """End the stack's running spend, a cluster the way ParallelCluster does, head node last.
 
-    EC2 refuses the whole call when it cannot stop one of them (a one-time spot instance,
-    say): then each is stopped on its own, so the others stop still. Returns (stopped,
-    "id (error code)" of each refused).
+    Capacity Block instances are left alone: the block is paid up front, so stopping them
+    saves nothing and wastes it. On a cluster the compute fleet's status is set to
+    STOP_REQUESTED first, so that clustermgtd launches no node for queued jobs and, when the
+    head node starts again, keeps the queue inactive until the fleet is started; the compute
+    nodes are terminated at once (what clustermgtd does on that request: their spot instances
+    are one-time and cannot be stopped), and only then is the head node stopped: with it
+    running, $/h would go on past the budget for as long as nobody looks.
     """
-    ids = sorted(i["InstanceId"] for i in instances if i["State"]["Name"] in STOPPABLE_STATES)
-    if not ids:
-        return (), ()
-    try:
-        ec2.stop_instances(InstanceIds=ids)
-        return tuple(ids), ()
-    except ClientError:
-        stopped, refused = [], []
-        for instance_id in ids:
-            try:
-                ec2.stop_instances(InstanceIds=[instance_id])
-                stopped.append(instance_id)
-            except ClientError as exc:
+    live = [
+        i
+        for i in instances
+        if i["State"]["Name"] in STOPPABLE_STATES and market(i) != Market.CAPACITY_BLOCK
+    ]
+    compute = sorted(i["InstanceId"] for i in live if _node_type(i) == COMPUTE_NODE)
+    rest = [i for i in live if _node_type(i) != COMPUTE_NODE]
+    problems = []
+    fleet_stop_requested = False
+    if settings.cluster_name and live:  # nothing runs: nothing to ask of clustermgtd
+        fleet_stop_requested, problem = _request_fleet_stop(dynamodb, settings.cluster_name, now)
+        problems += [problem] if problem else []
+    terminated, refused = _terminate(ec2, compute)
+    stopped: list[str] = []
+    # The head node last, once no compute node needs its clustermgtd.
+    for instance in sorted(rest, key=lambda i: (_node_type(i) == HEAD_NODE, i["InstanceId"])):
+        instance_id = instance["InstanceId"]
+        try:
+            ec2.stop_instances(InstanceIds=[instance_id])
+            stopped.append(instance_id)
+        except ClientError as exc:
+            if market(instance) != Market.SPOT:
                 refused.append(f"{instance_id} ({exc.response['Error']['Code']})")
-        return tuple(stopped), tuple(refused)
+                continue
+            # A one-time spot instance cannot be stopped: ending it is the only way to end
+            # its bill ("Stop a Spot Instance", docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+            # stopping-a-spot-instance.html: only persistent requests can be stopped).
+            ended, kept = _terminate(ec2, [instance_id])
+            terminated += ended
+            refused += kept
+    return Enforcement(
+        tuple(stopped), tuple(terminated), tuple(refused), fleet_stop_requested, tuple(problems)
+    )
+
+
+def _terminate(ec2: Any, instance_ids: list[str]) -> tuple[list[str], list[str]]:
+    """(terminated, "id (error code)" refused), one at a time so one refusal stops no other."""
+    ended, refused = [], []
+    for instance_id in instance_ids:
+        try:
+            ec2.terminate_instances(InstanceIds=[instance_id])
+            ended.append(instance_id)
+        except ClientError as exc:
+            refused.append(f"{instance_id} ({exc.response['Error']['Code']})")
+    return ended, refused
+
+
+def _request_fleet_stop(
+    dynamodb: Any, cluster_name: str, now: datetime.datetime
+) -> tuple[bool, str]:
+    """Write what `pcluster update-compute-fleet --status STOP_REQUESTED` writes.
+
+    ParallelCluster 3.2+ keeps the fleet's status in the item Id=COMPUTE_FLEET of the table
+    `parallelcluster-<cluster name>`, as Data.status and Data.lastStatusUpdatedTime
+    (str(datetime.now(tz=timezone.utc))), changed only from the status it had
+    (aws-parallelcluster v3.15.1, cli/src/pcluster/models/compute_fleet_status_manager.py,
+    JsonComputeFleetStatusManager._put_status; table: cli/src/pcluster/templates/
+    cluster_stack.py, PCLUSTER_DYNAMODB_PREFIX + stack name). clustermgtd on the head node
+    then terminates the compute nodes and sets the partitions INACTIVE.
+    Returns (whether this run requested it, a problem to report).
+    """
+    table = FLEET_TABLE_PREFIX + cluster_name
+    try:
+        dynamodb.update_item(
+            TableName=table,
+            Key={"Id": {"S": FLEET_ITEM}},
+            UpdateExpression="SET #data.#status = :stop, #data.#updated = :now",
+            ConditionExpression="attribute_exists(Id) AND NOT #data.#status IN (:s1, :s2, :s3)",
+            ExpressionAttributeNames={
+                "#data": "Data",
+                "#status": "status",
+                "#updated": "lastStatusUpdatedTime",
+            },
+            ExpressionAttributeValues={
+                ":stop": {"S": "STOP_REQUESTED"},
+                ":now": {"S": str(now)},
+                **{f":s{n}": {"S": status} for n, status in enumerate(FLEET_STOPPING, 1)},
+            },
+        )
+        return True, ""
+    except ClientError as exc:
+        code = exc.response["Error"]["Code"]
+        if code == _CONFLICT:  # already stopping or stopped, or no status yet
+            return False, ""
+        return False, (
+            f"could not set cluster {cluster_name}'s compute fleet to STOP_REQUESTED ({code}); "
+            "its compute nodes are terminated all the same"
+        )
 
 
 def _crossed(settings: GuardSettings, ledger: Ledger) -> tuple[float, ...]:
@@ -337,10 +542,11 @@ def _crossed(settings: GuardSettings, ledger: Ledger) -> tuple[float, ...]:
 def _notices(
     settings: GuardSettings,
     ledger: Ledger,
-    stopped: tuple[str, ...],
-    unstoppable: tuple[str, ...],
+    enforcement: Enforcement | None,
+    problems: Iterable[str],
 ) -> list[tuple[str, str]]:
-    """(subject, message) for each threshold newly passed and for a stop this run made."""
+    """(subject, message) for each threshold newly passed, what this run ended, and each
+    problem it met."""
     stack = settings.cost_tag[1]
     spent = f"${ledger.spent_usd:,.2f} of ${settings.budget_usd:,.2f}"
     notices = [
@@ -351,24 +557,141 @@ def _notices(
         )
         for threshold in _crossed(settings, ledger)
     ]
-    if stopped:
+    done = enforcement or Enforcement()
+    if done.stopped:
         notices.append(
             (
-                f"{stack}: spend guard stopped {len(stopped)} instance(s)",
-                f"Stopped {', '.join(stopped)} because {ledger.stop_reason}. Their volumes are "
-                "kept. The guard stops them again until the budget (gpu:budgetUsd) is raised "
-                "or the period ends.",
+                f"{stack}: spend guard stopped {len(done.stopped)} instance(s)",
+                f"Stopped {', '.join(done.stopped)} because {ledger.stop_reason}. Their volumes "
+                "are kept. The guard stops them again until the budget (gpu:budgetUsd) is "
+                "raised or the period ends.",
             )
         )
-    if unstoppable:
+    if done.terminated:
+        fleet = (
+            f" Cluster {settings.cluster_name}'s compute fleet is STOP_REQUESTED: start it again "
+            "with `pcluster update-compute-fleet --status START_REQUESTED` once the budget allows."
+            if done.fleet_stop_requested
+            else ""
+        )
         notices.append(
             (
-                f"{stack}: spend guard could not stop {len(unstoppable)} instance(s)",
-                f"EC2 refused to stop {', '.join(unstoppable)}, which should stop because "
+                f"{stack}: spend guard terminated {len(done.terminated)} node(s)",
+                f"Terminated {', '.join(done.terminated)} (compute nodes, or spot instances EC2 "
+                f"cannot stop) because {ledger.stop_reason}.{fleet}",
+            )
+        )
+    if done.refused:
+        notices.append(
+            (
+                f"{stack}: spend guard could not stop {len(done.refused)} instance(s)",
+                f"EC2 refused to stop {', '.join(done.refused)}, which should stop because "
                 f"{ledger.stop_reason}. Stop or terminate them yourself.",
             )
         )
+    notices += [(f"{stack}: spend guard problem", problem) for problem in problems]
     return [(subject[:100], message) for subject, message in notices]  # SNS: subject <= 100
+
+
+def _publish(sns: Any, topic_arn: str, notice: tuple[str, str]) -> bool:
+    """Publish one notice; False (kept for the next run) when SNS did not take it."""
+    subject, message = notice
+    try:
+        sns.publish(TopicArn=topic_arn, Subject=subject, Message=message)
+        return True
+    except (ClientError, BotoCoreError):
+        return False
+
+
+def _read_before(
+    dynamodb: Any, table: str, period: str, start: datetime.datetime, now: datetime.datetime
+) -> tuple[Ledger, str]:
+    """The period's ledger and "" or, for an item the guard cannot trust, what is wrong with
+    it and a ledger rebuilt from it: what it still says of the spend and notices, counted
+    again from the period's start (see `_account`)."""
+    item = read_item(dynamodb, table, period)
+    if item is None:
+        return _opening(period, start), ""
+    try:
+        ledger = from_item(item)
+        accounted_until = ledger.accounted_until_time
+        if accounted_until.tzinfo is None or not math.isfinite(ledger.spent_usd):
+            raise ValueError("a number or a time it cannot use")
+        if accounted_until > now + FUTURE_TOLERANCE:
+            problem = f"its accounted_until {ledger.accounted_until} is in the future"
+        else:
+            return ledger, ""
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError) as exc:
+        problem = f"{type(exc).__name__}: {exc}"
+    spent = _salvage(lambda: float(item["spent_usd"]["N"]), 0.0)
+    return (
+        dataclasses.replace(
+            _opening(period, start),
+            spent_usd=spent if math.isfinite(spent) and spent > 0 else 0.0,
+            notified_thresholds=_salvage(
+                lambda: tuple(float(t["N"]) for t in item["notified_thresholds"]["L"]), ()
+            ),
+            prepaid_blocks=_salvage(lambda: tuple(b["S"] for b in item["prepaid_blocks"]["L"]), ()),
+            version=_salvage(lambda: int(item["version"]["N"]), 0),
+        ),
+        problem,
+    )
+
+
+def _salvage(read: Any, default: Any) -> Any:
+    try:
+        return read()
+    except (KeyError, ValueError, TypeError, IndexError, AttributeError):
+        return default
+
+
+def _error_code(exc: Exception) -> str:
+    """EC2/DynamoDB's error code, or the kind of failure when the service never answered."""
+    if isinstance(exc, ClientError):
+        return exc.response["Error"]["Code"]
+    return type(exc).__name__
+
+
+def _unreadable_notice(period: str, problem: str) -> str:
+    return (
+        f"the ledger item of period {period} could not be used ({problem}); it was replaced "
+        "by one counted from EC2's running times since the period began (or what the item "
+        "still said, if more), so spend before the last start of each instance may be missing"
+    )
+
+
+def _capacity_block_fee(
+    settings: GuardSettings, ec2: Any, before: Ledger
+) -> tuple[tuple[str, float] | None, str]:
+    """The stack's Capacity Block fee, to count once, up front: (block id, $) or None, and a
+    problem to report.
+
+    A block is paid when bought, for all its hours and instances ("Capacity Blocks pricing",
+    aws.amazon.com/ec2/capacityblocks/pricing/); EC2 gives its dates and size as a capacity
+    reservation (DescribeCapacityReservations: StartDate, EndDate, TotalInstanceCount,
+    docs.aws.amazon.com/AWSEC2/latest/APIReference/API_CapacityReservation.html).
+    """
+    block = settings.capacity_block_id
+    if not block or block in before.prepaid_blocks:
+        return None, ""
+    try:
+        (reservation,) = ec2.describe_capacity_reservations(CapacityReservationIds=[block])[
+            "CapacityReservations"
+        ]
+        hours = (
+            _aware(reservation["EndDate"]) - _aware(reservation["StartDate"])
+        ).total_seconds() / 3600
+        instance_type = reservation["InstanceType"]
+        count = int(reservation["TotalInstanceCount"])
+    except (ClientError, BotoCoreError, KeyError, ValueError) as exc:
+        return None, (
+            f"could not read Capacity Block {block} ({exc}); its instances are counted by "
+            "their running time at the block's rate until it can"
+        )
+    rate = settings.price(instance_type, Market.CAPACITY_BLOCK)
+    if rate is None:
+        return None, f"no capacity-block price for {instance_type}: block {block} is not counted"
+    return (block, hours * count * rate), ""
 
 
 def _aware(moment: datetime.datetime) -> datetime.datetime:

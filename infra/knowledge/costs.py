@@ -5,7 +5,11 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from infra.errors import ConfigError
+from infra.functions.market import Market
 
 if TYPE_CHECKING:
     from infra.config.guardrails import GuardrailConfig
@@ -30,33 +34,113 @@ SPEND_GUARD_PERIOD_MINUTES = 5
 SPEND_GUARD_TIMEOUT_SECONDS = 60
 
 
+# What the stack costs beside its instances, at us-east-1 list prices (other regions differ by
+# a few percent), 730 hours a month:
+HOURS_PER_MONTH = 730
+# gp3 storage, billed while the volume exists, the instance running or stopped ("Amazon EBS
+# pricing", aws.amazon.com/ebs/pricing/); snapshots.
+GP3_USD_PER_GB_MONTH = 0.08
+SNAPSHOT_USD_PER_GB_MONTH = 0.05
+# Every public IPv4 address, attached or not, since 2024-02-01 ("Amazon VPC pricing",
+# aws.amazon.com/vpc/pricing/, "Public IPv4 addresses"); a NAT gateway before data.
+PUBLIC_IPV4_USD_PER_HOUR = 0.005
+NAT_GATEWAY_USD_PER_HOUR = 0.045
+# S3 Standard, first 50 TB a month ("Amazon S3 pricing", aws.amazon.com/s3/pricing/).
+S3_STANDARD_USD_PER_GB_MONTH = 0.023
+# CloudWatch Logs storage ("Amazon CloudWatch pricing", aws.amazon.com/cloudwatch/pricing/).
+LOG_STORAGE_USD_PER_GB_MONTH = 0.03
+
+
+def network_usd_per_hour(*, public_ipv4_addresses: int = 0, nat_gateways: int = 0) -> float:
+    """What leftover addresses and NAT gateways bill an hour (us-east-1 list prices), for
+    `down`'s report; a planned cluster network is priced per region from
+    data/parallelcluster.toml."""
+    return (
+        public_ipv4_addresses * PUBLIC_IPV4_USD_PER_HOUR + nat_gateways * NAT_GATEWAY_USD_PER_HOUR
+    )
+
+
+@dataclass(frozen=True)
+class IdleCost:
+    """What a stack costs a month with no job running (its nodes stopped or not started)."""
+
+    root_volumes_usd: float  # the nodes' root volumes: EBS bills stopped instances' volumes
+    head_node_usd: float  # a cluster's head node (and its root volume) runs all the time
+    network_usd: float
+    checkpoint_usd_per_100_gib: float  # the bucket, per 100 GiB of checkpoints kept
+
+    @property
+    def total_usd(self) -> float:
+        return self.root_volumes_usd + self.head_node_usd + self.network_usd
+
+
+def idle_cost(
+    plan: Plan,
+    root_volume_gib: int,
+    head_node_usd_per_hour: float | None = None,
+    network_hourly_usd: float = 0.0,
+) -> IdleCost:
+    """`plan`'s standing cost. An EC2 stack's stopped nodes keep their root volumes and
+    release their public IPv4 addresses (billed only while running); a cluster's compute
+    nodes do not exist without a job, and its head node has no public address (ParallelCluster
+    pre-creates its interface without one: cli/src/pcluster/templates/cluster_stack.py,
+    _add_head_eni, v3.15.1)."""
+    cluster = plan.cluster is not None
+    return IdleCost(
+        root_volumes_usd=0.0 if cluster else plan.nodes * root_volume_gib * GP3_USD_PER_GB_MONTH,
+        head_node_usd=(head_node_usd_per_hour or 0.0) * HOURS_PER_MONTH,
+        network_usd=network_hourly_usd * HOURS_PER_MONTH,
+        checkpoint_usd_per_100_gib=100 * S3_STANDARD_USD_PER_GB_MONTH,
+    )
+
+
 def worst_case_overspend_usd(hourly: float) -> float:
     """What the stack can spend past its budget before the spend guard's stop takes hold."""
     minutes = SPEND_GUARD_PERIOD_MINUTES + SPEND_GUARD_TIMEOUT_SECONDS / 60
     return hourly * minutes / 60
 
 
-def hourly_usd(plan: Plan, *, spot: bool) -> float:
-    """The stack's full-load $/h (all nodes) in the market it launches into."""
-    return plan.spot_usd_per_hour if spot else plan.on_demand_usd_per_hour
+def hourly_usd(plan: Plan, market: Market) -> float:
+    """The stack's full-load $/h (all nodes) in `market`: the one price the plan, the budget
+    check, the spend guard and status use.
+
+    A Capacity Block's is its effective hourly rate (paid up front for the block's hours); a
+    reservation's, the on-demand rate. A block the catalog cannot price is refused here, at
+    preview, rather than found unpriced by the spend guard after launch.
+    """
+    if market is Market.SPOT:
+        return plan.spot_usd_per_hour
+    if market is Market.CAPACITY_BLOCK:
+        rate = plan.price.capacity_block_usd_per_hour
+        if rate is None:
+            raise ConfigError(
+                f"gpu:capacityBlockId is set, but the catalog has no capacity-block price for "
+                f"{plan.instance.type} in {plan.price.region}, so the budget and the spend "
+                "guard could not count the block; add capacity_block_usd_per_hour for it to "
+                "infra/knowledge/data/prices.toml, or use a type with one"
+            )
+        return rate * plan.nodes
+    return plan.on_demand_usd_per_hour
 
 
-def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> dict[str, Any]:
+def cost_summary(
+    plan: Plan, config: GuardrailConfig, *, market: Market = Market.ON_DEMAND
+) -> dict[str, Any]:
     """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
 
-    `runway_hours` is for the chosen market (`spot`); both markets' runways are given too, so a
-    caller that does not know the market still sees the shorter (on-demand) one.
+    `runway_hours` is for the stack's `market`; the on-demand and spot runways are given too,
+    so a caller that does not know the market still sees the shorter (on-demand) one.
     """
     budget = config.budget_usd
     monthly_budget = budget * DAYS_PER_MONTH if config.budget_period == "DAILY" else budget
     on_demand = plan.on_demand_usd_per_hour
     spot_price = plan.spot_usd_per_hour
-    hourly = hourly_usd(plan, spot=spot)
+    hourly = hourly_usd(plan, market)
     max_hours = config.max_runtime_hours
     return {
         "instance_type": plan.instance.type,
         "nodes": plan.nodes,
-        "market": "spot" if spot else "on-demand",
+        "market": market,
         "on_demand_usd_per_hour": round(on_demand, 2),
         "spot_usd_per_hour": round(spot_price, 2),
         "hourly_usd": round(hourly, 2),
@@ -68,7 +152,10 @@ def cost_summary(plan: Plan, config: GuardrailConfig, *, spot: bool = False) -> 
         "runway_hours_spot": runway_hours(budget, spot_price, config.budget_period),
         "max_runtime_hours": max_hours,
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
-        "worst_case_overspend_usd": round(worst_case_overspend_usd(hourly), 2),
+        # A block's fee is all paid when bought: the guard has nothing to stop in time.
+        "worst_case_overspend_usd": (
+            None if market is Market.CAPACITY_BLOCK else round(worst_case_overspend_usd(hourly), 2)
+        ),
     }
 
 
@@ -92,7 +179,8 @@ def price_model(
         return (
             f"Capacity Block {capacity_block_id}: paid up front when bought, {quoted}, for "
             "the whole block whether the nodes run or not; running them adds nothing, and EC2 "
-            "ends them with the block"
+            "ends them with the block. The spend guard counts the block once, up front, and "
+            "never stops its nodes (that would save nothing)"
         )
     if capacity_reservation_id is not None:
         return (

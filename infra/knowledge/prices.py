@@ -19,9 +19,16 @@ from pydantic.dataclasses import dataclass
 
 from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
 from infra.errors import ConfigError
+from infra.functions.market import Market
 
 PRICES_FILE = "prices.toml"
 Usd = Annotated[StrictFloat, Field(gt=0)]
+# AWS cut P4d/P4de on-demand prices by up to 33% and P5 by up to 45% from June 2025 (AWS
+# What's New, 2025-06-05, "Announcing up to 45% price reduction for Amazon EC2 NVIDIA
+# GPU-accelerated instances"): a figure taken before then may be half again too high.
+PRICE_CUT = datetime.date(2025, 6, 1)
+# How old a row may grow before tests/infra/knowledge/test_prices.py asks for a refresh.
+MAX_PRICE_AGE_DAYS = 365
 
 
 @dataclass(frozen=True, config=RECORD_CONFIG)
@@ -50,11 +57,14 @@ class InstancePrice:
     def estimated(self) -> bool:
         return self.on_demand_estimated or self.spot_estimated
 
-    def by_market(self) -> dict[str, float]:
-        """market -> $/h, in the spend guard's market names (infra/functions/settings.py)."""
-        markets = {"on-demand": self.on_demand_usd_per_hour, "spot": self.spot_usd_per_hour}
+    def by_market(self) -> dict[Market, float]:
+        """Market -> $/h per instance, for each market priced here."""
+        markets = {
+            Market.ON_DEMAND: self.on_demand_usd_per_hour,
+            Market.SPOT: self.spot_usd_per_hour,
+        }
         if self.capacity_block_usd_per_hour is not None:
-            markets["capacity-block"] = self.capacity_block_usd_per_hour
+            markets[Market.CAPACITY_BLOCK] = self.capacity_block_usd_per_hour
         return markets
 
 
@@ -111,6 +121,12 @@ def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
                 where=where,
                 error=ConfigError,
             )
+            if price.checked < PRICE_CUT:
+                raise ConfigError(
+                    f"{where}, field 'checked': {price.checked} is before AWS's June 2025 GPU "
+                    f"price cut ({PRICE_CUT}), so its figures may be far too high; take them "
+                    f"again with `python -m infra prices --refresh --region {region}`"
+                )
             if price.spot_usd_per_hour > price.on_demand_usd_per_hour:
                 raise ConfigError(
                     f"{where}, field 'spot_usd_per_hour': {price.spot_usd_per_hour} is above "

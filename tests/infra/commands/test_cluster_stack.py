@@ -204,7 +204,7 @@ def test_down_lists_the_clusters_kept_log_group_and_deletes_it_with_delete_data(
     cloudwatch_logs.create_log_group(logGroupName="/aws/parallelcluster/another-202612011828")
     stub_stack.outputs_["cluster_log_group_prefix"] = prefix
     result = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=False), **NO_WAIT)
-    assert f"  log group {prefix}202612011828: 0.0 MiB" in result.splitlines()
+    assert f"  log group {prefix}202612011828 (0.00 GB stored): $0.00 a month" in result
     assert "another" not in result
     said = io.StringIO()
     down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=True), out=said, **NO_WAIT)

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from infra.commands import down
+from infra.commands.outcome import Outcome
 from tests.infra.commands.conftest import (
     BUCKET,
     REPOSITORY,
@@ -119,3 +120,77 @@ def test_repository_name_from_the_image_uri():
     uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-a100x8:0.1.0-torch2.13.0-cu130"
     assert down.repository_name(uri) == "gpu-stack-a100x8"
     assert down.repository_name(None) is None
+
+
+COST_TAG = ("gpu-stack", "gpu-training-stack-l4x1")
+
+
+def test_down_lists_what_still_bills_after_the_destroy_and_exits_non_zero(spot_stack, aws):
+    stack, instance_ids, _ = spot_stack
+    stack.outputs_["cost_tag"] = "=".join(COST_TAG)
+    ec2 = aws.client("ec2")
+    tags = [{"Key": COST_TAG[0], "Value": COST_TAG[1]}]
+    zone = ec2.describe_availability_zones()["AvailabilityZones"][0]["ZoneName"]
+    volume = ec2.create_volume(
+        AvailabilityZone=zone,
+        Size=100,
+        VolumeType="gp3",
+        TagSpecifications=[{"ResourceType": "volume", "Tags": tags}],
+    )["VolumeId"]
+    address = ec2.allocate_address(
+        Domain="vpc", TagSpecifications=[{"ResourceType": "elastic-ip", "Tags": tags}]
+    )
+    # Not the stack's: never listed.
+    ec2.create_volume(AvailabilityZone=zone, Size=8, VolumeType="gp3")
+
+    def destroy(options):  # the destroy ends the nodes and leaves the two behind
+        ec2.terminate_instances(InstanceIds=instance_ids)
+
+    stack.on_destroy = destroy
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+
+    assert isinstance(result, Outcome) and result.exit_code == 1
+    text = result.text
+    # 100 GiB of gp3 at $0.08 a GB-month; a public IPv4 address at $0.005 an hour, 730 hours.
+    assert f"  volume {volume} (100 GiB, available): $8.00 a month" in text
+    assert (
+        f"  elastic IP {address['AllocationId']} ({address['PublicIp']}, unattached): $3.65 a month"
+    ) in text
+    assert "still there though the stack is gone (about $11.65 a month):" in text
+    # What the stack keeps on purpose is listed apart, not as unexpected.
+    kept, unexpected = text.split("still there")
+    assert f"s3://{BUCKET}" in kept and f"repository {REPOSITORY}" in kept
+    assert BUCKET not in unexpected and "instance" not in unexpected
+
+
+def test_down_with_nothing_left_carrying_the_tag_exits_zero(spot_stack, aws):
+    stack, instance_ids, _ = spot_stack
+    stack.outputs_["cost_tag"] = "=".join(COST_TAG)
+    stack.on_destroy = lambda options: aws.client("ec2").terminate_instances(
+        InstanceIds=instance_ids
+    )
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(result, str)
+    assert result.startswith("stack l4x1 is destroyed; nothing else carrying its cost tag remains")
+
+
+def test_down_of_a_cluster_lists_what_parallelcluster_keeps_apart(spot_stack, aws):
+    stack, instance_ids, _ = spot_stack
+    stack.outputs_.update(
+        cost_tag="=".join(COST_TAG),
+        cluster="slurm",
+        cluster_log_group_prefix=f"/aws/parallelcluster/{COST_TAG[1]}-",
+    )
+    stack.on_destroy = lambda options: aws.client("ec2").terminate_instances(
+        InstanceIds=instance_ids
+    )
+    shared = "parallelcluster-0123456789abcdef-v1-do-not-delete"
+    aws.client("s3").create_bucket(Bucket=shared)
+    kept_log = f"/aws/parallelcluster/{COST_TAG[1]}-202612011200"
+    aws.client("logs").create_log_group(logGroupName=kept_log)
+    aws.client("logs").create_log_group(logGroupName="/aws/parallelcluster/another-202612011200")
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(result, str)  # nothing unexpected: exit 0
+    assert f"  s3://{shared} (ParallelCluster's, for every cluster of" in result
+    assert f"  log group {kept_log} (0.00 GB stored): $0.00 a month" in result
+    assert "another" not in result

@@ -29,9 +29,9 @@ def test_default_profile_prints_the_plan():
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023"
         "/latest/ami-id" in out
     )
-    assert "$32.77/h" in out and "$9.90/h" in out  # on-demand and spot
+    assert "$21.96/h" in out and "$9.90/h" in out  # on-demand and spot
     assert "0.1.0-torch2.13.0-cu130-py3.12" in out and "595.91.07" in out
-    assert "upper bound" in out
+    assert "upper bound" not in out  # priced after the June 2025 cut
 
 
 def test_profile_plan_adds_the_budget_and_runway_of_its_stack_file():
@@ -210,3 +210,39 @@ def test_plan_prints_the_worst_case_overspend_beside_budget_and_runway():
     lines = result.stdout.splitlines()
     runway = next(i for i, line in enumerate(lines) if line.startswith("runway "))
     assert lines[runway + 1].startswith(f"overspend      at most ${bound:,.2f} past the budget")
+
+
+CAPACITY_BLOCK_STACK = (
+    "config:\n  aws:region: us-east-1\n  gpu:profile: a100x8\n"
+    "  gpu:capacityBlockId: cr-0123456789abcdef0\n"
+    "  gpu:alertEmails: [ml@example.com]\n  gpu:budgetUsd: {budget}\n"
+)
+P4D_CAPACITY_BLOCK_RATE = 14.75  # $/h, below p4d's $21.96 on-demand
+
+
+def test_a_capacity_block_stack_is_planned_and_budget_checked_at_the_blocks_price(
+    tmp_path, monkeypatch, capsys
+):
+    stack_file = tmp_path / "Pulumi.a100x8.yaml"
+    monkeypatch.setattr(plan, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
+    # $18 buys more than an hour of the block, less than an hour on demand.
+    stack_file.write_text(CAPACITY_BLOCK_STACK.format(budget=18))
+    assert cli.main(["plan", "a100x8"]) == 0
+    out = capsys.readouterr().out
+    assert f"market         capacity-block: ${P4D_CAPACITY_BLOCK_RATE:.2f}/h for the stack" in out
+    assert cli.main(["plan", "--resources", "--stack-file", str(stack_file)]) == 0
+    out = capsys.readouterr().out
+    assert "never stops its nodes" in out and "overspend      none" in out
+    # $10 is less than one hour of the block: refused, naming the block's price.
+    stack_file.write_text(CAPACITY_BLOCK_STACK.format(budget=10))
+    assert cli.main(["plan", "--resources", "--stack-file", str(stack_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"less than one hour of this stack at ${P4D_CAPACITY_BLOCK_RATE:.2f}/h" in err
+
+
+def test_a_capacity_block_of_a_type_without_a_block_price_is_refused_at_preview(tmp_path, capsys):
+    stack_file = tmp_path / "Pulumi.l4x1.yaml"
+    stack_file.write_text(CAPACITY_BLOCK_STACK.format(budget=500).replace("a100x8", "l4x1"))
+    assert cli.main(["plan", "--resources", "--stack-file", str(stack_file)]) == 2
+    err = capsys.readouterr().err
+    assert "no capacity-block price for g6.2xlarge in us-east-1" in err

@@ -58,6 +58,10 @@ def test_nodes_job_checkpoint_and_budget(aws, stub_stack):
     assert "loss 2.7183" in job and "45,210 tokens/s" in job
     assert "11 min to finish" in job and "as of 2 min ago" in job  # 550 steps x 1.2 s
     assert "step_00000400" in next(line for line in lines if line.startswith("checkpoint"))
+    # The stack's $3.06/h (its hourly_cost_usd output) over 45,210 tokens/s:
+    # 3.06 / (45,210 x 3,600) x 1e9 = $18.80 per billion tokens.
+    cost = next(line for line in lines if line.startswith("cost"))
+    assert cost == "cost        $18.80 per billion tokens at $3.06/h and 45,210 tokens/s"
     spend = next(line for line in lines if line.startswith("spend"))
     assert "budget $100.00 a month" in spend and "no spend ledger" in spend
 

@@ -84,7 +84,7 @@ def test_a_capacity_reservation_node_targets_it_on_demand():
         "capacityReservationTarget": {"capacityReservationId": BLOCK}
     }
     on_demand = data_file_prices("p4d.24xlarge").on_demand_usd_per_hour
-    assert run.outputs["market"] == "on-demand"
+    assert run.outputs["market"] == "reservation"
     assert f"${on_demand:.2f}/h (the on-demand rate)" in run.outputs["price_model"]
 
 

@@ -81,17 +81,22 @@ def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profi
 def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_own(profile_run):
     _, run = profile_run
     statements = {s["Sid"]: s for s in policy(run, "-spend-guard")["Statement"]}
-    stop = statements["StopTheStacksInstances"]
-    assert stop["Action"] == "ec2:StopInstances"
-    assert stop["Condition"] == {"StringEquals": {"aws:ResourceTag/gpu-stack": COST_TAG[1]}}
-    # The only EC2 action that changes anything is the stop; nothing terminates or starts.
-    mutating = [
-        action
+    the_stacks = {"StringEquals": {"aws:ResourceTag/gpu-stack": COST_TAG[1]}}
+    # The EC2 actions that change anything: stop and terminate, of the stack's tagged
+    # instances only; nothing starts or launches.
+    mutating = {
+        action: s.get("Condition")
         for s in statements.values()
         for action in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])
         if action.startswith("ec2:") and not action.startswith("ec2:Describe")
+    }
+    assert mutating == {"ec2:StopInstances": the_stacks, "ec2:TerminateInstances": the_stacks}
+    # Neither a cluster's fleet nor a Capacity Block here: no permission for them.
+    assert "StopTheClustersComputeFleet" not in statements
+    assert statements["ReadInstancesAndSpotPrices"]["Action"] == [
+        "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
     ]
-    assert mutating == ["ec2:StopInstances"]
     assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
     assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]
     (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard")]
@@ -114,6 +119,26 @@ def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     assert settings.region == "eu-west-1"
     assert set(settings.prices) == set(ireland)
     assert settings.price("p3.2xlarge", "on-demand") == ireland["p3.2xlarge"].on_demand_usd_per_hour
+
+
+def test_a_cluster_stacks_guard_may_stop_only_its_own_clusters_compute_fleet():
+    run = run_stack(cluster="slurm", nodes=2)
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
+    template = json.loads(one(run, STACK).inputs["templateBody"])
+    cluster_name = template["Resources"]["PclusterCluster"]["Properties"]["ClusterName"]
+    assert settings.cluster_name == cluster_name
+    statements = {s["Sid"]: s for s in policy(run, "-spend-guard")["Statement"]}
+    fleet = statements["StopTheClustersComputeFleet"]
+    assert fleet["Action"] == "dynamodb:UpdateItem"
+    assert fleet["Resource"].endswith(f":table/parallelcluster-{cluster_name}")
+
+
+def test_a_capacity_block_stacks_guard_reads_the_block_it_counts():
+    run = run_stack(profile="a100x8", capacityBlockId="cr-0123456789abcdef0")
+    settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
+    assert settings.capacity_block_id == "cr-0123456789abcdef0"
+    statements = {s["Sid"]: s for s in policy(run, "-spend-guard")["Statement"]}
+    assert "ec2:DescribeCapacityReservations" in statements["ReadInstancesAndSpotPrices"]["Action"]
 
 
 def test_a_cluster_stack_in_eu_west_1_prices_its_head_node_at_eu_west_1s_price():

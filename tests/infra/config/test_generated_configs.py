@@ -134,6 +134,6 @@ def test_any_stack_file_is_a_clear_error_or_a_plan_within_every_limit(entries):
     assert all(key.split(":")[0] in ("gpu", "aws") and key != "aws:regoin" for key in keys)
     assert 0 < config.guardrails.budget_usd <= MAX_BUDGET_USD
     assert 1 <= plan.nodes <= MAX_NODES
-    costs = cost_summary(plan, config.guardrails, spot=config.spot)
+    costs = cost_summary(plan, config.guardrails, market=config.market)
     period_hours = 24 if config.guardrails.budget_period == "DAILY" else 365 / 12 * 24
     assert 0 < costs["runway_hours"] <= round(period_hours, 1)

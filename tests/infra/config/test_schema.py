@@ -40,7 +40,7 @@ BAD_VALUES = [
     ({"trainConfig": "no/such/train.toml"}, ["gpu:trainConfig", "'no/such/train.toml'", "TOML"]),
     ({"budgetUsd": "-5"}, ["gpu:budgetUsd", "-5", "positive amount"]),
     ({"alertEmails": "[]"}, ["gpu:alertEmails", "empty", "gpu:allowNoAlerts"]),
-    ({"budgetUsd": "20"}, ["gpu:budgetUsd", "20", "one hour", "at least 33"]),
+    ({"budgetUsd": "20"}, ["gpu:budgetUsd", "20", "one hour", "at least 22"]),
     ({"cluster": "kubernetes"}, ["gpu:cluster", "'kubernetes'", "'slurm'"]),
     ({"parallelClusterVersion": "3.15.1"}, ["gpu:parallelClusterVersion", "gpu:cluster: slurm"]),
     (

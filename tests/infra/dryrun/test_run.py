@@ -13,7 +13,12 @@ from infra.dryrun.report import describe_run
 from infra.dryrun.runner import run_stack_file
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.infra import data_file_prices, run_cli
+from tests.support.infra import (
+    data_file_cluster_idle_usd_per_hour,
+    data_file_head_node,
+    data_file_prices,
+    run_cli,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -183,3 +188,30 @@ def test_a_missing_stack_file_names_the_profiles_that_have_one():
     stack_files = REPO.glob("Pulumi.*.yaml")
     for name in (path.name.removeprefix("Pulumi.").removesuffix(".yaml") for path in stack_files):
         assert name in result.stderr
+
+
+def test_plan_resources_shows_what_the_stack_costs_with_no_job(tmp_path):
+    # One stopped p4d keeps its 500 GiB gp3 root volume: 500 x $0.08 = $40.00 a month; the
+    # bucket at $0.023 per GB-month is $2.30 a month per 100 GiB.
+    result = run_cli("plan", "a100x8", "--resources")
+    assert result.returncode == 0, result.stderr
+    assert (
+        "idle           $40.00 a month with no job running (root volumes $40.00, network "
+        "$0.00), plus $2.30 a month per 100 GiB of checkpoints kept"
+    ) in result.stdout.splitlines()
+    # A cluster: the head node runs all the time; compute nodes exist only for a job.
+    stack_file = tmp_path / "Pulumi.cluster.yaml"
+    stack_file.write_text(
+        "config:\n  aws:region: us-east-1\n  gpu:profile: a100x8\n  gpu:nodes: 2\n"
+        "  gpu:cluster: slurm\n  gpu:alertEmails: [ml@example.com]\n  gpu:budgetUsd: 500\n"
+    )
+    result = run_cli("plan", "--resources", "--stack-file", str(stack_file))
+    assert result.returncode == 0, result.stderr
+    # Its private subnet's NAT gateway and the gateway's address bill all the time too.
+    head = data_file_head_node("us-east-1").on_demand_usd_per_hour * 730
+    network = data_file_cluster_idle_usd_per_hour("us-east-1") * 730 - head
+    assert (
+        f"idle           ${head + network:,.2f} a month with no job running (head node "
+        f"${head:,.2f}, network ${network:,.2f}), plus $2.30 a month per 100 GiB of "
+        "checkpoints kept"
+    ) in result.stdout.splitlines()

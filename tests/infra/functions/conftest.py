@@ -1,4 +1,5 @@
-"""A moto server (EC2, DynamoDB, SNS, SQS) for the spend guard, and its ledger table."""
+"""A moto server (EC2, DynamoDB, SNS, SQS) for the spend guard, its ledger table and its
+alert topic."""
 
 from __future__ import annotations
 
@@ -26,3 +27,15 @@ def aws(endpoint):
         BillingMode="PAY_PER_REQUEST",
     )
     return clients
+
+
+@pytest.fixture
+def topic(aws):
+    """The alert topic with an SQS queue subscribed, so a test reads what was published."""
+    arn = aws["sns"].create_topic(Name="alerts")["TopicArn"]
+    queue_url = aws["sqs"].create_queue(QueueName="alerts")["QueueUrl"]
+    queue_arn = aws["sqs"].get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    aws["sns"].subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn)
+    return arn, queue_url

@@ -11,51 +11,21 @@ from botocore.exceptions import ClientError
 from infra.functions.ledger import read_ledger
 from infra.functions.settings import GuardSettings, SettingsError
 from infra.functions.spend_guard import handler, market, run_guard, running_hours
-from tests.infra.functions.world import COST_TAG, PRICES, World, notices
+from tests.infra.functions.world import (
+    COST_TAG,
+    PRICES,
+    SCHEDULE,
+    THRESHOLDS,
+    World,
+    guard,
+    notices,
+    settings,
+)
 from tests.support.infra import data_file_head_node, data_file_prices
 from tests.support.mock_runs import one
 from tests.support.stack_runs import run_stack
 
-SCHEDULE = datetime.timedelta(minutes=5)
 MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
-THRESHOLDS = (50.0, 80.0, 100.0)
-
-
-def settings(topic_arn: str, budget: float, prices=PRICES) -> GuardSettings:
-    return GuardSettings(
-        table="ledger",
-        topic_arn=topic_arn,
-        cost_tag=COST_TAG,
-        budget_usd=budget,
-        budget_period="MONTHLY",
-        thresholds_percent=THRESHOLDS,
-        region="us-east-1",
-        prices=prices,
-    )
-
-
-@pytest.fixture
-def topic(aws):
-    """The alert topic with an SQS queue subscribed, so a test reads what was published."""
-    arn = aws["sns"].create_topic(Name="alerts")["TopicArn"]
-    queue_url = aws["sqs"].create_queue(QueueName="alerts")["QueueUrl"]
-    queue_arn = aws["sqs"].get_queue_attributes(QueueUrl=queue_url, AttributeNames=["QueueArn"])[
-        "Attributes"
-    ]["QueueArn"]
-    aws["sns"].subscribe(TopicArn=arn, Protocol="sqs", Endpoint=queue_arn)
-    return arn, queue_url
-
-
-def guard(aws, world: World, config: GuardSettings, **clients):
-    outcome = run_guard(
-        config,
-        ec2=aws["ec2"],
-        dynamodb=aws["dynamodb"],
-        sns=clients.get("sns", aws["sns"]),
-        now=world.now,
-    )
-    world.sync()
-    return outcome
 
 
 def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topic):
@@ -226,7 +196,10 @@ def test_a_new_period_starts_a_new_ledger(aws, topic):
     january = guard(aws, world, config).ledger
     assert january.period == "2027-01"
     assert january.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])  # one hour
-    assert read_ledger(aws["dynamodb"], "ledger", "2026-12").spent_usd == 0.0
+    # December's last hour (23:00 to midnight) is counted in December, by January's first run.
+    december = read_ledger(aws["dynamodb"], "ledger", "2026-12")
+    assert december.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])
+    assert december.accounted_until == "2027-01-01T00:00:00+00:00"
     assert read_ledger(aws["dynamodb"], "ledger", "2026-11") is None  # never written
 
 

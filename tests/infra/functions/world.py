@@ -15,12 +15,35 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from botocore.exceptions import ClientError
 from moto.ec2.models import ec2_backends
 
+from infra.functions.settings import GuardSettings
+from infra.functions.spend_guard import NODE_TYPE_TAG, Outcome, run_guard
 from tests.support.aws import ACCOUNT, REGION
 
 COST_TAG = ("gpu-stack", "gpu-training-stack-test")
-PRICES = {"p4d.24xlarge": {"on-demand": 32.7726, "spot": 9.9}}
+HEAD_NODE_TYPE = "m5.xlarge"
+PRICES = {
+    "p4d.24xlarge": {"on-demand": 32.7726, "spot": 9.9, "capacity-block": 14.75},
+    HEAD_NODE_TYPE: {"on-demand": 0.192},
+}
+SCHEDULE = datetime.timedelta(minutes=5)
+THRESHOLDS = (50.0, 80.0, 100.0)
+
+
+def settings(topic_arn: str, budget: float, prices=PRICES, **extra: str) -> GuardSettings:
+    return GuardSettings(
+        table="ledger",
+        topic_arn=topic_arn,
+        cost_tag=COST_TAG,
+        budget_usd=budget,
+        budget_period="MONTHLY",
+        thresholds_percent=THRESHOLDS,
+        region="us-east-1",
+        prices=prices,
+        **extra,
+    )
 
 
 @dataclass
@@ -29,10 +52,14 @@ class Node:
     instance_type: str
     spot: bool
     tagged: bool
+    capacity_block: bool = False
     intervals: list[list[datetime.datetime | None]] = field(default_factory=list)
 
     @property
     def price(self) -> float:
+        """$/h while it runs: nothing in a Capacity Block, paid when bought."""
+        if self.capacity_block:
+            return 0.0
         return PRICES[self.instance_type]["spot" if self.spot else "on-demand"]
 
     def running(self) -> bool:
@@ -44,29 +71,64 @@ class World:
         self.ec2 = ec2
         self.now = start
         self.nodes: dict[str, Node] = {}
+        self.blocks: dict[str, dict[str, Any]] = {}  # Capacity Blocks bought, by id
         self.image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
 
     def advance(self, **delta: float) -> None:
         self.now += datetime.timedelta(**delta)
 
     def launch(
-        self, instance_type: str = "p4d.24xlarge", *, spot: bool = False, tagged: bool = True
+        self,
+        instance_type: str = "p4d.24xlarge",
+        *,
+        spot: bool = False,
+        tagged: bool = True,
+        node_type: str = "",
+        capacity_block: bool = False,
     ) -> str:
+        """Start an instance; `node_type` tags it as ParallelCluster tags a cluster's nodes."""
         extra: dict[str, Any] = {}
-        if tagged:
-            key, value = COST_TAG
-            extra["TagSpecifications"] = [
-                {"ResourceType": "instance", "Tags": [{"Key": key, "Value": value}]}
-            ]
+        tags = [dict(zip(("Key", "Value"), COST_TAG, strict=True))] if tagged else []
+        tags += [{"Key": NODE_TYPE_TAG, "Value": node_type}] if node_type else []
+        if tags:
+            extra["TagSpecifications"] = [{"ResourceType": "instance", "Tags": tags}]
         if spot:
             extra["InstanceMarketOptions"] = {"MarketType": "spot"}
         (instance,) = self.ec2.run_instances(
             ImageId=self.image_id, InstanceType=instance_type, MinCount=1, MaxCount=1, **extra
         )["Instances"]
-        node = Node(instance["InstanceId"], instance_type, spot, tagged)
+        node = Node(instance["InstanceId"], instance_type, spot, tagged, capacity_block)
+        if capacity_block:  # moto has no Capacity Blocks: EC2 marks their instances so
+            _record(node.instance_id).lifecycle = "capacity-block"
         self.nodes[node.instance_id] = node
         self._started(node)
         return node.instance_id
+
+    def buy_block(self, block_id: str, instance_type: str, count: int, hours: float) -> None:
+        """A Capacity Block from now for `hours`, as DescribeCapacityReservations gives it."""
+        self.blocks[block_id] = {
+            "CapacityReservationId": block_id,
+            "InstanceType": instance_type,
+            "TotalInstanceCount": count,
+            "StartDate": self.now,
+            "EndDate": self.now + datetime.timedelta(hours=hours),
+            "ReservationType": "capacity-block",
+        }
+
+    def pending(self, instance_type: str = "p4d.24xlarge") -> str:
+        """An instance launched that has not reached `running` yet (not billed yet)."""
+        instance_id = self.launch(instance_type)
+        node = self.nodes[instance_id]
+        node.intervals.clear()
+        record = _record(instance_id)
+        record._state.name, record._state.code = "pending", 0
+        return instance_id
+
+    def run(self, instance_id: str) -> None:
+        """The pending instance reaches `running`: billing starts."""
+        record = _record(instance_id)
+        record._state.name, record._state.code = "running", 16
+        self._started(self.nodes[instance_id])
 
     def start(self, instance_id: str) -> None:
         self.ec2.start_instances(InstanceIds=[instance_id])
@@ -117,6 +179,56 @@ class World:
         stamp = self.now.strftime("%Y-%m-%d %H:%M:%S")
         record._reason = f"User initiated ({stamp} GMT)" if dated else "Service initiated"
         node.intervals[-1][1] = self.now
+
+
+def guard(aws: dict[str, Any], world: World, config: GuardSettings, **clients: Any) -> Outcome:
+    """One run of the guard at the world's time; `clients` replace moto's (faults)."""
+    outcome = run_guard(
+        config,
+        ec2=clients.get("ec2", aws["ec2"]),
+        dynamodb=clients.get("dynamodb", aws["dynamodb"]),
+        sns=clients.get("sns", aws["sns"]),
+        now=world.now,
+    )
+    world.sync()
+    return outcome
+
+
+class Ec2:
+    """moto's EC2 with what it lacks: EC2 refuses to stop a one-time spot instance (as
+    ParallelCluster's spot nodes are), and describes the world's Capacity Blocks."""
+
+    def __init__(self, ec2: Any, world: World) -> None:
+        self._ec2, self._world = ec2, world
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ec2, name)
+
+    def stop_instances(self, InstanceIds: list[str]) -> Any:
+        if any(self._world.nodes[i].spot for i in InstanceIds if i in self._world.nodes):
+            error = {"Error": {"Code": "UnsupportedOperation", "Message": "one-time spot"}}
+            raise ClientError(error, "StopInstances")
+        return self._ec2.stop_instances(InstanceIds=InstanceIds)
+
+    def describe_capacity_reservations(self, CapacityReservationIds: list[str]) -> Any:
+        return {"CapacityReservations": [self._world.blocks[i] for i in CapacityReservationIds]}
+
+
+class Failing:
+    """A client whose `operation` raises `code` while `failing` is true, as a throttled or
+    unreachable service does; every other call goes through."""
+
+    def __init__(self, client: Any, operation: str, code: str) -> None:
+        self._client, self._operation, self._code = client, operation, code
+        self.failing = True
+
+    def __getattr__(self, name: str) -> Any:
+        if name == self._operation and self.failing:
+            return self._fail
+        return getattr(self._client, name)
+
+    def _fail(self, **_: Any) -> Any:
+        raise ClientError({"Error": {"Code": self._code, "Message": "failing"}}, self._operation)
 
 
 def _record(instance_id: str) -> Any:

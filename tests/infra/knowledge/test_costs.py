@@ -1,7 +1,9 @@
 import pytest
 
 from infra.config.guardrails import GuardrailConfig
-from infra.knowledge.costs import cost_summary
+from infra.errors import ConfigError
+from infra.functions.market import Market
+from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
@@ -10,25 +12,25 @@ PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 
 
 def test_p4d_on_demand_runway():
-    plan = resolve_profile("a100x8")  # p4d.24xlarge: $32.7726/h on-demand, $9.9/h spot
+    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $9.9/h spot
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
     assert summary["instance_type"] == "p4d.24xlarge"
     assert summary["market"] == "on-demand"
-    assert summary["on_demand_usd_per_hour"] == 32.77
+    assert summary["on_demand_usd_per_hour"] == 21.96
     assert summary["spot_usd_per_hour"] == 9.9
-    assert summary["hourly_usd"] == 32.77
+    assert summary["hourly_usd"] == 21.96
     assert summary["monthly_budget_usd"] == 500
-    assert summary["runway_hours"] == 15.3  # 500 / 32.7726
+    assert summary["runway_hours"] == 22.8  # 500 / 21.96
     assert summary["runway_hours_spot"] == 50.5  # 500 / 9.9
 
 
 def test_spot_market_sets_the_runway():
     plan = resolve_profile("a100x8")
-    summary = cost_summary(plan, GuardrailConfig(budget_usd=500), spot=True)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=500), market=Market.SPOT)
     assert summary["market"] == "spot"
     assert summary["hourly_usd"] == 9.9
     assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
-    assert summary["runway_hours_on_demand"] == 15.3
+    assert summary["runway_hours_on_demand"] == 22.8
 
 
 def test_costs_scale_with_nodes():
@@ -66,14 +68,42 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
 def test_the_runway_is_at_most_the_budget_period(period, hours):
     plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.4575/h spot
     config = GuardrailConfig(budget_usd=1_000_000, budget_period=period)
-    summary = cost_summary(plan, config, spot=True)
+    summary = cost_summary(plan, config, market=Market.SPOT)
     assert summary["runway_hours"] == summary["runway_hours_on_demand"] == hours
-    small = cost_summary(plan, GuardrailConfig(budget_usd=5, budget_period=period), spot=True)
+    small = cost_summary(
+        plan, GuardrailConfig(budget_usd=5, budget_period=period), market=Market.SPOT
+    )
     assert small["runway_hours"] == round(5 / 0.4575, 1) == 10.9
 
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
     plan = resolve("p4d.24xlarge", nodes=2)
-    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), spot=False)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
     # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
-    assert summary["worst_case_overspend_usd"] == round(2 * 32.7726 * 6 / 60, 2)
+    assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * 6 / 60, 2)
+
+
+@pytest.mark.parametrize(
+    ("market", "expected"),
+    [
+        (Market.ON_DEMAND, 2 * 21.96),
+        (Market.SPOT, 2 * 9.9),
+        (Market.CAPACITY_BLOCK, 2 * 14.75),  # the block's effective rate, not on-demand's
+        (Market.RESERVATION, 2 * 21.96),  # a reservation bills at the on-demand rate
+    ],
+)
+def test_one_price_per_market(market, expected):
+    plan = resolve("p4d.24xlarge", nodes=2)
+    assert hourly_usd(plan, market) == pytest.approx(expected)
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=1000), market=market)
+    assert summary["market"] == market and summary["hourly_usd"] == round(expected, 2)
+
+
+def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():
+    plan = resolve("g5.xlarge")
+    with pytest.raises(ConfigError) as caught:
+        hourly_usd(plan, Market.CAPACITY_BLOCK)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "no capacity-block price for g5.xlarge in us-east-1" in message
+    assert "capacity_block_usd_per_hour" in message

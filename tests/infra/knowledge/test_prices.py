@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import load_catalog
+from infra.knowledge.prices import MAX_PRICE_AGE_DAYS
 from tests.support.infra import modified_catalog
 
 
@@ -15,8 +18,8 @@ def test_each_required_region_prices_the_catalog_types_and_says_where_from():
     assert set(prices.regions) >= {"us-east-1", "us-west-2", "eu-west-1"}
     assert set(prices.region("us-east-1")) == set(catalog.instances)
     p4d = prices.price("us-east-1", "p4d.24xlarge")
-    assert p4d.on_demand_usd_per_hour == pytest.approx(32.7726) and p4d.on_demand_upper_bound
-    assert p4d.by_market() == {"on-demand": 32.7726, "spot": 9.9, "capacity-block": 14.75}
+    assert p4d.on_demand_usd_per_hour == pytest.approx(21.96) and not p4d.on_demand_upper_bound
+    assert p4d.by_market() == {"on-demand": 21.96, "spot": 9.9, "capacity-block": 14.75}
     for region, table in prices.regions.items():
         for instance_type, price in table.items():
             assert (price.region, price.instance_type) == (region, instance_type)
@@ -26,6 +29,33 @@ def test_each_required_region_prices_the_catalog_types_and_says_where_from():
             assert all(source and "reference/" not in source for source in sources)
             assert price.on_demand_estimated == sources[0].startswith("estimate")
             assert price.spot_estimated == sources[1].startswith("estimate")
+
+
+# Public list prices after AWS's June 2025 cut (AWS What's New, 2025-06-05): p4d.24xlarge in
+# us-east-1 went from $32.77/h to $21.96/h.
+P4D_US_EAST_1_AFTER_THE_CUT = 21.96
+
+
+def test_p4d_in_us_east_1_is_priced_after_the_june_2025_cut():
+    p4d = load_catalog().prices.price("us-east-1", "p4d.24xlarge")
+    assert abs(p4d.on_demand_usd_per_hour / P4D_US_EAST_1_AFTER_THE_CUT - 1) <= 0.05
+
+
+def test_every_row_has_a_source_for_each_price_and_is_recent():
+    """Fails as rows age: refresh them (`python -m infra prices --refresh`) and re-date them."""
+    today = datetime.datetime.now(datetime.UTC).date()
+    for region, table in load_catalog().prices.regions.items():
+        for instance_type, price in table.items():
+            row = f"{region} {instance_type}"
+            assert price.sources.on_demand and price.sources.spot, row
+            assert (price.capacity_block_usd_per_hour is None) == (
+                price.sources.capacity_block is None
+            ), row
+            assert price.checked >= datetime.date(2025, 6, 1), row
+            assert (today - price.checked).days <= MAX_PRICE_AGE_DAYS, (
+                f"{row} was checked {price.checked}, over {MAX_PRICE_AGE_DAYS} days ago"
+            )
+            assert not price.on_demand_upper_bound, row
 
 
 def test_a_region_is_priced_with_its_own_figures():
@@ -74,6 +104,14 @@ P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd
             P3, P3 + "\nspto = 1.0",
             ["type 'p3.2xlarge'", "field 'spto'", "unknown"],
             id="unknown-field",
+        ),
+        pytest.param(
+            P3 + "\non_demand_upper_bound = false\non_demand_estimated = false\n"
+            "spot_estimated = false\nchecked = 2026-11-30",
+            P3 + "\non_demand_upper_bound = false\non_demand_estimated = false\n"
+            "spot_estimated = false\nchecked = 2025-05-31",
+            ["field 'checked'", "2025-05-31", "before AWS's June 2025", "--refresh"],
+            id="before-the-price-cut",
         ),
         pytest.param(
             '[region."us-east-1"."p3.2xlarge"]', '[region."us-east-1"."p3.3xlarge"]',

@@ -204,8 +204,8 @@ def test_multi_node_without_efa_is_allowed_with_a_warning():
 
 
 def test_price_caveats_become_warnings():
-    p4d = resolve("p4d.24xlarge", catalog=CATALOG, matrix=MATRIX, today=TODAY)
-    assert any("upper bound" in warning for warning in p4d.warnings)
+    p5en = resolve("p5en.48xlarge", catalog=CATALOG, matrix=MATRIX, today=TODAY)
+    assert any("on-demand price" in w and "estimate" in w for w in p5en.warnings)
     g5 = resolve("g5.xlarge", catalog=CATALOG, matrix=MATRIX, today=TODAY)
     assert any("spot price" in w and "estimate" in w for w in g5.warnings)
     assert not any("upper bound" in warning for warning in g5.warnings)

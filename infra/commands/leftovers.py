@@ -1,0 +1,144 @@
+"""What still exists, and bills, after a stack is destroyed: found by its cost tag.
+
+`down` runs this after Pulumi's destroy, so a user sees proof that nothing unexpected is
+left (a volume a failed detach kept, an Elastic IP, a snapshot, a NAT gateway, a retained
+log group) with what each costs a month, apart from what the stack keeps on purpose (the
+checkpoint bucket and image repository) and what ParallelCluster keeps for every cluster of
+the region (its `parallelcluster-*-v1-do-not-delete` bucket: aws-parallelcluster v3.15.1,
+cli/src/pcluster/models/s3_bucket.py, S3Bucket.get_bucket_name).
+
+Monthly figures are the us-east-1 list prices of infra/knowledge/costs.py. Instances are
+listed at $0 a month once terminated; a stopped one bills only its volumes
+(listed on their own).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from infra.knowledge.costs import (
+    GP3_USD_PER_GB_MONTH,
+    HOURS_PER_MONTH,
+    LOG_STORAGE_USD_PER_GB_MONTH,
+    SNAPSHOT_USD_PER_GB_MONTH,
+    network_usd_per_hour,
+)
+
+PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
+
+
+@dataclass(frozen=True)
+class Leftover:
+    kind: str  # "volume", "elastic IP", ...
+    resource_id: str
+    monthly_usd: float
+    detail: str = ""
+
+    def describe(self) -> str:
+        detail = f" ({self.detail})" if self.detail else ""
+        return f"  {self.kind} {self.resource_id}{detail}: ${self.monthly_usd:,.2f} a month"
+
+
+def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
+    """Everything still carrying the stack's cost tag that exists (or bills) in the region.
+
+    `clients(service)` gives a boto3 client in the stack's region.
+    """
+    key, value = cost_tag
+    tag_filter = [{"Name": f"tag:{key}", "Values": [value]}]
+    ec2 = clients("ec2")
+    found: list[Leftover] = []
+    for page in ec2.get_paginator("describe_instances").paginate(Filters=tag_filter):
+        for reservation in page["Reservations"]:
+            for instance in reservation["Instances"]:
+                state = instance["State"]["Name"]
+                if state != "terminated":
+                    found.append(
+                        Leftover(
+                            "instance", instance["InstanceId"], 0.0, f"{state}; see its volumes"
+                        )
+                    )
+    for volume in ec2.describe_volumes(Filters=tag_filter)["Volumes"]:
+        found.append(
+            Leftover(
+                "volume",
+                volume["VolumeId"],
+                volume["Size"] * GP3_USD_PER_GB_MONTH,
+                f"{volume['Size']} GiB, {volume['State']}",
+            )
+        )
+    for address in ec2.describe_addresses(Filters=tag_filter)["Addresses"]:
+        attached = address.get("AssociationId") or address.get("InstanceId")
+        found.append(
+            Leftover(
+                "elastic IP",
+                address.get("AllocationId", address["PublicIp"]),
+                network_usd_per_hour(public_ipv4_addresses=1) * HOURS_PER_MONTH,
+                f"{address['PublicIp']}, {'attached' if attached else 'unattached'}",
+            )
+        )
+    for snapshot in ec2.describe_snapshots(OwnerIds=["self"], Filters=tag_filter)["Snapshots"]:
+        found.append(
+            Leftover(
+                "snapshot",
+                snapshot["SnapshotId"],
+                snapshot["VolumeSize"] * SNAPSHOT_USD_PER_GB_MONTH,
+                f"{snapshot['VolumeSize']} GiB",
+            )
+        )
+    for gateway in ec2.describe_nat_gateways(Filters=tag_filter)["NatGateways"]:
+        if gateway["State"] not in ("deleted", "deleting", "failed"):
+            found.append(
+                Leftover(
+                    "NAT gateway",
+                    gateway["NatGatewayId"],
+                    network_usd_per_hour(nat_gateways=1) * HOURS_PER_MONTH,
+                )
+            )
+    for interface in ec2.describe_network_interfaces(Filters=tag_filter)["NetworkInterfaces"]:
+        found.append(
+            Leftover("network interface", interface["NetworkInterfaceId"], 0.0, interface["Status"])
+        )
+    logs = clients("logs")
+    for page in logs.get_paginator("describe_log_groups").paginate():
+        for group in page["logGroups"]:
+            tags = logs.list_tags_for_resource(resourceArn=group["arn"].removesuffix(":*"))
+            if tags.get("tags", {}).get(key) == value:
+                found.append(_log_group(group))
+    return found
+
+
+def parallelcluster_buckets(s3: Any) -> list[str]:
+    """ParallelCluster's per-region buckets, shared by every cluster of the account."""
+    prefix, suffix = PARALLELCLUSTER_BUCKET
+    return sorted(
+        bucket["Name"]
+        for bucket in s3.list_buckets()["Buckets"]
+        if bucket["Name"].startswith(prefix) and bucket["Name"].endswith(suffix)
+    )
+
+
+def cluster_log_groups(logs: Any, prefix: str | None) -> list[Leftover]:
+    """The cluster's log groups, whose names start with the stack's
+    `cluster_log_group_prefix` output (none without one)."""
+    if not prefix:
+        return []
+    pages = logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix)
+    return [_log_group(group) for page in pages for group in page["logGroups"]]
+
+
+def _log_group(group: dict[str, Any]) -> Leftover:
+    gigabytes = group.get("storedBytes", 0) / 1e9
+    return Leftover(
+        "log group",
+        group["logGroupName"],
+        gigabytes * LOG_STORAGE_USD_PER_GB_MONTH,
+        f"{gigabytes:.2f} GB stored",
+    )
+
+
+def unfinished_uploads(s3: Any, bucket: str) -> int:
+    """Multipart uploads never completed or aborted: their parts bill as storage."""
+    pages = s3.get_paginator("list_multipart_uploads").paginate(Bucket=bucket)
+    return sum(len(page.get("Uploads", [])) for page in pages)
