@@ -129,13 +129,10 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
             log.info("--fresh: moved %s aside to %s", old, new)
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
-    log.info(
-        "starting %d worker(s) on node %d of %d (world size %d), output in %s",
-        topo.nproc_per_node,
-        topo.node_rank,
-        topo.nnodes,
-        topo.world_size,
-        config.output_dir,
+    startup.begin(
+        "launch",
+        f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of {topo.nnodes} "
+        f"(world size {topo.world_size}), output in {config.output_dir}",
     )
     return launch(topo, argv)
 
@@ -145,6 +142,7 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
 
+    startup.watch_op_builds()
     die_with_launcher()
     placement = Placement.from_env()
     _configure_logging(rank=placement.rank)
