@@ -215,8 +215,11 @@ class GoodputClock:
             [*self.earlier, self.attempt], gpus=self.gpus, usd_per_hour=self.usd_per_hour
         )
 
-    def save(self) -> None:
-        """Replace goodput.json with every attempt so far (a crash loses one window)."""
+    def save(self, step: int | None = None) -> None:
+        """Replace goodput.json with every attempt so far (a crash loses one window);
+        ``step``: the step trained last, when its accounting is not over yet."""
+        if step is not None:
+            self.attempt.last_step = max(self.attempt.last_step, step)
         self._stamp()
         attempts = [*self.earlier, self.attempt]
         body = {

@@ -353,7 +353,7 @@ class StepMetrics:
         if self.config.precision.fp16:
             record["loss_scale"] = float(job.engine.optimizer.loss_scale)
         self.sink.write(record)
-        self.clock.save()
+        self.clock.save(job.step)
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.scores = scores or self.scores
