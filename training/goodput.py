@@ -34,6 +34,8 @@ from training import startup
 GOODPUT_FILE = "goodput.json"
 # What a price is quoted per: (words, units in it).
 _PER = {"tokens": ("billion tokens", 1e9), "images": ("thousand images", 1e3)}
+# The figures' names in metrics.jsonl and status.json that `python -m infra status` reads.
+GOODPUT_FIELD = "goodput"
 PARTS = ("productive", "startup", "checkpoint", "recomputed", "evaluation", "data_wait")
 
 
@@ -104,7 +106,7 @@ class Report:
     def fields(self, unit: str) -> dict[str, float | int]:
         """Flat numeric figures, for metrics.jsonl, TensorBoard and status.json."""
         figures: dict[str, float | int] = {
-            "goodput": self.goodput,
+            GOODPUT_FIELD: self.goodput,
             "wall_s": self.wall_s,
             **{f"{part}_s": seconds for part, seconds in self.parts_s.items()},
             **{f"startup_{_key(p)}_s": seconds for p, seconds in self.startup_s.items()},
@@ -115,7 +117,7 @@ class Report:
             figures["usd"] = self.usd
         per_work = self.usd_per_work(unit)
         if per_work is not None:
-            figures[f"usd_per_{_PER[unit][0].replace(' ', '_')}"] = per_work
+            figures[price_field(unit)] = per_work
         return figures
 
     def describe(self, unit: str) -> str:
@@ -128,9 +130,19 @@ class Report:
         text = f"goodput {100 * self.goodput:.1f}%" + (f" ({shares})" if shares else "")
         per_work = self.usd_per_work(unit)
         if per_work is not None:
-            price = f"{per_work:,.2f}" if per_work >= 1 else f"{per_work:.3g}"
-            text += f", ${price} per {_PER[unit][0]}"
+            text += f", {price_words(per_work, unit)}"
         return text
+
+
+def price_field(unit: str) -> str:
+    """The name of the cost figure: usd_per_billion_tokens, usd_per_thousand_images."""
+    return f"usd_per_{_PER[unit][0].replace(' ', '_')}"
+
+
+def price_words(usd: float, unit: str) -> str:
+    """'$142.86 per billion tokens'."""
+    amount = f"{usd:,.2f}" if usd >= 1 else f"{usd:.3g}"
+    return f"${amount} per {_PER[unit][0]}"
 
 
 def combine(attempts: list[Attempt], *, gpus: int, usd_per_hour: float | None) -> Report:
