@@ -1,12 +1,16 @@
 """Checkpoints: the trainer's Checkpointer vs plain torch.save of the same bytes, same disk.
 
 One process (a world of one), a ZeRO-2 engine built as the trainer builds it, one step
-trained so that the optimizer holds its state. Per round, interleaved: Checkpointer.save
-(DeepSpeed's files, fsync, commit marker, pruning), torch.save of the very objects those
+trained so that the optimizer holds its state. Per round, interleaved: a blocking
+Checkpointer.save (DeepSpeed's files, fsync, commit marker, pruning), an asynchronous one
+(the part training waits for: the copy to host memory; then the background part: write,
+checksums, fsync, commit, pruning, timed alone), torch.save of the very objects those
 files hold (read back once), each file fsynced as the Checkpointer does, and DeepSpeed's
-save_checkpoint alone (where the Checkpointer's time goes). Then load
-and verify (Checkpointer.resume: examine + DeepSpeed's load) vs torch.load of the same
-files, and the stall a training step sees when it saves.
+save_checkpoint alone. Then load and verify (Checkpointer.resume: examine + DeepSpeed's
+load) vs torch.load of the same files, and the stall a training step sees when it saves:
+the step that saves, blocking and asynchronous, and a window of WINDOW_STEPS steps that
+starts with an asynchronous save and ends once it is committed (the background write
+shares this machine's cores with training).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ SIZES = {
     "gpt-350m": ("model.preset=gpt-350m", "data.vocab_size=50304", "data.seq_len=64"),
 }  # fmt: skip
 QUICK_SIZES = ("tiny", "small (~5M)")
+# gpt-350m needs ~12 GiB for its engine and copies: more than a shared 24 GiB machine spares.
+FULL_SIZES = ("tiny", "small (~5M)", "gpt-124m")
+WINDOW_STEPS = 4
 COMMON = ("train.micro_batch_size=2", "zero.stage=2", "scheduler.kind=constant")
 # fp32 params + grads + Adam's two moments + ZeRO's fp32 master copy, plus the objects the
 # baseline reads back: the memory a size needs here, about.
@@ -42,7 +49,7 @@ BYTES_PER_PARAM_NEEDED = 4 * (1 + 1 + 2 + 1) + 16
 
 
 def run(quick: bool) -> dict:
-    sizes = QUICK_SIZES if quick else tuple(SIZES)
+    sizes = QUICK_SIZES if quick else FULL_SIZES
     rounds = 2 if quick else 3
     root = Path(tempfile.mkdtemp(prefix="bench-checkpoints-"))
     per_size, skipped, metrics = {}, {}, []
@@ -60,19 +67,34 @@ def run(quick: bool) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     for label, m in per_size.items():
         gb = m["bytes"] / 1e9
+        torch_rate = m["bytes"] / m["torch_save_s"] / 1e6
         metrics += [
-            metric(f"{label}: save ({gb:.2g} GB)", m["bytes"] / m["save_s"] / 1e6, "MB/s",
-                   baseline=m["bytes"] / m["torch_save_s"] / 1e6,
+            metric(f"{label}: background save ({gb:.2g} GB)",
+                   m["bytes"] / m["background_s"] / 1e6, "MB/s", baseline=torch_rate,
                    baseline_label="torch.save + fsync", target=">= 0.7"),
+            metric(f"{label}: blocking save ({gb:.2g} GB)", m["bytes"] / m["save_s"] / 1e6,
+                   "MB/s", baseline=torch_rate, baseline_label="torch.save + fsync"),
+            metric(f"{label}: training blocked per checkpoint, async", m["blocked_s"], "s",
+                   baseline=m["save_s"], baseline_label="blocking save",
+                   higher_is_better=False),
             metric(f"{label}: of which engine.save_checkpoint",
                    m["bytes"] / m["deepspeed_save_s"] / 1e6,
                    "MB/s", baseline=m["bytes"] / m["torch_save_s"] / 1e6,
                    baseline_label="torch.save + fsync"),
             metric(f"{label}: load + verify", m["bytes"] / m["load_s"] / 1e6, "MB/s",
                    baseline=m["bytes"] / m["torch_load_s"] / 1e6, baseline_label="torch.load"),
-            metric(f"{label}: step with a checkpoint", m["step_s"] / m["step_with_save_s"],
-                   "x step rate", ratio=m["step_s"] / m["step_with_save_s"],
+            metric(f"{label}: step with a checkpoint, async",
+                   m["step_s"] / m["step_with_async_save_s"], "x step rate",
+                   ratio=m["step_s"] / m["step_with_async_save_s"],
+                   baseline=1.0, baseline_label="step without", target=">= 0.9"),
+            metric(f"{label}: step with a checkpoint, blocking",
+                   m["step_s"] / m["step_with_save_s"], "x step rate",
+                   ratio=m["step_s"] / m["step_with_save_s"],
                    baseline=1.0, baseline_label="step without"),
+            metric(f"{label}: {WINDOW_STEPS} steps with an async checkpoint written meanwhile",
+                   m["window_s"] / m["window_with_save_s"], "x step rate",
+                   ratio=m["window_s"] / m["window_with_save_s"],
+                   baseline=1.0, baseline_label=f"{WINDOW_STEPS} steps without"),
         ]  # fmt: skip
     return {
         "baseline": "torch.save of the same objects to the same disk, fsynced (save); "
@@ -84,10 +106,13 @@ def run(quick: bool) -> dict:
         "skipped_sizes": skipped,
         "notes": [
             f"{label}: {m['params'] / 1e6:.1f}M params, {m['bytes'] / 1e6:.1f} MB in "
-            f"{m['files']} files; save {m['save_s']:.2f} s (DeepSpeed's own save, no fsync, "
-            f"{m['deepspeed_save_s']:.2f} s; torch.save + fsync {m['torch_save_s']:.2f} s), "
+            f"{m['files']} files; blocking save {m['save_s']:.2f} s (DeepSpeed's own save, "
+            f"no fsync, {m['deepspeed_save_s']:.2f} s; torch.save + fsync "
+            f"{m['torch_save_s']:.2f} s); async: training blocked {m['blocked_s']:.2f} s, "
+            f"then {m['background_s']:.2f} s in the background; "
             f"verify {1000 * m['verify_s']:.1f} ms, load + verify {m['load_s']:.2f} s, "
-            f"stall per checkpoint {m['step_with_save_s'] - m['step_s']:.2f} s"
+            f"step {m['step_s']:.2f} s, with a blocking save {m['step_with_save_s']:.2f} s, "
+            f"with an async one {m['step_with_async_save_s']:.2f} s"
             for label, m in per_size.items()
         ]
         + [f"{label} not run: {why}" for label, why in skipped.items()],
@@ -107,6 +132,15 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
     engine, config = trainer_engine([*COMMON, *overrides])
     train_step(engine, config)
     checkpointer = Checkpointer(folder / "ckpt", keep_last=1)
+    in_background = Checkpointer(folder / "async", keep_last=1, asynchronous=True)
+    async_parts: dict[str, list[float]] = {"blocked": [], "background": []}
+
+    def async_save() -> float:
+        blocked = timed(lambda: in_background.save(engine, next(step), {}))
+        async_parts["blocked"].append(blocked)
+        async_parts["background"].append(timed(in_background.wait))
+        return blocked
+
     step = iter(range(1, 10**6))
     first = checkpointer.save(engine, next(step), {"step": 0})
     files = sorted(p for p in first.rglob("*.pt"))
@@ -128,6 +162,7 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
     saves = interleaved(
         {
             "checkpointer": lambda: timed(lambda: checkpointer.save(engine, next(step), {})),
+            "async": async_save,
             "torch.save": torch_save,
             "deepspeed": lambda: timed(
                 lambda: engine.save_checkpoint(
@@ -152,12 +187,34 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
         },
         rounds,
     )  # fmt: skip
+
+    def step_with_async_save() -> float:
+        took = timed(
+            lambda: (train_step(engine, config), in_background.save(engine, next(step), {}))
+        )
+        in_background.wait()  # the next figure starts with nothing in flight
+        return took
+
+    def window(save: bool) -> float:
+        def steps():
+            train_step(engine, config)
+            if save:
+                in_background.save(engine, next(step), {})
+            for _ in range(WINDOW_STEPS - 1):
+                train_step(engine, config)
+            in_background.wait()
+
+        return timed(steps)
+
     steps = interleaved(
         {
             "step": lambda: timed(lambda: train_step(engine, config)),
             "step+save": lambda: timed(
                 lambda: (train_step(engine, config), checkpointer.save(engine, next(step), {}))
             ),
+            "step+async save": step_with_async_save,
+            "window": lambda: window(save=False),
+            "window+async save": lambda: window(save=True),
         },
         rounds,
     )
@@ -165,6 +222,8 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
         "bytes": size,
         "files": len(files),
         "save_s": median(saves["checkpointer"]),
+        "blocked_s": median(async_parts["blocked"]),
+        "background_s": median(async_parts["background"]),
         "torch_save_s": median(saves["torch.save"]),
         "deepspeed_save_s": median(saves["deepspeed"]),
         "load_s": median(loads["checkpointer"]),
@@ -172,6 +231,9 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
         "verify_s": median(loads["verify"]),
         "step_s": median(steps["step"]),
         "step_with_save_s": median(steps["step+save"]),
+        "step_with_async_save_s": median(steps["step+async save"]),
+        "window_s": median(steps["window"]),
+        "window_with_save_s": median(steps["window+async save"]),
         "rounds": {"save": saves, "load": loads, "step": steps},
     }
 

@@ -22,6 +22,7 @@ BENCHMARKS = (
     "overhead",
     "checkpoints",
     "interruptions",
+    "goodput",
     "startup",
     "plan_scale",
     "memory",

@@ -19,7 +19,7 @@ from typing import NoReturn
 
 import torch
 
-from training import startup
+from training import logs, startup
 from training.checkpoint.resume_check import check_resumable
 from training.components import preflight
 from training.contract import ExitCode
@@ -135,13 +135,10 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         return ExitCode.BAD_CONFIG
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
-    log.info(
-        "starting %d worker(s) on node %d of %d (world size %d), output in %s",
-        topo.nproc_per_node,
-        topo.node_rank,
-        topo.nnodes,
-        topo.world_size,
-        config.output_dir,
+    startup.begin(
+        "launch",
+        f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of {topo.nnodes} "
+        f"(world size {topo.world_size}), output in {config.output_dir}",
     )
     return launch(topo, argv)
 
@@ -151,9 +148,10 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
 
+    startup.watch_op_builds()
     die_with_launcher()
     placement = Placement.from_env()
-    _configure_logging(rank=placement.rank)
+    where = _configure_logging(rank=placement.rank)
     # Listening from here on; a request that came during start-up is handed over.
     stop = StopFlag(spot_endpoint=spot_endpoint_from_env(os.environ))
     stop.start()
@@ -161,6 +159,7 @@ def _worker(args: argparse.Namespace) -> NoReturn:
         stop.request_stop(startup.stop_requested())
     try:
         config, _ = _load(args, placement.world_size)
+        logs.write_to(config.output_dir / "logs" / f"rank{placement.rank}.log", where)
         code = Trainer(config, placement, stop=stop).run()
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -183,12 +182,17 @@ def _worker(args: argparse.Namespace) -> NoReturn:
     os._exit(code)
 
 
-def _configure_logging(rank: int | None) -> None:
+def _configure_logging(rank: int | None) -> str:
+    """Log lines to stderr, a library's below ERROR to the log file only; returns the
+    name lines carry ("launcher", "rank 0")."""
     where = "launcher" if rank is None else f"rank {rank}"
     logging.basicConfig(
         level=logging.INFO if rank in (None, 0) else logging.WARNING,
-        format=f"%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s",
+        format=logs.FORMAT.format(where=where),
         datefmt="%H:%M:%S",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(logs.console_filter)
     # DeepSpeed prints its whole config at INFO on every rank; warnings are enough.
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    logging.getLogger(logs.DEEPSPEED_LOGGER).setLevel(logging.WARNING)
+    return where

@@ -66,20 +66,13 @@ def usd_per_hour(env: Mapping[str, str]) -> float | None:
     return price
 
 
-def run_cost(
-    seconds: float, gpus: int, price: float | None, processed: float = 0, unit: str = "tokens"
-) -> str:
-    """GPU-hours of a run, and what they cost at `price` USD per hour when it is known, with
-    what a billion tokens (a million images) of the `processed` ones cost: the figure that
-    compares runs on different instances."""
+def run_cost(seconds: float, gpus: int, price: float | None) -> str:
+    """GPU-hours of a run, and what they cost at `price` USD per hour when it is known (the
+    cost per billion tokens is the goodput report's, over the run's whole wall time)."""
     gpu_hours = gpus * seconds / 3600
     text = f"{gpu_hours:,.2f} GPU-hours"
     if price is not None:
-        usd = price * seconds / 3600
-        text += f", ${usd:,.2f} at ${price:,.2f}/h"
-        if processed > 0:
-            per, amount = (1e9, "billion") if unit == "tokens" else (1e6, "million")
-            text += f" (${usd / processed * per:,.2f} per {amount} {unit})"
+        text += f", ${price * seconds / 3600:,.2f} at ${price:,.2f}/h"
     return text
 
 

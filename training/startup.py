@@ -9,7 +9,10 @@ Torch-free on purpose: it must be importable in milliseconds.
 
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import time
 
 _received: list[str] = []
 
@@ -26,3 +29,82 @@ def stop_requested() -> str | None:
 
 def _remember(signum: int, _frame) -> None:
     _received.append(signal.Signals(signum).name)
+
+
+# ------------------------------------------------------------------ phases
+# A start-up of tens of seconds (a first start compiles DeepSpeed ops for a minute) says
+# what it is doing: one line as each phase begins, from the launcher and rank 0. The
+# goodput report (training.goodput) reads the same marks.
+
+STARTUP_PHASES = ("launch", "imports", "rendezvous", "engine build", "op build", "checkpoint load")
+_began: list[tuple[str, float]] = []
+_op_builds: list[tuple[float, float]] = []
+
+
+def begin(phase: str, doing: str) -> None:
+    """Note that ``phase`` (one of STARTUP_PHASES) begins now, and say what it does."""
+    _began.append((phase, time.time()))
+    _say(f"start-up: {phase}: {doing}")
+
+
+def watch_op_builds() -> None:
+    """Say when DeepSpeed loads a JIT op (compiled on a machine's first start, then
+    cached), and time it: it happens inside the rendezvous or the engine build.
+
+    DeepSpeed loads such ops through OpBuilder.jit_load
+    (deepspeed/ops/op_builder/builder.py); there is no hook to be told otherwise.
+    """
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    jit_load = OpBuilder.jit_load
+
+    def timed_jit_load(self, *args, **kwargs):
+        _say(
+            f"start-up: op build: DeepSpeed op {self.name} (compiled on this machine's "
+            "first start, a minute or more; loaded from the cache after)"
+        )
+        began = time.time()
+        try:
+            return jit_load(self, *args, **kwargs)
+        finally:
+            _op_builds.append((began, time.time()))
+
+    OpBuilder.jit_load = timed_jit_load
+
+
+def launched_at() -> float:
+    """When the launcher started (Unix time): the start of the whole attempt."""
+    import psutil
+
+    from training.contract import LAUNCHER_PID_ENV
+
+    pid = os.environ.get(LAUNCHER_PID_ENV)
+    try:
+        return psutil.Process(int(pid) if pid else os.getpid()).create_time()
+    except (psutil.Error, ValueError):
+        return psutil.Process().create_time()
+
+
+def phase_durations(*, until: float) -> dict[str, float]:
+    """Seconds of each start-up phase of this worker, up to ``until`` (Unix time).
+
+    Launch runs from the launcher's start to this process's; imports from there to
+    the next phase noted; each phase then lasts until the next begins. Op builds are
+    taken out of the phase they happened in.
+    """
+    import psutil
+
+    marks = [("launch", launched_at()), ("imports", psutil.Process().create_time())]
+    marks += [(phase, at) for phase, at in _began if phase not in ("launch", "imports")]
+    durations = dict.fromkeys(STARTUP_PHASES, 0.0)
+    for (phase, began), (_, ended) in zip(marks, [*marks[1:], ("", until)], strict=True):
+        ops = sum(max(0.0, min(e, ended) - max(b, began)) for b, e in _op_builds)
+        durations[phase] += ended - began - ops
+        durations["op build"] += ops
+    return durations
+
+
+def _say(line: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        who = "launcher" if "RANK" not in os.environ else "rank 0"
+        print(f"{time.strftime('%H:%M:%S')} [{who}] {line}", file=sys.stderr, flush=True)

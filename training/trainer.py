@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from training import rng
+from training import rng, startup
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset, build_model
@@ -29,6 +29,7 @@ from training.contract import ExitCode
 from training.data import worker_processes
 from training.ds_config import build_ds_config
 from training.evaluation import Evaluator
+from training.goodput import GoodputClock
 from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost, usd_per_hour
 from training.oom import explain
@@ -145,9 +146,11 @@ class Trainer:
             # fp32 matmuls on tensor cores (TF32) on Ampere and newer, as nanoGPT does.
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
+        startup.begin("rendezvous", f"joining {placement.world_size} rank(s)")
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
 
+        startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, placement.world_size)
         ds_config = build_ds_config(config, batch, on_gpu=self.on_gpu)
         # Same seed on every rank while building the model: identical initial weights.
@@ -184,6 +187,7 @@ class Trainer:
             config.checkpoint_dir,
             keep_last=config.checkpoint.keep_last,
             mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
+            asynchronous=config.checkpoint.asynchronous,
         )
         held_out = build_eval_dataset(config)
         evaluator = None
@@ -206,6 +210,7 @@ class Trainer:
             model_flops,
             evaluator,
         )
+        startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
         state = checkpointer.resume(engine)
         if state is not None:
             job.step = state["step"]
@@ -218,12 +223,22 @@ class Trainer:
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch
-        metrics = StepMetrics(config, placement, job, self.env) if self.is_rank0 else None
+        per_sample = 1 if config.is_image else config.data.seq_len
+        clock = GoodputClock(
+            config.output_dir,
+            first_step=job.step,
+            tokens_per_step=batch.global_batch_size * per_sample,
+            gpus=placement.world_size,
+            usd_per_hour=usd_per_hour(self.env),
+        )
+        metrics = StepMetrics(config, placement, job, self.env, clock) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
         try:
             while job.step < config.train.steps:
+                clock.begin_step()
                 for _ in range(batch.gradient_accumulation_steps):
-                    inputs, targets = next(job.batches)
+                    with clock.part("data_wait"):
+                        inputs, targets = next(job.batches)
                     loss = job.engine(
                         inputs.to(job.device, non_blocking=True),
                         targets.to(job.device, non_blocking=True),
@@ -238,7 +253,8 @@ class Trainer:
                 if job.evaluator is not None and (
                     last or job.step % config.logging.eval_every_steps == 0
                 ):
-                    scores = job.evaluator.evaluate(job.engine.module)  # a collective
+                    with clock.part("evaluation"):
+                        scores = job.evaluator.evaluate(job.engine.module)  # a collective
                 if scores or last or job.step % config.logging.every_steps == 0:
                     # A collective: every rank takes part, rank 0 records.
                     window_loss = _mean_over_ranks(loss_sum)
@@ -249,15 +265,17 @@ class Trainer:
                     metrics.tick()
 
                 stopping = stop.should_stop()
-                if (
-                    stopping
-                    or job.step % config.checkpoint.every_steps == 0
-                    or job.step == config.train.steps
-                ):
-                    job.checkpointer.save(job.engine, job.step, self._client_state(job))
-                if stopping and job.step < config.train.steps:  # at the end: done, not stopped
+                if stopping or last or job.step % config.checkpoint.every_steps == 0:
+                    # In the background but on a stop and at the end, where the job exits next.
+                    with clock.part("checkpoint"):
+                        job.checkpointer.save(
+                            job.engine, job.step, self._client_state(job), wait=stopping or last
+                        )
+                clock.end_step(job.step)
+                if stopping and not last:  # at the end: done, not stopped
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
                     if metrics is not None:
+                        log.info("this start: %s", metrics.goodput_line())
                         metrics.publish("interrupted")
                     return ExitCode.INTERRUPTED
         finally:
@@ -276,13 +294,21 @@ class Trainer:
 class StepMetrics:
     """Rank 0's view of the run: per-window throughput and MFU, and the end-of-run summary."""
 
-    def __init__(self, config: Config, placement: Placement, job: Job, env: Mapping[str, str]):
+    def __init__(
+        self,
+        config: Config,
+        placement: Placement,
+        job: Job,
+        env: Mapping[str, str],
+        clock: GoodputClock,
+    ):
         self.config, self.job, self.world_size = config, job, placement.world_size
+        self.clock = clock
         self.price = usd_per_hour(env)
         # An image is one unit of work (its FLOPs are the model's per "token").
         self.per_sample = 1 if config.is_image else config.data.seq_len
         self.unit = "images" if config.is_image else "tokens"
-        self.tokens_per_step = job.batch.global_batch_size * self.per_sample
+        self.tokens_per_step = clock.tokens_per_step
         self.gpu = GpuMonitor(placement.local_rank)
         self.peak = peak_tflops(self.gpu.name, bf16=config.precision.bf16)
         self.sink = MetricsSink(
@@ -321,10 +347,13 @@ class StepMetrics:
             "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
             **scores,
             **self.gpu.read(),
+            # This start's goodput so far: where its wall time went.
+            **self.clock.attempt_report().fields(self.unit),
         }
         if self.config.precision.fp16:
             record["loss_scale"] = float(job.engine.optimizer.loss_scale)
         self.sink.write(record)
+        self.clock.save(job.step)
         self.first_loss = loss if self.first_loss is None else self.first_loss
         self.last_loss = loss
         self.scores = scores or self.scores
@@ -348,6 +377,8 @@ class StepMetrics:
             "unit": self.unit,
             "step_time_s": record["step_time_s"],
             "seconds_left": (total - self.job.step) * record["step_time_s"],
+            # The whole run's, every start of the job together.
+            **self.clock.run_report().fields(self.unit),
             "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         self.status_published = time.perf_counter()
@@ -359,6 +390,15 @@ class StepMetrics:
 
     def tick(self) -> None:
         self.sink.advance()
+
+    def goodput_line(self) -> str:
+        """This start's goodput, and the whole run's when the job was started before."""
+        self.clock.save()
+        line = self.clock.attempt_report().describe(self.unit)
+        run = self.clock.run_report()
+        if run.attempts > 1:
+            line += f"; whole run ({run.attempts} starts): {run.describe(self.unit)}"
+        return line
 
     def close(self) -> None:
         self.sink.close()
@@ -376,7 +416,7 @@ class StepMetrics:
             f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
             f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
-            f"{run_cost(took, self.world_size, self.price, rate * took, self.unit)}; {accuracy}"
+            f"{run_cost(took, self.world_size, self.price)}; {self.goodput_line()}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )

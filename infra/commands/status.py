@@ -20,6 +20,7 @@ from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.report import format_table
+from training.goodput import GOODPUT_FIELD, price_field, price_words
 
 LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
 
@@ -165,6 +166,11 @@ def describe_job(status: dict | None, now: datetime.datetime) -> str:
         f"loss {status['loss']:.4f}",
         f"{status['tokens_per_s']:,.0f} {status.get('unit', 'tokens')}/s",
     ]
+    if GOODPUT_FIELD in status:  # the whole run's (every start); older trainers lack it
+        parts.append(f"goodput {100 * status[GOODPUT_FIELD]:.0f}%")
+        price = status.get(price_field(status.get("unit", "tokens")))
+        if price is not None:
+            parts.append(price_words(price, status.get("unit", "tokens")))
     if status["state"] == "training":
         parts.append(f"{_duration(status['seconds_left'])} to finish")
     updated = datetime.datetime.fromisoformat(status["updated_at"])

@@ -87,3 +87,12 @@ def test_startup_phases_add_up_and_memory_partitions(results):
         assert rank["ZeRO-2"]["params"] == rank["ZeRO-0"]["params"]
         assert rank["ZeRO-2"]["total"] < rank["ZeRO-0"]["total"]
         assert rank["ZeRO-3"]["params"] == pytest.approx(rank["ZeRO-0"]["params"] / 2, rel=0.01)
+
+
+def test_the_interrupted_run_reports_its_goodput_against_the_uninterrupted_one(results):
+    runs = json.loads((results / "goodput.json").read_text())["runs"]
+    clean, stopped = runs["uninterrupted"], runs["interrupted"]
+    assert clean["exits"] == [0] and stopped["exits"] == [75, 75, -9, 0]
+    assert len(stopped["attempts"]) == 4
+    assert 0 < stopped["run"]["goodput"] < clean["run"]["goodput"] < 1
+    assert stopped["run"]["recomputed_s"] > 0 == clean["run"]["recomputed_s"]

@@ -14,6 +14,14 @@ Rank 0 does the file work on a shared root; on node-local roots each node's
 first rank does it for its node. A node-local folder then holds only that
 node's part of the checkpoint (its manifest still lists every file), and the
 mirror is what joins the parts: on resume each node fetches what it lacks.
+
+Saves are asynchronous when asked for: DeepSpeed hands every file's state to a
+checkpoint engine of ours (its ``CheckpointEngine`` seam), which copies the
+tensors to host memory; writing, checksums, fsyncs, the commit, the upload and
+pruning then run in a background thread, one save at a time. Their collectives
+go through a gloo process group of their own, so that they never interleave with
+the training thread's (torchtitan's async checkpointing does the same:
+https://github.com/pytorch/torchtitan/blob/main/docs/checkpoint.md).
 """
 
 from __future__ import annotations
@@ -27,10 +35,18 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+import psutil
+import torch
 import torch.distributed as dist
+from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
+from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
+    CheckpointCommitInfo,
+    CheckpointEngine,
+)
 
 from training.checkpoint.layout import (
     COMMIT_MARKER,
@@ -64,6 +80,9 @@ _CLIENT_STATE_KEY = "training_client_state"
 # Free space below this after a failed write means the disk filled (torch's writer
 # reports ENOSPC as "basic_ios::clear: iostream error", without the errno).
 _LOW_SPACE = 1 << 20
+# A host copy may take at most this share of the memory available when a save begins
+# (shared by the node's ranks): the rest stays for the data loaders and the page cache.
+_HOST_COPY_SHARE = 0.5
 
 T = TypeVar("T")
 
@@ -77,19 +96,38 @@ class DiskFullError(CheckpointError):
 
 
 class Checkpointer:
-    def __init__(self, root: Path, *, keep_last: int = 3, mirror: CheckpointStore | None = None):
+    def __init__(
+        self,
+        root: Path,
+        *,
+        keep_last: int = 3,
+        mirror: CheckpointStore | None = None,
+        asynchronous: bool = False,
+    ):
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be at least 1 (the newest checkpoint)")
         self.root = Path(root)
         self.keep_last = keep_last
         self.mirror = mirror
+        self.asynchronous = asynchronous
         self._shared_root: bool | None = None  # found out on first use, by every rank at once
         self._verified: set[str] = set()  # tags whose checksums this process checked
+        self._group = None  # the checkpointer's own gloo group (None: the default one)
+        self._writer: ThreadPoolExecutor | None = None
+        self._in_flight: Future | None = None
+        self._said_short_of_memory = False
 
     # ----------------------------------------------------------------- save
 
-    def save(self, engine, step: int, client_state: dict) -> Path:
-        """Write, commit, mirror and prune the checkpoint of ``step``. Every rank calls it."""
+    def save(self, engine, step: int, client_state: dict, *, wait: bool = False) -> Path:
+        """Write, commit, mirror and prune the checkpoint of ``step``. Every rank calls it.
+
+        Asynchronous, it returns once the state is in host memory and the rest goes on in
+        the background; ``wait`` (or a synchronous Checkpointer) returns once it is
+        committed. A save in flight is finished first: at most one at a time.
+        """
+        self.wait()
+        self._use_own_group()
         tag = tag_for(step)
         step_dir = self.root / tag
         if all(self._on_writers(lambda: examine(step_dir)[0] in (COMPLETE, PARTIAL))):
@@ -99,40 +137,77 @@ class Checkpointer:
         # no committed folder is rewritten in place.
         self._on_writers(lambda: self._clear_save_dir(step_dir))
         self._on_writers(self._warn_if_short_of_space)
+        in_background = self.asynchronous and not wait
+        files = _HostCopyEngine(
+            engine.checkpoint_engine, budget=_host_copy_budget() if in_background else 0
+        )
+        saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
+        with _writing_through(engine, files):
+            engine.save_checkpoint(
+                str(self.root), tag=tag, client_state=saved_state, save_latest=False
+            )
+        if in_background and files.short_of_memory and not self._said_short_of_memory:
+            self._said_short_of_memory = True
+            log.warning(
+                "rank %d: host memory cannot hold a copy of the checkpoint (%s available): "
+                "saving the rest of it while training waits, as without "
+                "checkpoint.asynchronous",
+                _rank(),
+                _bytes(psutil.virtual_memory().available),
+            )
+        record = {
+            "tag": tag,
+            "step": step,
+            "dp_world_size": engine.dp_world_size,
+            "zero_stage": engine.zero_optimization_stage(),
+            "precision": engine_precision(engine),
+        }
+        if not in_background:
+            self._finish(step_dir, record, files)
+            return step_dir
+        if self._writer is None:
+            self._writer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-writer")
+        self._in_flight = self._writer.submit(self._finish, step_dir, record, files)
+        return step_dir
+
+    def wait(self) -> None:
+        """Every rank: return once the save in flight (if any) is committed, or raise its
+        error (a CheckpointError)."""
+        in_flight, self._in_flight = self._in_flight, None
+        if in_flight is not None:
+            in_flight.result()
+
+    @property
+    def in_flight(self) -> bool:
+        return self._in_flight is not None and not self._in_flight.done()
+
+    def _finish(self, step_dir: Path, record: dict, files: _HostCopyEngine) -> None:
+        """The save after the copy: write, checksum, fsync, commit, mirror, prune."""
         try:
-            self._write(engine, step, step_dir, client_state)
+            files.write_pending()
+            self._on_writers(self._drop_recovery_scripts)
+            # Each rank checksums the files it wrote, all ranks at once, while the bytes are
+            # still in the page cache; a write that failed on any rank fails the save on all.
+            reported = _merge_listings(self._collective(lambda: files.entries(step_dir)))
+            listed = _merge_listings(self._on_writers(lambda: _make_durable(step_dir, reported)))
+            saved_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+            record = {**record, "saved_at": saved_at, "files": listed}
+            self._on_writers(lambda: self._commit(step_dir, record))
         except CheckpointError as error:
             # Nothing half-written stays behind; the committed checkpoints are untouched.
             self._on_writers(lambda: _remove_step_dir(step_dir))
             raise self._explain(error, step_dir) from error
         if self.mirror is not None:
-            self._mirror(step_dir, tag)
+            self._mirror(step_dir, record["tag"])
         self._on_writers(self._prune_local)
         if self.mirror is not None:
-            _on_rank0(self._prune_mirror)
-        return step_dir
+            self._on_rank0(self._prune_mirror)
 
-    def _write(self, engine, step: int, step_dir: Path, client_state: dict) -> None:
-        saved_state = {_CLIENT_STATE_KEY: client_state, **_UNIVERSAL_INFO}
-        with _recording_writes(engine) as written:
-            engine.save_checkpoint(
-                str(self.root), tag=step_dir.name, client_state=saved_state, save_latest=False
-            )
-        self._on_writers(self._drop_recovery_scripts)
-        # Each rank checksums the files it wrote, all ranks at once, while the bytes are
-        # still in the page cache; a write that failed on any rank fails the save on all.
-        reported = _merge_listings(_collective(lambda: written.entries(step_dir), runs_here=True))
-        files = _merge_listings(self._on_writers(lambda: _make_durable(step_dir, reported)))
-        record = {
-            "tag": step_dir.name,
-            "step": step,
-            "dp_world_size": engine.dp_world_size,
-            "zero_stage": engine.zero_optimization_stage(),
-            "precision": engine_precision(engine),
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "files": files,
-        }
-        self._on_writers(lambda: self._commit(step_dir, record))
+    def _use_own_group(self) -> None:
+        """Every rank, from the training thread: make the gloo group the background saves
+        talk through (a group is created by all ranks together, in the same order)."""
+        if self._group is None and _distributed() and dist.get_world_size() > 1:
+            self._group = dist.new_group(backend="gloo")
 
     def _warn_if_short_of_space(self) -> None:
         """Writers: say before the save, not after, when the last checkpoint would not fit."""
@@ -208,7 +283,7 @@ class Checkpointer:
                 log.exception("could not mirror %s to %s", step_dir, self.mirror.uri)
 
         if all(self._on_writers(upload_part)):
-            _on_rank0(commit_in_s3)
+            self._on_rank0(commit_in_s3)
 
     def _prune_local(self) -> None:
         states = {tag: examine(self.root / tag)[0] for tag in step_dirs(self.root)}
@@ -239,7 +314,9 @@ class Checkpointer:
         Every rank calls it, on a freshly built engine. Returns the saved
         client_state, or None when no checkpoint was ever committed.
         """
-        remote = _on_rank0(self._remote_tags)
+        self.wait()
+        self._use_own_group()
+        remote = self._on_rank0(self._remote_tags)
         refused: set[str] = set()
         while True:
             inventories = self._on_writers(lambda: self._inventory(refused))
@@ -379,7 +456,14 @@ class Checkpointer:
 
     def _on_writers(self, work: Callable[[], T]) -> list[T]:
         """Run ``work`` on the ranks that touch files; every rank gets all their results."""
-        return _collective(work, runs_here=self._is_writer())
+        return _collective(work, runs_here=self._is_writer(), group=self._group)
+
+    def _on_rank0(self, work: Callable[[], T]) -> T:
+        return _collective(work, runs_here=_rank() == 0, group=self._group)[0]
+
+    def _collective(self, work: Callable[[], T]) -> list[T]:
+        """Run ``work`` on every rank; every rank gets all the results."""
+        return _collective(work, runs_here=True, group=self._group)
 
     def _is_writer(self) -> bool:
         if self._shared_root is None:
@@ -400,9 +484,9 @@ class Checkpointer:
             return probe.name
 
         # Each rank looks in its own root: the same path may name another disk there.
-        probe = _on_rank0(leave_probe)
-        shared = all(_collective((self.root / probe).exists, runs_here=True))
-        _on_rank0((self.root / probe).unlink)
+        probe = self._on_rank0(leave_probe)
+        shared = all(self._collective((self.root / probe).exists))
+        self._on_rank0((self.root / probe).unlink)
         if shared:
             _log_rank0(logging.INFO, "checkpoint root %s is shared by every rank", self.root)
         else:
@@ -486,12 +570,71 @@ def _merge_listings(listings: list[dict[str, dict]]) -> dict[str, dict]:
     return dict(sorted(merged.items()))
 
 
-class _Writes:
-    """The files one rank's checkpoint engine wrote during a save, and its failures."""
+class _HostCopyEngine(CheckpointEngine):
+    """The checkpoint engine DeepSpeed writes through during one save (its documented
+    ``CheckpointEngine`` seam, deepspeed/runtime/checkpoint_engine/checkpoint_engine.py).
 
-    def __init__(self) -> None:
+    Each file's state is copied to host memory while ``budget`` bytes last, and written
+    later by ``write_pending`` through the engine DeepSpeed was configured with; past
+    the budget (and with a budget of 0: a blocking save) it is written at once. Every
+    file written is noted. A failed write is recorded rather than raised: DeepSpeed's
+    save goes through barriers after each file, and a rank leaving early would leave
+    the others waiting there; ``entries`` turns it into an error.
+    """
+
+    def __init__(self, writer: CheckpointEngine, *, budget: int):
+        super().__init__()
+        self.name = "host copy"
+        self.writer = writer
+        self.budget = budget
+        self.short_of_memory = False
+        self.pending: list[tuple[dict, str]] = []
         self.paths: list[Path] = []
         self.failures: list[str] = []
+        self._info: CheckpointCommitInfo | None = None
+
+    def create(self, info: CheckpointCommitInfo) -> None:
+        self._info = info
+        self.writer.create(info)
+
+    def makedirs(self, path, exist_ok=False) -> None:
+        self.writer.makedirs(path, exist_ok=exist_ok)
+
+    def save(self, state_dict, path: str) -> None:
+        size = _tensor_bytes(state_dict)
+        if size <= self.budget:
+            self.budget -= size
+            self.pending.append((_host_copy(state_dict), path))
+            return
+        self.short_of_memory = self.short_of_memory or self.budget > 0
+        self.budget = 0  # the files stay in order: all the rest is written now
+        if self.writer.preserves_storage_sharing():
+            # What DeepSpeed does for such an engine: a view is saved alone, not its storage.
+            state_dict = clone_tensors_for_torch_save(state_dict)
+        self._write(state_dict, path)
+
+    def load(self, path: str, map_location=None):
+        return self.writer.load(path, map_location=map_location)
+
+    def commit(self, info: CheckpointCommitInfo) -> bool:
+        # With files still in memory, the configured engine commits after write_pending.
+        return True if self.pending else self.writer.commit(info)
+
+    def is_data_parallel_writer(self, dp_rank) -> bool:
+        return self.writer.is_data_parallel_writer(dp_rank)
+
+    def preserves_storage_sharing(self) -> bool:
+        return False  # every tensor is copied (or cloned) on its own before it is written
+
+    def write_pending(self) -> None:
+        if not self.pending:
+            return
+        while self.pending:
+            state, path = self.pending.pop(0)
+            self._write(state, path)
+            del state  # its host memory goes back file by file
+        if self._info is not None:
+            self.writer.commit(self._info)
 
     def entries(self, step_dir: Path) -> dict[str, dict]:
         if self.failures:
@@ -502,39 +645,59 @@ class _Writes:
             if path.is_relative_to(step_dir)
         }
 
-
-@contextlib.contextmanager
-def _recording_writes(engine) -> Iterator[_Writes]:
-    """Note every file ``engine``'s checkpoint engine saves.
-
-    A failed write is recorded rather than raised: DeepSpeed's save goes through
-    barriers after each file, and a rank leaving early would leave the others
-    waiting there. The caller turns a recorded failure into an error on every rank.
-    """
-    writes = _Writes()
-    checkpoint_engine = engine.checkpoint_engine
-    original = checkpoint_engine.save
-
-    def save(state_dict, path, *args, **kwargs):
+    def _write(self, state_dict, path: str) -> None:
         try:
-            original(state_dict, path, *args, **kwargs)
+            self.writer.save(state_dict, path)
         except Exception as exc:
             reason = os.strerror(errno.ENOSPC) if _is_enospc(exc) else f"{type(exc).__name__}"
-            writes.failures.append(f"could not write {path}: {reason}: {exc}")
+            self.failures.append(f"could not write {path}: {reason}: {exc}")
             with contextlib.suppress(OSError):
                 Path(path).unlink()
         else:
-            writes.paths.append(Path(path))
+            self.paths.append(Path(path))
 
-    checkpoint_engine.save = save
+
+@contextlib.contextmanager
+def _writing_through(engine, files: _HostCopyEngine) -> Iterator[None]:
+    """DeepSpeed's save of ``engine`` goes through ``files`` instead of its own engine."""
+    configured = engine.checkpoint_engine
+    engine.checkpoint_engine = files
     # DeepSpeed's recovery scripts are removed after every save (DEEPSPEED_RECOVERY_SCRIPTS):
     # not copying them at all also keeps a full disk from failing outside the engine.
     engine._copy_recovery_script = lambda save_path: None
     try:
-        yield writes
+        yield
     finally:
-        del checkpoint_engine.save  # the class's method again
-        del engine._copy_recovery_script
+        engine.checkpoint_engine = configured
+        del engine._copy_recovery_script  # the class's method again
+
+
+def _host_copy(value):
+    """``value`` with every tensor copied to host memory, each into storage of its own."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        return type(value)((key, _host_copy(item)) for key, item in value.items())
+    if isinstance(value, list | tuple):
+        items = [_host_copy(item) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    return value
+
+
+def _tensor_bytes(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(item) for item in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(item) for item in value)
+    return 0
+
+
+def _host_copy_budget() -> int:
+    """The bytes this rank may copy to host memory: its share of a share of what is free."""
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return int(psutil.virtual_memory().available * _HOST_COPY_SHARE) // ranks_here
 
 
 def _is_enospc(exc: BaseException) -> bool:
@@ -579,7 +742,7 @@ def _log_rank0(level: int, message: str, *args: Any) -> None:
         log.log(level, message, *args)
 
 
-def _collective(work: Callable[[], T], *, runs_here: bool) -> list[T]:
+def _collective(work: Callable[[], T], *, runs_here: bool, group=None) -> list[T]:
     """Run ``work`` where ``runs_here``; every rank gets the results of all that ran it.
 
     An exception anywhere becomes a CheckpointError on every rank, so no rank
@@ -598,14 +761,10 @@ def _collective(work: Callable[[], T], *, runs_here: bool) -> list[T]:
             outcome = (True, None, f"rank {_rank()}: {message}")
     if _distributed() and dist.get_world_size() > 1:
         gathered: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, outcome)
+        dist.all_gather_object(gathered, outcome, group=group)
     else:
         gathered = [outcome]
     errors = [error for _, _, error in gathered if error is not None]
     if errors:
         raise CheckpointError("; ".join(errors)) from original
     return [result for ran, result, _ in gathered if ran]
-
-
-def _on_rank0(work: Callable[[], T]) -> T:
-    return _collective(work, runs_here=_rank() == 0)[0]

@@ -137,6 +137,9 @@ class PrecisionConfig(Section):
 class CheckpointConfig(Section):
     every_steps: int = Field(default=1000, gt=0)
     keep_last: int = Field(default=3, gt=0)
+    # Training waits only while the state is copied to host memory; the write, fsync,
+    # commit and upload go on in the background (docs/checkpoints.md).
+    asynchronous: bool = True
     # Empty means <output_dir>/checkpoints; TRAIN_CHECKPOINT_DIR overrides.
     dir: str = ""
 

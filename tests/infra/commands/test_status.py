@@ -66,6 +66,21 @@ def test_nodes_job_checkpoint_and_budget(aws, stub_stack):
     assert "budget $100.00 a month" in spend and "no spend ledger" in spend
 
 
+def test_the_runs_goodput_and_price_from_the_trainer(aws, stub_stack):
+    _deploy(aws, stub_stack)
+    progress = json.loads(
+        aws.client("s3").get_object(Bucket=BUCKET, Key=f"checkpoints/{STATUS_NAME}")["Body"].read()
+    )
+    progress.update(goodput=0.873, usd_per_billion_tokens=12.5)
+    aws.client("s3").put_object(
+        Bucket=BUCKET, Key=f"checkpoints/{STATUS_NAME}", Body=json.dumps(progress)
+    )
+    job = next(
+        line for line in status.run(ARGS, now=lambda: NOW).splitlines() if line.startswith("job")
+    )
+    assert "goodput 87%, $12.50 per billion tokens" in job
+
+
 def _ledger_table(dynamodb, name: str) -> None:
     """The spend guard's table (infra/components/spend_guard.py): one item per period."""
     dynamodb.create_table(

@@ -43,7 +43,13 @@ def test_a_notice_during_a_checkpoint_and_again_stops_once_with_both_committed(t
     """Injects: a spot notice while rank 0 is inside the save of step 4, then a second,
     later notice. Proves: that save completes, the ranks stop after the next step with a
     second checkpoint, exit 75, one stop request; both checkpoints verify."""
-    overrides = (*TINY, "train.steps=1000", "checkpoint.every_steps=4")
+    # A blocking save: training waits in it (test_async_checkpoints.py: one in the background).
+    overrides = (
+        *TINY,
+        "train.steps=1000",
+        "checkpoint.every_steps=4",
+        "checkpoint.asynchronous=false",
+    )
     with FakeImds() as imds:
         job = start_job(tmp_path, *overrides, env=paused_save_env(tmp_path, imds, at=1))
         try:

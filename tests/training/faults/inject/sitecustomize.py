@@ -9,6 +9,9 @@ launcher): no handler runs, nothing is flushed, as in a power cut.
     save    after the checkpoint engine wrote a file (the step folder is half written)
     upload  before a file goes to S3 (the S3 copy is half uploaded)
     commit  after an atomic write of the manifest or the pointer (odd: marker only)
+    manifest  before an atomic write of the manifest or the pointer (odd: every file of
+            the checkpoint written, its manifest not)
+    batch   before the trainer takes a batch (with FAULT_ACTION=pause: a data stall)
 
 With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
 sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
@@ -68,10 +71,24 @@ def _install() -> None:
             self._s3.upload_file = _counting(self._s3.upload_file, before=True)
 
         S3Mirror.__init__ = init
-    elif POINT == "commit":
+    elif POINT in ("commit", "manifest"):
         from training.checkpoint import checkpointer
 
-        checkpointer.write_atomically = _counting(checkpointer.write_atomically, before=False)
+        checkpointer.write_atomically = _counting(
+            checkpointer.write_atomically, before=POINT == "manifest"
+        )
+    elif POINT == "batch":
+        from training import trainer
+
+        batches = trainer._batches
+
+        def stalling(*args, **kwargs):
+            take = _counting(lambda: None, before=True)
+            for batch in batches(*args, **kwargs):
+                take()
+                yield batch
+
+        trainer._batches = stalling
 
 
 if POINT and "RANK" in os.environ and os.environ["RANK"] == os.environ.get("FAULT_RANK", "0"):

@@ -1,0 +1,141 @@
+"""Background checkpoint writes cut short: by SIGKILL (resume from the newest committed
+checkpoint, the clean losses), by SIGTERM and by a spot notice (exit 75, the current step
+committed)."""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.training.fake_imds import NOTICE_PATH, FakeImds
+from tests.training.jobs import TINY, job_env, read_metrics, shared_run, start_job
+from training.checkpoint.layout import (
+    COMPLETE,
+    UNCOMMITTED,
+    committed_tags,
+    examine,
+    step_dirs,
+    tag_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+INJECT = Path(__file__).with_name("inject")
+STEPS = 24
+# Saves are asynchronous by default: every third step's save is written in the background.
+JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=3")
+SEED = 20261202
+# Rank 0 writes 2 files per save (model states, its optimizer shard) and calls
+# write_atomically twice per commit (manifest, pointer): "save" at N kills after its N-th
+# file, "manifest" at an odd N just before a manifest, with every file of that save written.
+# Both within a start's first two saves, so that 4 starts never reach the run's end.
+MOMENTS = {"save": (1, 4), "manifest": (1, 3)}
+PAUSE_S = "10"  # longer than the spot poller's 5 s interval: the notice lands in the write
+
+
+def seeded_moments(count: int) -> list[tuple[str, int]]:
+    rng = random.Random(SEED)
+    moments = []
+    for index in range(count):
+        point = [*MOMENTS][index % len(MOMENTS)]
+        at = rng.randint(*MOMENTS[point])
+        moments.append((point, at | 1 if point == "manifest" else at))
+    return moments
+
+
+def test_sigkill_during_background_writes_resumes_from_the_newest_committed(
+    tmp_path, tmp_path_factory
+):
+    """Injects: 4 SIGKILLs of the whole job from inside rank 0's background writer, at
+    seeded moments: after a checkpoint file, and between the last file and the manifest.
+    Proves: each kill leaves the save it cut short uncommitted; the next start resumes
+    from the newest committed checkpoint; every step's loss equals the clean run's."""
+    clean = {r["step"]: r["loss"] for r in shared_run(tmp_path_factory, *JOB).metrics}
+    root = tmp_path / "checkpoints"
+    for point, at in seeded_moments(4):
+        env = job_env(tmp_path, PYTHONPATH=str(INJECT), FAULT_POINT=point, FAULT_AT=str(at))
+        before = committed_tags(root)
+        job = start_job(tmp_path, *JOB, env=env)
+        try:
+            _, stderr = job.communicate(timeout=240)
+        finally:
+            job.kill()
+        assert job.returncode == -signal.SIGKILL, stderr[-3000:]
+        if before:
+            assert f"resumed from {root / before[-1]} at step" in stderr, stderr[-3000:]
+        cut_short = [t for t in step_dirs(root) if examine(root / t)[0] == UNCOMMITTED]
+        assert len(cut_short) == 1, step_dirs(root)
+        committed = committed_tags(root)
+        assert not committed or committed[-1] < cut_short[0]  # the newest committed is older
+
+    final = start_job(tmp_path, *JOB, env=job_env(tmp_path))
+    _, stderr = final.communicate(timeout=240)
+    assert final.returncode == 0, stderr[-3000:]
+    records = read_metrics(tmp_path)
+    assert {r["step"] for r in records} == set(range(1, STEPS + 1))
+    for record in records:
+        assert record["loss"] == pytest.approx(clean[record["step"]], rel=1e-6, abs=1e-7), record
+    assert committed_tags(root)[-1] == tag_for(STEPS)
+
+
+def paused_write_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    """Rank 0's background writer pauses after the first file of step 3's save."""
+    env = job_env(tmp_path, **extra)
+    env.update(
+        PYTHONPATH=str(INJECT),
+        FAULT_POINT="save",
+        FAULT_AT="1",
+        FAULT_ACTION="pause",
+        FAULT_FLAG=str(tmp_path / "paused"),
+        FAULT_PAUSE_S=PAUSE_S,
+    )
+    return env
+
+
+def wait_for_pause(tmp_path: Path, job) -> None:
+    deadline = time.monotonic() + 180
+    while not (tmp_path / "paused").exists():
+        assert job.poll() is None, job.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "the write never paused"
+        time.sleep(0.05)
+
+
+def assert_stopped_with_current_step_committed(tmp_path: Path, stderr: str) -> None:
+    root = tmp_path / "checkpoints"
+    stopped = int(re.search(r"stopped at step (\d+)", stderr).group(1))
+    assert stopped > 3  # trained on while step 3 was being written
+    assert read_metrics(tmp_path)[-1]["step"] == stopped
+    committed = committed_tags(root)
+    assert tag_for(3) in committed and committed[-1] == tag_for(stopped), committed
+    assert all(examine(root / tag, verify=True)[0] == COMPLETE for tag in committed)
+
+
+@pytest.mark.parametrize("how", ["sigterm", "spot notice"])
+def test_a_stop_during_a_background_write_exits_75_with_the_current_step_committed(tmp_path, how):
+    """Injects: SIGTERM to the launcher, or a spot notice, while rank 0's background
+    writer is held inside step 3's save. Proves: the job exits 75; step 3's checkpoint
+    completes, and so does the one of the step it stopped at, the newest."""
+    overrides = (*JOB, "train.steps=1000")
+    with FakeImds() as imds:
+        env = paused_write_env(tmp_path, TRAIN_SPOT_ENDPOINT=imds.url)
+        job = start_job(tmp_path, *overrides, env=env)
+        try:
+            wait_for_pause(tmp_path, job)
+            if how == "sigterm":
+                job.send_signal(signal.SIGTERM)
+            else:
+                imds.notify("terminate", "2026-12-01T08:00:00Z")
+                deadline = time.monotonic() + 30
+                while imds.count("GET", NOTICE_PATH, 200) == 0:
+                    assert time.monotonic() < deadline, "the notice was never read"
+                    time.sleep(0.05)
+            _, stderr = job.communicate(timeout=180)
+        finally:
+            job.kill()
+    assert job.returncode == 75, stderr[-3000:]
+    assert_stopped_with_current_step_committed(tmp_path, stderr)
