@@ -141,7 +141,9 @@ def test_the_parts_add_up_to_the_wall_time_measured_from_outside(stalled_job):
     parts = sum(report.startup.values()) + report.productive_s + report.checkpoint_s
     parts += report.recomputed_s + report.evaluation_s + report.data_wait_s
     assert 0 <= report.wall_s - parts < min(1.0, 0.05 * report.wall_s)
-    assert took - 3.0 < report.wall_s <= took
+    # The launcher's start is its process's create_time, which psutil adds to the boot time
+    # of /proc/stat (whole seconds): up to a second either way of the clock the test reads.
+    assert took - 3.0 < report.wall_s <= took + 1.0
 
 
 def test_the_summary_line_reports_goodput_and_cost_per_billion_tokens(stalled_job):
