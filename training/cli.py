@@ -3,9 +3,11 @@
     python -m training [--config FILE.toml] [--set key=value ...] [--fresh] [--print-ds-config]
     python -m training export CHECKPOINT out.pt
     python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
+    python -m training health      (this node's health gate: GPUs, memory errors, all-reduce, EFA)
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
-75 interrupted and checkpointed (run the same command again to resume).
+75 interrupted and checkpointed (run the same command again to resume),
+69 this node failed its health gate.
 """
 
 from __future__ import annotations
@@ -81,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.estimate import main as estimate_main
 
         return estimate_main(argv[1:])
+    if argv[:1] == ["health"]:
+        from training.health.gate import main as health_main
+
+        return health_main(argv[1:])
     args = parser().parse_args(argv)
     if "RANK" in os.environ:
         return _worker(args)
