@@ -143,16 +143,18 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         topo.world_size,
         config.output_dir,
     )
-    return launch(topo, argv)
+    return launch(topo, argv, config.watchdog)
 
 
 def _worker(args: argparse.Namespace) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
+    from training.watchdog import install_stack_dump
 
     die_with_launcher()
     placement = Placement.from_env()
+    install_stack_dump(os.environ, placement.rank)
     _configure_logging(rank=placement.rank)
     # Listening from here on; a request that came during start-up is handed over.
     stop = StopFlag(spot_endpoint=spot_endpoint_from_env(os.environ))

@@ -34,6 +34,7 @@ from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
+from training.watchdog import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -220,6 +221,7 @@ class Trainer:
         config, placement, batch = self.config, self.placement, job.batch
         metrics = StepMetrics(config, placement, job, self.env) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
+        heartbeat = Heartbeat.from_env(self.env, placement.rank)
         try:
             while job.step < config.train.steps:
                 for _ in range(batch.gradient_accumulation_steps):
@@ -232,6 +234,7 @@ class Trainer:
                     job.engine.step()
                     loss_sum += loss.detach().float()
                 job.step += 1
+                heartbeat.beat(job.step)
 
                 last = job.step == config.train.steps
                 scores = {}

@@ -9,9 +9,13 @@ launcher): no handler runs, nothing is flushed, as in a power cut.
     save    after the checkpoint engine wrote a file (the step folder is half written)
     upload  before a file goes to S3 (the S3 copy is half uploaded)
     commit  after an atomic write of the manifest or the pointer (odd: marker only)
+    window  before the trainer's per-window all-reduce of the loss (a collective; call
+            N is step N when every step is logged)
 
 With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
 sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
+FAULT_ACTION=hang is a pause without end: the rank hangs there, its peers wait for it
+inside the collective.
 """
 
 from __future__ import annotations
@@ -23,13 +27,16 @@ POINT = os.environ.get("FAULT_POINT")
 
 
 def _act() -> None:
-    if os.environ.get("FAULT_ACTION") == "pause":
+    action = os.environ.get("FAULT_ACTION")
+    if action in ("pause", "hang"):
         import pathlib
         import time
 
         pathlib.Path(os.environ["FAULT_FLAG"]).touch()
-        time.sleep(float(os.environ["FAULT_PAUSE_S"]))
-        return
+        while True:
+            time.sleep(float(os.environ.get("FAULT_PAUSE_S", 3600)))
+            if action == "pause":
+                return
     os.kill(int(os.environ["TRAIN_LAUNCHER_PID"]), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -72,6 +79,10 @@ def _install() -> None:
         from training.checkpoint import checkpointer
 
         checkpointer.write_atomically = _counting(checkpointer.write_atomically, before=False)
+    elif POINT == "window":
+        from training import trainer
+
+        trainer._mean_over_ranks = _counting(trainer._mean_over_ranks, before=True)
 
 
 if POINT and "RANK" in os.environ and os.environ["RANK"] == os.environ.get("FAULT_RANK", "0"):
