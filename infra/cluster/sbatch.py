@@ -11,11 +11,12 @@ Pure Python: the Pulumi program renders it for the stack, the tests render and r
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.node.boot import _ScriptTemplate
-from training.contract import DEFAULT_MASTER_PORT
+from training.contract import DEFAULT_MASTER_PORT, UNHEALTHY_PREFIX, ExitCode
+from training.health.expectation import NodeExpectation
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -67,6 +68,8 @@ class BatchJob:
     checkpoint_root: str  # each run's checkpoints in a folder named after its job name
     s3_root: str = ""  # s3://bucket/prefix mirror root (one prefix per job name); "": none
     log_file: str = LOG_FILE
+    # The catalog's figures for the queue's instance type, for the health gate.
+    expectation: NodeExpectation = field(default_factory=NodeExpectation)
 
 
 def render_sbatch(job: BatchJob) -> str:
@@ -86,4 +89,9 @@ def render_sbatch(job: BatchJob) -> str:
             raise ValueError(f"sbatch value {key}={value!r} contains a space, quote, $ or `")
     values["launch"] = shlex.join(job.launch.srun_options)
     values["python"] = shlex.quote(job.launch.python)
+    values["expectations"] = "\n".join(
+        f"export {name}={shlex.quote(value)}" for name, value in job.expectation.to_env().items()
+    )
+    values["unhealthy_prefix"] = UNHEALTHY_PREFIX.strip()
+    values["requeue_exit"] = str(int(ExitCode.INTERRUPTED))
     return _ScriptTemplate(TEMPLATE.read_text()).substitute(values)

@@ -30,14 +30,22 @@ DONE_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "
 class Submitted:
     """One submitted job: its id, folders and log."""
 
-    def __init__(self, cluster: SlurmCluster, work: Path, name: str = JOB_NAME, s3_root: str = ""):
+    def __init__(
+        self,
+        cluster: SlurmCluster,
+        work: Path,
+        name: str = JOB_NAME,
+        s3_root: str = "",
+        nodes: int = len(NODES),
+        **env: str,
+    ):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
         script = work / "train.sbatch"
         script.write_text(
             render_sbatch(
                 BatchJob(
-                    nodes=len(NODES),
+                    nodes=nodes,
                     launch=Launch.host(sys.executable),
                     checkpoint_root=str(work / "ckpt"),
                     s3_root=s3_root,
@@ -49,6 +57,7 @@ class Submitted:
             TRAIN_NPROC_PER_NODE="1",
             TRAIN_MASTER_PORT=str(free_port()),
             TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
+            **env,
         )
         overrides = [arg for override in JOB for arg in ("--set", override)]
         out = cluster.command(
