@@ -11,6 +11,8 @@ launcher): no handler runs, nothing is flushed, as in a power cut.
     commit  after an atomic write of the manifest or the pointer (odd: marker only)
     window  before the trainer's per-window all-reduce of the loss (a collective; call
             N is step N when every step is logged)
+    batches every batch the rank takes sleeps FAULT_SLOW_S first (a slow rank: no
+            FAULT_AT, nothing dies)
 
 With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
 sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
@@ -79,6 +81,19 @@ def _install() -> None:
         from training.checkpoint import checkpointer
 
         checkpointer.write_atomically = _counting(checkpointer.write_atomically, before=False)
+    elif POINT == "batches":
+        import time
+
+        from training import trainer
+
+        original_batches = trainer._batches
+
+        def slow_batches(*args, **kwargs):
+            for batch in original_batches(*args, **kwargs):
+                time.sleep(float(os.environ["FAULT_SLOW_S"]))
+                yield batch
+
+        trainer._batches = slow_batches
     elif POINT == "window":
         from training import trainer
 
