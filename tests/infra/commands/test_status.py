@@ -157,4 +157,3 @@ def test_a_straggler_in_the_published_progress_is_named():
     line = status.describe_job(progress, NOW)
     assert "11 min to finish, rank 5 is a straggler (see the job's log), as of 2 min ago" in line
     assert "straggler" not in status.describe_job({**progress, "straggler_rank": None}, NOW)
-
