@@ -16,7 +16,9 @@ pytestmark = pytest.mark.slow
 INJECT = Path(__file__).with_name("inject")
 
 
-def test_a_node_failing_the_gate_is_drained_and_the_job_completes_elsewhere(slurm, tmp_path):
+def test_a_node_failing_the_gate_is_drained_and_the_job_completes_elsewhere(
+    slurm, tmp_path, ci_log
+):
     marker = tmp_path / "failed-node"
     job = Submitted(
         slurm, tmp_path / "job", nodes=1, PYTHONPATH=str(INJECT), GATE_FAIL_ONCE=str(marker)
@@ -40,6 +42,10 @@ def test_a_node_failing_the_gate_is_drained_and_the_job_completes_elsewhere(slur
             "requeueing the job onto other nodes" in job.log
         )
         assert "0: health: node fit for training" in job.log  # the gate passed on {good}
+        ci_log(
+            f"slurm test: job {job.id}: {bad} failed its health gate, drained "
+            f"({reason.strip()}); requeued, {STEPS} steps on {good} to COMPLETED"
+        )
     finally:
         if marker.exists():
             slurm.command("scontrol", "update", f"NodeName={marker.read_text()}", "State=RESUME")

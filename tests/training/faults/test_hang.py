@@ -32,7 +32,7 @@ def test_a_normal_run_with_checkpoints_raises_no_alarm(tmp_path_factory):
 
 
 def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
-    tmp_path, tmp_path_factory
+    tmp_path, tmp_path_factory, ci_log
 ):
     out = tmp_path / "run"
     env = job_env(out)
@@ -56,6 +56,7 @@ def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
     assert "rank 1 on node " in sentence, sentence
     assert f"after step {HANG_AT}" in sentence, sentence
     assert "exit code 75 to restart from the last committed checkpoint" in sentence
+    ci_log(f"hang test: {sentence.split('] ERROR training.watchdog: ')[-1]}")
     # Every rank's stack, labelled: rank 1 in the injected hang, rank 0 waiting in gloo.
     stack_0 = hung.stderr.split("Python stack of rank 0:")[1].split("Python stack of rank 1:")[0]
     stack_1 = hung.stderr.split("Python stack of rank 1:")[1]
@@ -74,3 +75,7 @@ def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
     for want in baseline:
         got = by_step[want["step"]]
         assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7), want["step"]
+    ci_log(
+        f"hang test: resumed from step {last_checkpoint} to step {STEPS}, "
+        "losses equal to the uninterrupted run's"
+    )
