@@ -172,9 +172,11 @@ class HangWatchdog:
         log.error("%s", self.hang.sentence())
         for rank in self.ranks:
             log.error("Python stack of rank %d:\n%s", rank, stacks.get(rank) or "(none written)")
-        for worker in psutil.Process().children():
+        # With their DataLoader workers and fork servers, which would outlive them holding
+        # the job's output open. SIGTERM would ask for a checkpoint, which would hang too.
+        for process in psutil.Process().children(recursive=True):
             with contextlib.suppress(psutil.NoSuchProcess):
-                worker.kill()  # SIGTERM would ask for a checkpoint, which would hang too
+                process.kill()
 
     def _dump_stacks(self) -> dict[int, str]:
         for worker in psutil.Process().children():

@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from examples.image_classification.make_images import make_images
 from tests.training.jobs import TINY, job_env, read_metrics, run_job, shared_run
+from tests.training.multirank import REPO_ROOT
 from training.contract import HANG_EXIT
 
 pytestmark = pytest.mark.slow
@@ -29,6 +31,35 @@ def test_a_normal_run_with_checkpoints_raises_no_alarm(tmp_path_factory):
     run = shared_run(tmp_path_factory, *JOB)  # asserts exit 0
     assert "hang:" not in run.stderr
     assert [r["step"] for r in run.metrics] == list(range(1, STEPS + 1))
+
+
+def test_an_image_job_with_evaluations_and_checkpoints_raises_no_alarm(tmp_path):
+    images = make_images(tmp_path / "images", classes=4, train=64, val=32)
+    run = run_job(
+        tmp_path / "run",
+        "train.steps=8",
+        "checkpoint.every_steps=2",
+        "logging.eval_every_steps=2",  # a held-out evaluation every other step
+        "logging.every_steps=1",
+        "logging.progress_bar=false",
+        "logging.tensorboard=false",
+        "scheduler.warmup_steps=2",
+        "precision.fp16=false",
+        "model.preset=resnet-tiny",
+        "data.num_classes=4",
+        "data.image_size=32",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=8",
+        f"data.path={images / 'folder'}",
+        # An evaluation starts its DataLoader workers: seconds on a busy CPU, many normal
+        # steps; the floor is what covers it.
+        "watchdog.hang_floor_s=60",
+        config=REPO_ROOT / "jobs" / "v100x1.toml",
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "hang:" not in run.stderr
+    assert [r["step"] for r in run.metrics if "val_accuracy" in r] == [2, 4, 6, 8]
 
 
 def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
