@@ -11,3 +11,6 @@ from pathlib import Path
 # leaves torch's lock file there, and every later job waits on it forever. A cache of the
 # venv's own keeps the suite apart from anything else on the machine (bench/launch.py too).
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+
+# Fixtures every test folder may use (pytest reads this only in the root conftest).
+pytest_plugins = ["tests.support.ci_log"]

@@ -3,9 +3,11 @@
     python -m training [--config FILE.toml] [--set key=value ...] [--fresh] [--print-ds-config]
     python -m training export CHECKPOINT out.pt
     python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
+    python -m training health      (this node's health gate: GPUs, memory errors, all-reduce, EFA)
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
-75 interrupted and checkpointed (run the same command again to resume).
+75 interrupted and checkpointed (run the same command again to resume),
+69 this node failed its health gate.
 """
 
 from __future__ import annotations
@@ -82,6 +84,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.estimate import main as estimate_main
 
         return estimate_main(argv[1:])
+    if argv[:1] == ["health"]:
+        from training.health.gate import main as health_main
+
+        return health_main(argv[1:])
     args = parser().parse_args(argv)
     if "RANK" in os.environ:
         return _worker(args)
@@ -140,17 +146,19 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
         f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of {topo.nnodes} "
         f"(world size {topo.world_size}), output in {config.output_dir}",
     )
-    return launch(topo, argv)
+    return launch(topo, argv, config.watchdog)
 
 
 def _worker(args: argparse.Namespace) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.interrupt import StopFlag, spot_endpoint_from_env
     from training.trainer import Placement, Trainer
+    from training.watchdog import install_stack_dump
 
     startup.watch_op_builds()
     die_with_launcher()
     placement = Placement.from_env()
+    install_stack_dump(os.environ, placement.rank)
     where = _configure_logging(rank=placement.rank)
     # Listening from here on; a request that came during start-up is handed over.
     stop = StopFlag(spot_endpoint=spot_endpoint_from_env(os.environ))

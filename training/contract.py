@@ -22,6 +22,17 @@ class ExitCode(IntEnum):
     # 75 is EX_TEMPFAIL (sysexits.h): systemd's RestartForceExitStatus and Slurm's
     # RequeueExit both key on it, so both cases are restarted or requeued.
     INTERRUPTED = 75
+    # The node failed its health gate (python -m training health): a bad GPU, ECC errors,
+    # slow all-reduce, missing EFA. Retrying on the same node cannot help: the boot unit
+    # stops the node, the Slurm job drains it and is requeued onto others. 69 is
+    # EX_UNAVAILABLE (sysexits.h).
+    NODE_UNHEALTHY = 69
+
+
+# A hang (no rank finished a step within the watchdog's bound) ends the job with the
+# restart code: the workers are killed, nothing after the last committed checkpoint is
+# kept, and the boot unit and Slurm start it again from that checkpoint.
+HANG_EXIT = ExitCode.INTERRUPTED
 
 
 # How often a crashed run (exit 1, or a worker or launcher killed by a signal) is started
@@ -37,7 +48,12 @@ EXIT_MEANING = {
     ExitCode.FAILED: "a worker failed: the line above names it, its error is above that",
     ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
     ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
+    ExitCode.NODE_UNHEALTHY: "this node failed its health gate: train on another node",
 }
+
+# The gate's last line on a failing node starts with this; the Slurm job drains the node
+# with the rest of the line as the reason.
+UNHEALTHY_PREFIX = "unhealthy: "
 
 # What the launcher says when a stop request came before any worker trained (exit 75).
 STOPPED_BEFORE_TRAINING = (
@@ -80,4 +96,12 @@ ENV = {
     "TRAIN_SPOT_ENDPOINT": "spot-notice endpoint to poll; empty turns polling off",
     "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
     "TRAIN_USD_PER_HOUR": "the job's price per hour, all nodes: the end-of-run summary's cost",
+    "TRAIN_EXPECT_GPUS": "GPUs the health gate expects on this node (the catalog's count)",
+    "TRAIN_EXPECT_GPU_MODEL": "GPU model the health gate expects, e.g. A100 (in NVML's name)",
+    "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",
+    "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
+
+# Set by the launcher for its workers (not by users): the folder where each rank
+# records the last step it finished, which the launcher's hang watchdog reads.
+HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"

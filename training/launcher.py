@@ -10,10 +10,13 @@ import contextlib
 import ctypes
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 import torch
@@ -24,10 +27,14 @@ from training import startup
 from training.contract import (
     DEFAULT_MASTER_PORT,
     EXIT_MEANING,
+    HANG_EXIT,
+    HEARTBEAT_DIR_ENV,
     LAUNCHER_PID_ENV,
     STOPPED_BEFORE_TRAINING,
     ExitCode,
 )
+from training.spec.config import WatchdogConfig
+from training.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +92,19 @@ def _int_env(env: dict[str, str], name: str, default: int) -> int:
         raise TopologyError(f"{name} = {text!r} is not an integer") from None
 
 
-def launch(topo: Topology, worker_args: list[str]) -> int:
-    """Run `python -m training <worker_args>` on every local rank; return the job's exit code."""
+def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> int:
+    """Run `python -m training <worker_args>` on every local rank; return the job's exit code.
+
+    A hang (training/watchdog.py) ends the job with HANG_EXIT."""
     # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
     # do not oversubscribe the CPU cores.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    heartbeats = Path(tempfile.mkdtemp(prefix="training-heartbeats-"))
+    os.environ[HEARTBEAT_DIR_ENV] = str(heartbeats)
+    hang_watch = HangWatchdog(
+        heartbeats, watchdog, topo.nproc_per_node, first_rank=topo.node_rank * topo.nproc_per_node
+    )
     config = LaunchConfig(
         min_nodes=topo.nnodes,
         max_nodes=topo.nnodes,
@@ -111,8 +125,11 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     try:
         if startup.stop_requested():  # between the caller's check and the handlers above
             return stopped_before_training(startup.stop_requested())
-        elastic_launch(config, sys.executable)("-m", "training", *worker_args)
+        with hang_watch:
+            elastic_launch(config, sys.executable)("-m", "training", *worker_args)
     except ChildFailedError as error:
+        if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
+            return HANG_EXIT
         code = _job_exit_code(
             [failure.exitcode for failure in error.failures.values()],
             stop_requested=bool(_forwarded),
@@ -127,6 +144,7 @@ def launch(topo: Topology, worker_args: list[str]) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(heartbeats, ignore_errors=True)
     return 0
 
 

@@ -35,6 +35,8 @@ from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
+from training.stragglers import StragglerReport
+from training.watchdog import Heartbeat
 
 log = logging.getLogger(__name__)
 
@@ -233,6 +235,9 @@ class Trainer:
         )
         metrics = StepMetrics(config, placement, job, self.env, clock) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
+        heartbeat = Heartbeat.from_env(self.env, placement.rank)
+        stragglers = StragglerReport(job.engine.module, config.watchdog, job.device, job.step)
+        job.batches = stragglers.timed(job.batches)
         try:
             while job.step < config.train.steps:
                 clock.begin_step()
@@ -247,6 +252,7 @@ class Trainer:
                     job.engine.step()
                     loss_sum += loss.detach().float()
                 job.step += 1
+                heartbeat.beat(job.step)
 
                 last = job.step == config.train.steps
                 scores = {}
@@ -258,8 +264,9 @@ class Trainer:
                 if scores or last or job.step % config.logging.every_steps == 0:
                     # A collective: every rank takes part, rank 0 records.
                     window_loss = _mean_over_ranks(loss_sum)
+                    slowest = stragglers.window(job.step)  # a collective too
                     if metrics is not None:
-                        metrics.record(window_loss, scores)
+                        metrics.record(window_loss, scores, slowest)
                     loss_sum.zero_()
                 if metrics is not None:
                     metrics.tick()
@@ -327,9 +334,12 @@ class StepMetrics:
         self.last_record: dict | None = None
         self.scores: dict[str, float] = {}
 
-    def record(self, loss_sum: float, scores: dict[str, float]) -> None:
+    def record(
+        self, loss_sum: float, scores: dict[str, float], slowest: Mapping[str, float] | None = None
+    ) -> None:
         """One record for the steps since the last; loss_sum is over their micro-batches,
-        scores the held-out split's (evaluated at this step, else empty)."""
+        scores the held-out split's (evaluated at this step, else empty), slowest the
+        straggler report's fields (training/stragglers.py)."""
         job, now = self.job, time.perf_counter()
         steps = job.step - self.window_step
         loss = loss_sum / (steps * job.batch.gradient_accumulation_steps)
@@ -346,6 +356,7 @@ class StepMetrics:
             "epoch": job.sampler.epoch,
             "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
             **scores,
+            **(slowest or {}),
             **self.gpu.read(),
             # This start's goodput so far: where its wall time went.
             **self.clock.attempt_report().fields(self.unit),
@@ -379,6 +390,8 @@ class StepMetrics:
             "seconds_left": (total - self.job.step) * record["step_time_s"],
             # The whole run's, every start of the job together.
             **self.clock.run_report().fields(self.unit),
+            # A rank persistently slower than the others (training/stragglers.py), or None.
+            "straggler_rank": record.get("straggler_rank"),
             "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
         self.status_published = time.perf_counter()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.errors import ConfigError
+from infra.knowledge.catalog import Instance
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
 from training.contract import ExitCode
@@ -159,8 +160,7 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
         resource["CapacityReservationTarget"] = {
             "CapacityReservationId": settings.capacity_block_id
         }
-    if instance.efa_interfaces > 0:
-        # GPUDirect RDMA over EFA on the types that have EFA (Scheduling-v3.html, Efa).
+    if efa_enabled(instance):
         resource["Efa"] = {"Enabled": True, "GdrSupport": True}
     networking: dict = {"SubnetIds": [settings.subnet_id]}
     if settings.capacity_block_id is None:
@@ -187,3 +187,9 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
             }
         },
     }
+
+
+def efa_enabled(instance: Instance) -> bool:
+    """GPUDirect RDMA over EFA on the queue's nodes where the type has EFA (Scheduling-v3.html,
+    Efa); the health gate then expects every interface."""
+    return instance.efa_interfaces > 0

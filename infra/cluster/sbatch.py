@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import shlex
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.cluster.config import KILL_WAIT_S
 from infra.node.boot import _ScriptTemplate
-from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, DEFAULT_MASTER_PORT, ENV, ExitCode
+from training.contract import (
+    CRASH_RESTARTS,
+    CRASH_WINDOW_S,
+    DEFAULT_MASTER_PORT,
+    ENV,
+    UNHEALTHY_PREFIX,
+    ExitCode,
+)
+from training.health.expectation import NodeExpectation
 
 TEMPLATE = Path(__file__).parent / "templates" / "train.sbatch"
 
@@ -83,6 +91,8 @@ class BatchJob:
     checkpoint_root: str  # each run's checkpoints in a folder named after its job name
     s3_root: str = ""  # s3://bucket/prefix mirror root (one prefix per job name); "": none
     log_file: str = LOG_FILE
+    # The catalog's figures for the queue's instance type, for the health gate.
+    expectation: NodeExpectation = field(default_factory=NodeExpectation)
 
 
 def render_sbatch(job: BatchJob) -> str:
@@ -111,4 +121,8 @@ def render_sbatch(job: BatchJob) -> str:
             raise ValueError(f"sbatch value {key}={value!r} contains a space, quote, $ or `")
     values["launch"] = shlex.join(job.launch.srun_options)
     values["python"] = shlex.quote(job.launch.python)
+    values["expectations"] = "\n".join(
+        f"export {name}={shlex.quote(value)}" for name, value in job.expectation.to_env().items()
+    )
+    values["unhealthy_prefix"] = UNHEALTHY_PREFIX.strip()
     return _ScriptTemplate(TEMPLATE.read_text()).substitute(values)

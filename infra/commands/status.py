@@ -173,6 +173,8 @@ def describe_job(status: dict | None, now: datetime.datetime) -> str:
             parts.append(price_words(price, status.get("unit", "tokens")))
     if status["state"] == "training":
         parts.append(f"{_duration(status['seconds_left'])} to finish")
+    if status.get("straggler_rank") is not None:  # written by training/stragglers.py
+        parts.append(f"rank {status['straggler_rank']} is a straggler (see the job's log)")
     updated = datetime.datetime.fromisoformat(status["updated_at"])
     parts.append(f"as of {_duration((now - updated).total_seconds())} ago")
     return ", ".join(parts)

@@ -53,10 +53,12 @@ from infra.cluster.config import (
     ClusterSettings,
     capacity_type,
     cluster_config,
+    efa_enabled,
 )
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
 from infra.config.schema import S3Uri
+from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
 
@@ -141,14 +143,16 @@ def cloudformation_template(cluster_name: str, version: str, config: dict) -> di
     }
 
 
-def job_script(nodes: int, image_uri: str, checkpoint_uri: str) -> str:
-    """The sbatch the head node gets: the stack's image on every node under Pyxis."""
+def job_script(plan: Plan, image_uri: str, checkpoint_uri: str) -> str:
+    """The sbatch the head node gets: the stack's image on every node under Pyxis, its
+    health gate holding each node to the catalog's figures for the queue's type."""
     return render_sbatch(
         BatchJob(
-            nodes=nodes,
+            nodes=plan.nodes,
             launch=Launch.container(image_uri, CONTAINER_MOUNTS),
             checkpoint_root=CLUSTER_CHECKPOINT_ROOT,
             s3_root=checkpoint_uri,
+            expectation=node_expectation(plan.instance, efa_attached=efa_enabled(plan.instance)),
         )
     )
 
@@ -212,7 +216,7 @@ class SlurmCluster(pulumi.ComponentResource):
             bucket=args.bucket_name,
             key=JOB_SCRIPT_KEY,
             content=pulumi.Output.all(args.image_uri, args.checkpoint_uri).apply(
-                lambda values: job_script(plan.nodes, *values)
+                lambda values: job_script(plan, *values)
             ),
             opts=child,
         )

@@ -27,6 +27,7 @@ def instance_policy(
     repository_arn: str,
     log_group_arn: str,
     data: S3Uri | None = None,
+    alert_topic_arn: str | None = None,
 ) -> dict:
     """The inline policy document, as a dict (the role gets it as JSON)."""
     statements = [
@@ -76,6 +77,16 @@ def instance_policy(
         # GPU utilisation for the idle alarm, into the guardrails' metric namespace only.
         {"Sid": "GpuMetrics", **agent_policy_statement()},
     ]
+    if alert_topic_arn is not None:
+        # A node that fails its health gate says why on the alert topic, then stops.
+        statements.append(
+            {
+                "Sid": "HealthAlerts",
+                "Effect": "Allow",
+                "Action": ["sns:Publish"],
+                "Resource": [alert_topic_arn],
+            }
+        )
     if data is not None:
         data_bucket = f"arn:aws:s3:::{data.bucket}"
         statements += [
@@ -106,6 +117,7 @@ class InstanceRoleArgs:
     repository_arn: pulumi.Input[str]
     log_group_arn: pulumi.Input[str]
     data: S3Uri | None  # training data the nodes may read
+    alert_topic_arn: pulumi.Input[str] | None = None  # the health gate's alerts
 
 
 class InstanceRole(pulumi.ComponentResource):
@@ -143,8 +155,12 @@ class InstanceRole(pulumi.ComponentResource):
             f"{name}-node",
             role=role.id,
             policy=pulumi.Output.all(
-                args.bucket_arn, args.repository_arn, args.log_group_arn
-            ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
+                args.bucket_arn, args.repository_arn, args.log_group_arn, args.alert_topic_arn
+            ).apply(
+                lambda arns: json.dumps(
+                    instance_policy(*arns[:3], data=args.data, alert_topic_arn=arns[3])
+                )
+            ),
             opts=child,
         )
         aws.iam.RolePolicyAttachment(

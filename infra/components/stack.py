@@ -19,6 +19,7 @@ from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
+from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.costs import cost_summary, hourly_usd, price_model
 from infra.knowledge.parallelcluster import ParallelCluster, load_parallelcluster
 from infra.knowledge.resolver import Plan
@@ -145,6 +146,7 @@ class TrainingStack(pulumi.ComponentResource):
                 repository_arn=storage.repository_arn,
                 log_group_arn=storage.log_group_arn,
                 data=config.data_s3_uri,
+                alert_topic_arn=guardrails.alert_topic_arn,
             ),
             opts=child,
         )
@@ -153,6 +155,7 @@ class TrainingStack(pulumi.ComponentResource):
             region=region.region,
             log_group=storage.log_group_name,
             checkpoint_s3_uri=storage.checkpoint_uri,
+            alert_topic_arn=guardrails.alert_topic_arn,
         )
         user_data = known_at_deploy.apply(
             lambda values: render_user_data(
@@ -163,6 +166,8 @@ class TrainingStack(pulumi.ComponentResource):
                     data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                     train_config=config.train_config_text,
                     usd_per_hour=hourly_usd(plan, config.market),
+                    # One node attaches no EFA interface (compute.py).
+                    expectation=node_expectation(plan.instance, efa_attached=False),
                 )
             )
         )

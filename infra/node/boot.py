@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import re
 import string
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from infra.node.agent import cloudwatch_agent_config
-from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, ExitCode
+from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, UNHEALTHY_PREFIX, ExitCode
+from training.health.expectation import NodeExpectation
 
 TEMPLATES = Path(__file__).parent / "templates"
 
@@ -70,6 +71,9 @@ class NodeBoot:
     data_s3_uri: str | None = None
     train_config: str | None = None  # the TOML text shipped to the node
     usd_per_hour: float | None = None  # the whole stack's price: the trainer's summary cost
+    alert_topic_arn: str = ""  # where a failed health gate is reported; "": nowhere
+    # The catalog's figures for the node's type, for the health gate.
+    expectation: NodeExpectation = field(default_factory=NodeExpectation)
 
     @property
     def registry(self) -> str:
@@ -82,6 +86,7 @@ class NodeBoot:
             "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
+            **self.expectation.to_env(),
         }
         if self.train_config is not None:
             env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
@@ -156,6 +161,9 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "env_file": ENV_FILE,
                 "train_config_file": TRAIN_CONFIG_FILE if node.train_config is not None else "",
                 "gpu_metrics": GPU_METRICS_SCRIPT,
+                "alert_topic_arn": node.alert_topic_arn,
+                "exit_node_unhealthy": int(ExitCode.NODE_UNHEALTHY),
+                "unhealthy_prefix": UNHEALTHY_PREFIX,
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
@@ -166,6 +174,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
                 "start_limit_burst": CRASH_RESTARTS + 1,
                 "crash_window_s": CRASH_WINDOW_S,
+                "exit_node_unhealthy": str(int(ExitCode.NODE_UNHEALTHY)),
             },
         ),
         ENV_FILE: _env_file(node.environment()),
@@ -230,6 +239,8 @@ def largest_user_data_bytes(train_config: str | None) -> int:
         instance_store_drives=99,
         data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
         train_config=train_config,
+        alert_topic_arn=f"arn:aws:sns:ap-southeast-2:123456789012:{'a' * 256}",
+        expectation=NodeExpectation(gpus=8, gpu_model="H200", busbw_gbps=999.5, efa_devices=32),
     )
     return len(_cloud_config(longest).encode())
 

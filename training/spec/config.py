@@ -153,6 +153,21 @@ class LoggingConfig(Section):
     progress_bar: bool = True
 
 
+class WatchdogConfig(Section):
+    """Hang and straggler detection (training/watchdog.py, training/stragglers.py)."""
+
+    # A hang: no rank finished a step for max(hang_floor_s, hang_step_factor x the measured
+    # step time); before this run's first step (model build, checkpoint load) for
+    # hang_startup_s. The floor covers checkpoint saves and evaluations.
+    hang_floor_s: float = Field(default=600.0, gt=0)
+    hang_step_factor: float = Field(default=10.0, ge=1)
+    hang_startup_s: float = Field(default=1800.0, gt=0)
+    # A straggler: a rank whose local work per step is this many times the median rank's,
+    # in straggler_windows logging windows in a row.
+    straggler_factor: float = Field(default=1.5, gt=1)
+    straggler_windows: int = Field(default=3, gt=0)
+
+
 class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -164,6 +179,7 @@ class Config(Section):
     precision: PrecisionConfig = Field(default_factory=PrecisionConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 
     @property
     def output_dir(self) -> Path:

@@ -3,7 +3,7 @@
 # unit runs this on every boot and again after a failure. Exit codes are the
 # trainer's (docs/contracts.md section 3): 0 done (the node then stops itself), 2 bad
 # configuration (systemd does not retry), 75 interrupted and checkpointed (systemd
-# starts it again). GPU metrics are published only while the container runs, so boot,
+# starts it again), 69 the node failed its health gate (the node stops itself). GPU metrics are published only while the container runs, so boot,
 # data sync and image pull never count as idle.
 # Rendered by infra/node/boot.py, which fills in the placeholders.
 set -euo pipefail
@@ -21,6 +21,9 @@ readonly ENV_FILE="@@env_file@@"
 readonly TRAIN_CONFIG_FILE="@@train_config_file@@"
 readonly DONE_MARKER="@@done_marker@@"
 readonly GPU_METRICS="@@gpu_metrics@@"
+readonly ALERT_TOPIC_ARN="@@alert_topic_arn@@"
+readonly EXIT_NODE_UNHEALTHY="@@exit_node_unhealthy@@"
+readonly UNHEALTHY_PREFIX="@@unhealthy_prefix@@"
 readonly CONTAINER=gpu-training
 readonly PULL_RETRY_SECONDS=60
 
@@ -91,6 +94,32 @@ docker_args=(
 )
 if [ -n "$TRAIN_CONFIG_FILE" ]; then
   docker_args+=(--volume "$TRAIN_CONFIG_FILE:$TRAIN_CONFIG_FILE:ro")
+fi
+
+# The health gate (python -m training health, in the image): GPUs, memory errors, XIDs,
+# all-reduce bandwidth against the catalog's figures in the env file. A node that fails it
+# never starts the job and is not retried: the alert topic gets the reason and the node
+# stops, so a broken node bills no more (a stopped instance is not billed for compute:
+# EC2 User Guide, "Stop and start Amazon EC2 instances").
+gate_output=$(mktemp)
+gate_status=0
+docker run --rm --gpus all --ipc=host --env-file "$ENV_FILE" "$IMAGE_URI" \
+  python -m training health | tee "$gate_output" || gate_status=$?
+reason=$(sed -n "s/^$UNHEALTHY_PREFIX//p" "$gate_output")
+rm -f "$gate_output"
+if [ "$gate_status" -eq "$EXIT_NODE_UNHEALTHY" ]; then
+  log "health gate failed: $reason; stopping this node"
+  if [ -n "$ALERT_TOPIC_ARN" ]; then
+    aws sns publish --region "$REGION" --topic-arn "$ALERT_TOPIC_ARN" \
+      --subject "gpu-stack: node $(hostname) failed its health gate and stops" \
+      --message "$reason" >/dev/null || log "could not notify $ALERT_TOPIC_ARN (see above)"
+  fi
+  shutdown -h now "gpu-stack: node unhealthy" || log "could not stop this node (see above)"
+  exit "$EXIT_NODE_UNHEALTHY"
+fi
+if [ "$gate_status" -ne 0 ]; then
+  log "health gate could not run (exit $gate_status); retrying later"
+  exit "$gate_status"
 fi
 
 # Metrics failing must not stop training: the alarm on missing metrics reports it.

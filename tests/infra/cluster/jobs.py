@@ -41,6 +41,8 @@ class Submitted:
         launch: Launch | None = None,
         sbatch_options: tuple[str, ...] = (),
         job: tuple[str, ...] = JOB,
+        nodes: int = len(NODES),
+        **env: str,
     ):
         self.cluster, self.work, self.name = cluster, work, name
         work.mkdir(parents=True, exist_ok=True)
@@ -48,7 +50,7 @@ class Submitted:
         script.write_text(
             render_sbatch(
                 BatchJob(
-                    nodes=len(NODES),
+                    nodes=nodes,
                     launch=launch or Launch.host(sys.executable),
                     checkpoint_root=str(work / "ckpt"),
                     s3_root=s3_root,
@@ -60,6 +62,7 @@ class Submitted:
             TRAIN_NPROC_PER_NODE="1",
             TRAIN_MASTER_PORT=str(free_port()),
             TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
+            **env,
         )
         overrides = [arg for override in job for arg in ("--set", override)]
         out = cluster.command(

@@ -11,6 +11,7 @@ import pytest
 from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
 from tests.support.tools import require_tool
 from training.contract import ENV
+from training.health.expectation import NodeExpectation
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-cu128"
 
@@ -28,8 +29,11 @@ HOST = rendered(Launch.host("/usr/bin/python3"))
 
 def test_the_two_forms_differ_only_in_the_launch_prefix():
     options = shlex.join(CLUSTER_LAUNCH.srun_options)
-    as_host = CLUSTER.replace(options, "", 1).replace(
-        "\n    python -m training", "\n    /usr/bin/python3 -m training", 1
+    # Two launches: the health gate's step, then the training step.
+    as_host = (
+        CLUSTER.replace(options, "", 2)
+        .replace(" python -m training health", " /usr/bin/python3 -m training health", 1)
+        .replace("\n    python -m training", "\n    /usr/bin/python3 -m training", 1)
     )
     assert as_host == HOST
     # Pyxis's image syntax for a registry other than Docker Hub: registry#repository:tag.
@@ -84,3 +88,18 @@ def test_the_script_warns_before_the_time_limit_and_bounds_crash_restarts():
     assert "-lt 21600 ]" in CLUSTER
     # srun is started outside the batch shell's process tree, never exec'd by it.
     assert "setsid --fork bash -c" in CLUSTER and "exec srun" not in CLUSTER
+
+
+def test_the_catalog_figures_reach_the_health_gate():
+    script = render_sbatch(
+        BatchJob(
+            nodes=2,
+            launch=CLUSTER_LAUNCH,
+            checkpoint_root="/scratch/checkpoints",
+            expectation=NodeExpectation(gpus=8, gpu_model="A100", busbw_gbps=230.0, efa_devices=4),
+        )
+    )
+    assert (
+        "export TRAIN_EXPECT_GPUS=8\nexport TRAIN_EXPECT_GPU_MODEL=A100\n"
+        "export TRAIN_EXPECT_BUSBW_GBPS=230.0\nexport TRAIN_EXPECT_EFA=4\n"
+    ) in script

@@ -159,3 +159,20 @@ def test_watch_prints_again_until_ctrl_c(aws, stub_stack):
 def test_watch_needs_a_positive_interval(stub_stack):
     with pytest.raises(ConfigError, match="--watch 0"):
         status.run(argparse.Namespace(stack="l4x1", watch=0.0))
+
+
+def test_a_straggler_in_the_published_progress_is_named():
+    progress = {
+        "state": "training",
+        "step": 450,
+        "total_steps": 1000,
+        "loss": 2.71828,
+        "tokens_per_s": 45210.0,
+        "step_time_s": 1.2,
+        "seconds_left": 660.0,
+        "straggler_rank": 5,
+        "updated_at": (NOW - datetime.timedelta(minutes=2)).isoformat(),
+    }
+    line = status.describe_job(progress, NOW)
+    assert "11 min to finish, rank 5 is a straggler (see the job's log), as of 2 min ago" in line
+    assert "straggler" not in status.describe_job({**progress, "straggler_rank": None}, NOW)

@@ -167,6 +167,11 @@ def test_the_bucket_carries_the_setup_script_and_the_job_script_in_the_image(run
     assert f"--container-image={registry}#{repository}" in job
     assert "#SBATCH --nodes=2" in job and "#SBATCH --requeue" in job
     assert f's3_root="{run.outputs["checkpoint_uri"]}"' in job
+    # The health gate holds each p4d.24xlarge node to the catalog: 8 A100, 230 GB/s, 4 EFA.
+    assert (
+        "export TRAIN_EXPECT_GPUS=8\nexport TRAIN_EXPECT_GPU_MODEL=A100\n"
+        "export TRAIN_EXPECT_BUSBW_GBPS=230.0\nexport TRAIN_EXPECT_EFA=4\n"
+    ) in job
 
 
 def test_no_ec2_instance_is_launched_outside_the_cluster(run):

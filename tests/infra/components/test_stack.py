@@ -135,6 +135,12 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case)
         assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
         unit = files["/etc/systemd/system/gpu-training.service"]
         assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
+        # The health gate's figures: the catalog's GPUs; no EFA on a single node.
+        assert env["TRAIN_EXPECT_GPUS"] == str(plan.instance.gpu_count)
+        assert env["TRAIN_EXPECT_GPU_MODEL"] == plan.instance.gpu_model
+        assert "TRAIN_EXPECT_EFA" not in env
+        alerts = one(run, "aws:sns/topic:Topic").state["arn"]
+        assert f'readonly ALERT_TOPIC_ARN="{alerts}"' in script
 
 
 def test_instance_role_names_only_the_stacks_own_resources(case):
@@ -142,7 +148,8 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
     bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
     repository = one(run, "aws:ecr/repository:Repository").state["arn"]
     log_group = training_log_group(run).state["arn"]
-    own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*"}
+    alerts = one(run, "aws:sns/topic:Topic").state["arn"]  # a failed health gate's reason
+    own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*", alerts}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
         resources = _as_list(statement["Resource"])

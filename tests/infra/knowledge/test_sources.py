@@ -40,7 +40,7 @@ def _sources(table: dict) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("name", ["instances.toml", "amis.toml"])
+@pytest.mark.parametrize("name", ["instances.toml", "amis.toml", "allreduce.toml"])
 def test_each_source_names_a_document_or_an_address(name):
     sources = _sources(tomllib.loads((DATA / name).read_text()))
     assert sources

@@ -105,7 +105,7 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
     unit = render_files(node())["/etc/systemd/system/gpu-training.service"]
     for line in (
         "Restart=on-failure",
-        "RestartPreventExitStatus=2",
+        "RestartPreventExitStatus=2 69",  # bad configuration, node unhealthy
         "WantedBy=multi-user.target",
         "ExecStartPre=-/opt/gpu-stack/prepare-scratch.sh",  # "-": scratch never stops the job
         "ExecStart=/opt/gpu-stack/run-training.sh",
@@ -120,7 +120,10 @@ def test_the_unit_follows_the_trainers_exit_codes_and_stops_the_scripts_containe
     service = dict(line.split("=", 1) for line in unit if "=" in line and line[0] != "#")
     # on-failure: 1 (failed) and 75 (interrupted, checkpointed) start the job again, 0 does not.
     assert service["Restart"] == "on-failure"
-    assert service["RestartPreventExitStatus"].split() == [str(int(ExitCode.BAD_CONFIG))]
+    assert service["RestartPreventExitStatus"].split() == [
+        str(int(ExitCode.BAD_CONFIG)),
+        str(int(ExitCode.NODE_UNHEALTHY)),
+    ]
     # A crash is started again 3 times in 6 hours, as the Slurm batch script does: 4 starts.
     assert (service["StartLimitBurst"], service["StartLimitIntervalSec"]) == ("4", "21600")
     # ExecStop stops the container run-training.sh starts (SIGTERM: the trainer checkpoints),
@@ -388,7 +391,8 @@ def test_an_image_not_pushed_yet_is_waited_for(tmp_path):
     assert result.stdout.count(f"waiting for {IMAGE} to be pushed") == 3
     steps = (calls / "docker").read_text().split()
     assert steps.count("login") == 4  # a fresh login each try: ECR tokens expire
-    assert steps[-4:] == ["pull", "rm", "run", "run"]  # the image's user, then the job
+    # the image's user, the health gate, then the job
+    assert steps[-5:] == ["pull", "rm", "run", "run", "run"]
 
 
 @pytest.mark.parametrize("image_user", ["1000:1000", "0:0"])

@@ -31,6 +31,13 @@ case "$tool" in
   docker)
     if [ "$1" = login ]; then cat > /dev/null; fi
     if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then echo 1000:1000; fi
+    if [ "${*: -3}" = "-m training health" ]; then
+      echo "health: gpus: ${GATE_GPUS:-ok: 8 x NVIDIA A100-SXM4-40GB} (threshold: 8 x A100)"
+      if [ -n "$GATE_GPUS" ]; then
+        echo "unhealthy: gpus: $GATE_GPUS (threshold: 8 x A100)"
+        exit 69
+      fi
+    fi
     ;;
   install) for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done ;;
   mountpoint) case ":$MOUNTED:" in *":$2:"*) exit 0 ;; *) exit 1 ;; esac ;;
@@ -171,3 +178,41 @@ def test_the_unit_waits_for_the_amis_nvme_setup_and_the_fabric_manager():
     assert "dlami-nvme" not in "".join(
         line for line in unit.splitlines() if line.startswith(("Wants=", "Requires="))
     )
+
+
+TOPIC = "arn:aws:sns:us-east-1:123456789012:stack-alerts"
+
+
+def test_the_health_gate_runs_in_the_image_before_the_job(tmp_path):
+    boot = NodeBoot(**{**p4d_node().__dict__, "alert_topic_arn": TOPIC})
+    host = simulated_host(tmp_path, boot, drives=8)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    calls = host.called()
+    env_file = host.path(userdata.ENV_FILE)
+    gate = calls.index(
+        f"docker run --rm --gpus all --ipc=host --env-file {env_file} {IMAGE} "
+        "python -m training health"
+    )
+    job = next(i for i, line in enumerate(calls) if line.startswith("docker run --name"))
+    assert gate < job
+    assert not any(line.startswith(("aws sns", "shutdown -h now")) for line in calls)
+
+
+def test_a_node_failing_the_gate_alerts_and_stops_without_training(tmp_path):
+    boot = NodeBoot(**{**p4d_node().__dict__, "alert_topic_arn": TOPIC})
+    failed = "failed: 7 x NVIDIA A100-SXM4-40GB"
+    host = simulated_host(tmp_path, boot, drives=8, GATE_GPUS=failed)
+    result = start_unit(host)
+    assert result.returncode == 69, result.stdout + result.stderr
+    calls = host.called()
+    reason = f"gpus: {failed} (threshold: 8 x A100)"
+    (publish,) = [line for line in calls if line.startswith("aws sns publish")]
+    assert publish.startswith(f"aws sns publish --region us-east-1 --topic-arn {TOPIC} --subject ")
+    assert publish.endswith(f"failed its health gate and stops --message {reason}")
+    assert calls[-1] == "shutdown -h now gpu-stack: node unhealthy"
+    assert not any(line.startswith("docker run --name") for line in calls)
+    assert f"gpu-stack: health gate failed: {reason}; stopping this node" in result.stdout
+    # systemd does not start it again (the node is stopping anyway).
+    unit = host.path(f"/etc/systemd/system/{userdata.UNIT_NAME}").read_text()
+    assert "RestartPreventExitStatus=2 69" in unit

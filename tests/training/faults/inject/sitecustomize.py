@@ -12,9 +12,15 @@ launcher): no handler runs, nothing is flushed, as in a power cut.
     manifest  before an atomic write of the manifest or the pointer (odd: every file of
             the checkpoint written, its manifest not)
     batch   before the trainer takes a batch (with FAULT_ACTION=pause: a data stall)
+    window  before the trainer's per-window all-reduce of the loss (a collective; call
+            N is step N when every step is logged)
+    batches every batch the rank takes sleeps FAULT_SLOW_S first (a slow rank: no
+            FAULT_AT, nothing dies)
 
 With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
 sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
+FAULT_ACTION=hang is a pause without end: the rank hangs there, its peers wait for it
+inside the collective.
 """
 
 from __future__ import annotations
@@ -26,13 +32,16 @@ POINT = os.environ.get("FAULT_POINT")
 
 
 def _act() -> None:
-    if os.environ.get("FAULT_ACTION") == "pause":
+    action = os.environ.get("FAULT_ACTION")
+    if action in ("pause", "hang"):
         import pathlib
         import time
 
         pathlib.Path(os.environ["FAULT_FLAG"]).touch()
-        time.sleep(float(os.environ["FAULT_PAUSE_S"]))
-        return
+        while True:
+            time.sleep(float(os.environ.get("FAULT_PAUSE_S", 3600)))
+            if action == "pause":
+                return
     os.kill(int(os.environ["TRAIN_LAUNCHER_PID"]), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
@@ -89,6 +98,23 @@ def _install() -> None:
                 yield batch
 
         trainer._batches = stalling
+    elif POINT == "batches":
+        import time
+
+        from training import trainer
+
+        original_batches = trainer._batches
+
+        def slow_batches(*args, **kwargs):
+            for batch in original_batches(*args, **kwargs):
+                time.sleep(float(os.environ["FAULT_SLOW_S"]))
+                yield batch
+
+        trainer._batches = slow_batches
+    elif POINT == "window":
+        from training import trainer
+
+        trainer._mean_over_ranks = _counting(trainer._mean_over_ranks, before=True)
 
 
 if POINT and "RANK" in os.environ and os.environ["RANK"] == os.environ.get("FAULT_RANK", "0"):

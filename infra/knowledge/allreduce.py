@@ -1,0 +1,75 @@
+"""Per-instance all-reduce bus bandwidth (data/allreduce.toml), and what the health gate
+expects of a node of a given type.
+
+The gate runs inside the image, which carries no catalog: the boot script and the Slurm
+batch script hand it `node_expectation(...)` as TRAIN_EXPECT_* variables.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, StrictFloat
+from pydantic.dataclasses import dataclass
+
+from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from infra.errors import ConfigError
+from infra.knowledge.catalog import CATALOG_DIR, Instance, load_catalog
+from training.health.expectation import NodeExpectation
+
+ALLREDUCE_FILE = CATALOG_DIR / "allreduce.toml"
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class AllReduceSources:
+    busbw_gbps: str
+
+
+@dataclass(frozen=True, config=RECORD_CONFIG)
+class AllReduceFigure:
+    busbw_gbps: Annotated[StrictFloat, Field(gt=0)]
+    basis: Literal["measured", "derived"]
+    sources: AllReduceSources
+
+
+def load_allreduce(
+    instances: dict[str, Instance], path: Path = ALLREDUCE_FILE
+) -> dict[str, AllReduceFigure]:
+    """The figures by instance type; every type with more than one GPU must have one."""
+    raw = read_toml(path, ConfigError)
+    check_keys(raw, {"allreduce"}, where=path.name, error=ConfigError)
+    figures = {}
+    for name, table in raw.get("allreduce", {}).items():
+        where = f"{path.name}: allreduce '{name}'"
+        if name not in instances:
+            raise ConfigError(f"{where}: not an instance type in instances.toml")
+        figures[name] = build_record(AllReduceFigure, table, where=where, error=ConfigError)
+    missing = sorted(name for name, entry in instances.items() if entry.gpu_count > 1)
+    missing = [name for name in missing if name not in figures]
+    if missing:
+        raise ConfigError(
+            f"{path.name}: no all-reduce figure for {', '.join(missing)}: every instance type "
+            "with more than one GPU needs one, with its source"
+        )
+    return figures
+
+
+def node_expectation(
+    instance: Instance,
+    *,
+    efa_attached: bool,
+    figures: dict[str, AllReduceFigure] | None = None,
+) -> NodeExpectation:
+    """What the gate checks on a node of this type; EFA only where the stack attaches it.
+
+    `figures` defaults to data/allreduce.toml, checked against the whole catalog."""
+    if figures is None:
+        figures = load_allreduce(load_catalog().instances)
+    figure = figures.get(instance.type)
+    return NodeExpectation(
+        gpus=instance.gpu_count,
+        gpu_model=instance.gpu_model,
+        busbw_gbps=figure.busbw_gbps if figure is not None else None,
+        efa_devices=instance.efa_interfaces if efa_attached else None,
+    )

@@ -1,0 +1,112 @@
+"""A rank that hangs in a collective is found, its stack shown, and the job restarts from its
+last checkpoint; a normal run with checkpoints never trips the watchdog."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from examples.image_classification.make_images import make_images
+from tests.training.jobs import TINY, job_env, read_metrics, run_job, shared_run
+from tests.training.multirank import REPO_ROOT
+from training.contract import HANG_EXIT
+
+pytestmark = pytest.mark.slow
+
+INJECT = Path(__file__).with_name("inject")
+STEPS, CHECKPOINT_EVERY, HANG_AT = 40, 5, 12
+FLOOR_S = 10  # far above a tiny CPU step (well under a second) and a checkpoint save
+JOB = (
+    *TINY,
+    "zero.stage=2",
+    f"checkpoint.every_steps={CHECKPOINT_EVERY}",
+    f"watchdog.hang_floor_s={FLOOR_S}",
+    "watchdog.hang_step_factor=10",
+    "watchdog.hang_startup_s=300",
+)
+
+
+def test_a_normal_run_with_checkpoints_raises_no_alarm(tmp_path_factory):
+    run = shared_run(tmp_path_factory, *JOB)  # asserts exit 0
+    assert "hang:" not in run.stderr
+    assert [r["step"] for r in run.metrics] == list(range(1, STEPS + 1))
+
+
+def test_an_image_job_with_evaluations_and_checkpoints_raises_no_alarm(tmp_path):
+    images = make_images(tmp_path / "images", classes=4, train=64, val=32)
+    run = run_job(
+        tmp_path / "run",
+        "train.steps=8",
+        "checkpoint.every_steps=2",
+        "logging.eval_every_steps=2",  # a held-out evaluation every other step
+        "logging.every_steps=1",
+        "logging.progress_bar=false",
+        "logging.tensorboard=false",
+        "scheduler.warmup_steps=2",
+        "precision.fp16=false",
+        "model.preset=resnet-tiny",
+        "data.num_classes=4",
+        "data.image_size=32",
+        "train.global_batch_size=16",
+        "train.micro_batch_size=8",
+        f"data.path={images / 'folder'}",
+        # An evaluation starts its DataLoader workers: seconds on a busy CPU, many normal
+        # steps; the floor is what covers it.
+        "watchdog.hang_floor_s=60",
+        config=REPO_ROOT / "jobs" / "v100x1.toml",
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "hang:" not in run.stderr
+    assert [r["step"] for r in run.metrics if "val_accuracy" in r] == [2, 4, 6, 8]
+
+
+def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
+    tmp_path, tmp_path_factory, ci_log
+):
+    out = tmp_path / "run"
+    env = job_env(out)
+    env.update(
+        PYTHONPATH=str(INJECT),
+        FAULT_POINT="window",  # the per-step loss all-reduce; rank 1 never reaches it
+        FAULT_AT=str(HANG_AT),
+        FAULT_RANK="1",
+        FAULT_ACTION="hang",
+        FAULT_FLAG=str(tmp_path / "hung"),
+    )
+    hung = run_job(out, *JOB, env=env, timeout=300)
+    assert hung.returncode == HANG_EXIT == 75, hung.stderr[-3000:]
+    assert (tmp_path / "hung").exists()  # rank 1 did hang
+
+    # Found within the bound: the floor (steps are far shorter), plus the watchdog's
+    # half-second poll.
+    sentence = next(line for line in hung.stderr.splitlines() if "hang: no rank" in line)
+    silent_s = float(sentence.split("for ")[1].split(" s")[0])
+    assert FLOOR_S <= silent_s <= FLOOR_S + 2, sentence
+    assert "rank 1 on node " in sentence, sentence
+    assert f"after step {HANG_AT}" in sentence, sentence
+    assert "exit code 75 to restart from the last committed checkpoint" in sentence
+    ci_log(f"hang test: {sentence.split('] ERROR training.watchdog: ')[-1]}")
+    # Every rank's stack, labelled: rank 1 in the injected hang, rank 0 waiting in gloo.
+    stack_0 = hung.stderr.split("Python stack of rank 0:")[1].split("Python stack of rank 1:")[0]
+    stack_1 = hung.stderr.split("Python stack of rank 1:")[1]
+    assert "all_reduce" in stack_0 and "torch/distributed/" in stack_0, stack_0
+    assert "sitecustomize.py" in stack_1 and "_act" in stack_1, stack_1
+
+    last_checkpoint = (HANG_AT // CHECKPOINT_EVERY) * CHECKPOINT_EVERY
+    resumed = run_job(out, *JOB, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {out / 'checkpoints'}/step_{last_checkpoint:08d}" in resumed.stderr
+
+    # The restarted steps replace the lost ones; together they are the uninterrupted run.
+    by_step = {record["step"]: record for record in read_metrics(out)}
+    baseline = shared_run(tmp_path_factory, *JOB).metrics
+    assert sorted(by_step) == list(range(1, STEPS + 1))
+    for want in baseline:
+        got = by_step[want["step"]]
+        assert got["loss"] == pytest.approx(want["loss"], rel=1e-6, abs=1e-7), want["step"]
+    ci_log(
+        f"hang test: resumed from step {last_checkpoint} to step {STEPS}, "
+        "losses equal to the uninterrupted run's"
+    )
