@@ -91,6 +91,11 @@ class Deployed:
         return self.outputs.get("head_node")
 
     @property
+    def cluster_name(self) -> str | None:
+        """ParallelCluster's name for the stack's cluster (infra/components/stack.py)."""
+        return self.outputs.get("cluster_name")
+
+    @property
     def cluster_log_group_prefix(self) -> str | None:
         """The start of the cluster's CloudWatch log group's name (infra/components/cluster.py)."""
         return self.outputs.get("cluster_log_group_prefix")

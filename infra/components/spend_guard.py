@@ -36,9 +36,9 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config.guardrails import GuardrailConfig
+from infra.functions import fleet
 from infra.functions.ledger import PERIOD_KEY
 from infra.functions.settings import GuardSettings
-from infra.functions.spend_guard import FLEET_TABLE_PREFIX
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
 from infra.knowledge.parallelcluster import HeadNode
@@ -247,7 +247,7 @@ def guard_policy(
                 "Action": "dynamodb:UpdateItem",
                 "Resource": (
                     f"arn:{partition}:dynamodb:{region}:{account}:table/"
-                    f"{FLEET_TABLE_PREFIX}{cluster_name}"
+                    f"{fleet.TABLE_PREFIX}{cluster_name}"
                 ),
             }
         ]

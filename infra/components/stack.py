@@ -287,6 +287,8 @@ class TrainingStack(pulumi.ComponentResource):
         self.outputs = {
             **shared_outputs,
             "cluster": "slurm",
+            # ParallelCluster's name for it, as SlurmCluster and the spend guard use it.
+            "cluster_name": name,
             "parallelcluster_version": plan.cluster.version,
             "market": cluster.market,
             "queue": cluster.queue,

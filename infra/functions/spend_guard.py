@@ -39,6 +39,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from infra.functions import fleet
 from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
 from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
@@ -49,7 +50,7 @@ STOPPABLE_STATES = ("pending", "running")
 ENDED_STATES = ("stopping", "stopped", "shutting-down", "terminated")
 WRITE_ATTEMPTS = 3  # a lost conditional write re-reads the ledger and accounts again
 _STATE_TIME = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
-_CONFLICT = "ConditionalCheckFailedException"
+_CONFLICT = fleet.CONDITION_FAILED
 # A ledger dated later than this past the run's clock is not a concurrent run's: it is wrong.
 FUTURE_TOLERANCE = datetime.timedelta(minutes=5)
 # ParallelCluster tags each node with its role (aws-parallelcluster v3.15.1,
@@ -58,9 +59,6 @@ FUTURE_TOLERANCE = datetime.timedelta(minutes=5)
 NODE_TYPE_TAG = "parallelcluster:node-type"
 COMPUTE_NODE = "Compute"
 HEAD_NODE = "HeadNode"
-FLEET_TABLE_PREFIX = "parallelcluster-"
-FLEET_ITEM = "COMPUTE_FLEET"
-FLEET_STOPPING = ("STOP_REQUESTED", "STOPPING", "STOPPED")
 
 
 @dataclass(frozen=True)
@@ -490,39 +488,16 @@ def _terminate(ec2: Any, instance_ids: list[str]) -> tuple[list[str], list[str]]
 def _request_fleet_stop(
     dynamodb: Any, cluster_name: str, now: datetime.datetime
 ) -> tuple[bool, str]:
-    """Write what `pcluster update-compute-fleet --status STOP_REQUESTED` writes.
-
-    ParallelCluster 3.2+ keeps the fleet's status in the item Id=COMPUTE_FLEET of the table
-    `parallelcluster-<cluster name>`, as Data.status and Data.lastStatusUpdatedTime
-    (str(datetime.now(tz=timezone.utc))), changed only from the status it had
-    (aws-parallelcluster v3.15.1, cli/src/pcluster/models/compute_fleet_status_manager.py,
-    JsonComputeFleetStatusManager._put_status; table: cli/src/pcluster/templates/
-    cluster_stack.py, PCLUSTER_DYNAMODB_PREFIX + stack name). clustermgtd on the head node
-    then terminates the compute nodes and sets the partitions INACTIVE.
+    """What `pcluster update-compute-fleet --status STOP_REQUESTED` does (infra/functions/
+    fleet.py): clustermgtd then terminates the compute nodes and sets the partitions INACTIVE.
     Returns (whether this run requested it, a problem to report).
     """
-    table = FLEET_TABLE_PREFIX + cluster_name
     try:
-        dynamodb.update_item(
-            TableName=table,
-            Key={"Id": {"S": FLEET_ITEM}},
-            UpdateExpression="SET #data.#status = :stop, #data.#updated = :now",
-            ConditionExpression="attribute_exists(Id) AND NOT #data.#status IN (:s1, :s2, :s3)",
-            ExpressionAttributeNames={
-                "#data": "Data",
-                "#status": "status",
-                "#updated": "lastStatusUpdatedTime",
-            },
-            ExpressionAttributeValues={
-                ":stop": {"S": "STOP_REQUESTED"},
-                ":now": {"S": str(now)},
-                **{f":s{n}": {"S": status} for n, status in enumerate(FLEET_STOPPING, 1)},
-            },
-        )
+        fleet.request_stop(dynamodb, cluster_name, now)
         return True, ""
     except ClientError as exc:
         code = exc.response["Error"]["Code"]
-        if code == _CONFLICT:  # already stopping or stopped, or no status yet
+        if code == fleet.CONDITION_FAILED:  # already stopping or stopped, or no status yet
             return False, ""
         return False, (
             f"could not set cluster {cluster_name}'s compute fleet to STOP_REQUESTED ({code}); "
@@ -568,9 +543,9 @@ def _notices(
             )
         )
     if done.terminated:
-        fleet = (
+        fleet_note = (
             f" Cluster {settings.cluster_name}'s compute fleet is STOP_REQUESTED: start it again "
-            "with `pcluster update-compute-fleet --status START_REQUESTED` once the budget allows."
+            "with `python -m infra start` once the budget allows."
             if done.fleet_stop_requested
             else ""
         )
@@ -578,7 +553,7 @@ def _notices(
             (
                 f"{stack}: spend guard terminated {len(done.terminated)} node(s)",
                 f"Terminated {', '.join(done.terminated)} (compute nodes, or spot instances EC2 "
-                f"cannot stop) because {ledger.stop_reason}.{fleet}",
+                f"cannot stop) because {ledger.stop_reason}.{fleet_note}",
             )
         )
     if done.refused:

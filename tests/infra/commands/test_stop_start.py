@@ -44,3 +44,91 @@ def test_a_stack_without_instances_says_how_to_create_them(aws, stub_stack):
     stub_stack.outputs_ = {}
     with pytest.raises(ConfigError, match="python -m infra up l4x1"):
         start.run(argparse.Namespace(stack="l4x1"))
+
+
+# What the spend guard leaves on a cluster it stopped at the budget: the fleet's status item
+# as ParallelCluster keeps it (infra/functions/fleet.py), here in moto's DynamoDB.
+CLUSTER = "gpu-training-stack-a100x8"
+
+
+def _fleet_table(dynamodb, status: str) -> None:
+    dynamodb.create_table(
+        TableName=f"parallelcluster-{CLUSTER}",
+        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(
+        TableName=f"parallelcluster-{CLUSTER}",
+        Item={
+            "Id": {"S": "COMPUTE_FLEET"},
+            "Data": {
+                "M": {
+                    "status": {"S": status},
+                    "lastStatusUpdatedTime": {"S": "2026-12-01 10:00:00.000000+00:00"},
+                }
+            },
+        },
+    )
+
+
+def _fleet_status(dynamodb) -> dict:
+    item = dynamodb.get_item(
+        TableName=f"parallelcluster-{CLUSTER}", Key={"Id": {"S": "COMPUTE_FLEET"}}
+    )["Item"]
+    return {key: value["S"] for key, value in item["Data"]["M"].items()}
+
+
+def _cluster(status_after_naps: list[str], dynamodb):
+    """The cluster stack, and a sleep that plays clustermgtd: each nap moves the fleet on."""
+    from infra.commands import workspace
+
+    stack = workspace.Deployed(
+        "a100x8", "us-east-1", {"cluster": "slurm", "head_node": "i-0", "cluster_name": CLUSTER}
+    )
+
+    def nap(seconds: float) -> None:
+        status = status_after_naps.pop(0)
+        dynamodb.update_item(
+            TableName=f"parallelcluster-{CLUSTER}",
+            Key={"Id": {"S": "COMPUTE_FLEET"}},
+            UpdateExpression="SET #d.#s = :s",
+            ExpressionAttributeNames={"#d": "Data", "#s": "status"},
+            ExpressionAttributeValues={":s": {"S": status}},
+        )
+
+    return stack, nap
+
+
+def test_start_starts_a_fleet_the_guard_stopped_once_parallelcluster_has_stopped_it(aws):
+    dynamodb = aws.client("dynamodb")
+    _fleet_table(dynamodb, "STOP_REQUESTED")
+    stack, nap = _cluster(["STOPPING", "STOPPED"], dynamodb)
+    said = []
+    start.start_fleet(stack, say=said.append, sleep=nap)
+    fleet = _fleet_status(dynamodb)
+    # Only from STOPPED, as pcluster update-compute-fleet does: after two of clustermgtd's steps.
+    assert fleet["status"] == "START_REQUESTED"
+    assert fleet["lastStatusUpdatedTime"] != "2026-12-01 10:00:00.000000+00:00"
+    assert said[0].startswith("the compute fleet is STOP_REQUESTED (the spend guard stopped it")
+    assert said[-1].startswith("compute fleet START_REQUESTED")
+
+
+def test_start_leaves_a_running_fleet_alone(aws):
+    dynamodb = aws.client("dynamodb")
+    _fleet_table(dynamodb, "RUNNING")
+    stack, nap = _cluster([], dynamodb)
+    said = []
+    start.start_fleet(stack, say=said.append, sleep=nap)
+    assert _fleet_status(dynamodb)["status"] == "RUNNING" and said == []
+
+
+def test_a_fleet_that_does_not_finish_stopping_is_one_line_and_left_as_it_is(aws):
+    dynamodb = aws.client("dynamodb")
+    _fleet_table(dynamodb, "STOPPING")
+    stack, nap = _cluster(["STOPPING"] * (start.FLEET_STOP_WAIT_S // start.FLEET_POLL_S), dynamodb)
+    with pytest.raises(
+        ConfigError, match=r"still STOPPING after 600 s: run `python -m infra start"
+    ):
+        start.start_fleet(stack, say=lambda line: None, sleep=nap)
+    assert _fleet_status(dynamodb)["status"] == "STOPPING"
