@@ -42,7 +42,6 @@ from typing import Any, TypeVar
 import psutil
 import torch
 import torch.distributed as dist
-from deepspeed.checkpoint.utils import clone_tensors_for_torch_save
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
     CheckpointCommitInfo,
     CheckpointEngine,
@@ -609,8 +608,11 @@ class _HostCopyEngine(CheckpointEngine):
         self.short_of_memory = self.short_of_memory or self.budget > 0
         self.budget = 0  # the files stay in order: all the rest is written now
         if self.writer.preserves_storage_sharing():
-            # What DeepSpeed does for such an engine: a view is saved alone, not its storage.
-            state_dict = clone_tensors_for_torch_save(state_dict)
+            # What DeepSpeed does for such an engine (a view is saved alone, not its storage),
+            # but keeping the containers' types: DeepSpeed's clone_tensors_for_torch_save turns
+            # a ZeRO-3 checkpoint's torch.Size param_shapes into tuples, which its own
+            # zero_to_fp32 cannot export (shape.numel()).
+            state_dict = _host_copy(state_dict)
         self._write(state_dict, path)
 
     def load(self, path: str, map_location=None):

@@ -113,3 +113,41 @@ def test_a_failed_background_write_is_raised_by_the_next_save_and_leaves_no_fold
         checkpointer.wait()
     assert not (tmp_path / tag_for(2)).exists()
     assert examine(tmp_path / tag_for(1))[0] == COMPLETE
+
+
+def test_a_file_saved_while_training_waits_keeps_its_shapes_as_torch_size():
+    """The fallback's copy keeps what ZeRO-3's param_shapes need for an export (Size.numel)."""
+    import collections
+
+    import torch
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    written = {}
+
+    class Recording(CheckpointEngine):
+        def create(self, info):
+            pass
+
+        def save(self, state_dict, path):
+            written[path] = state_dict
+
+        def load(self, path, map_location=None):
+            return written[path]
+
+        def commit(self, info):
+            return True
+
+        def preserves_storage_sharing(self):
+            return True  # as DeepSpeed's torch engine: the states are cloned before the write
+
+    weights = torch.arange(6.0)
+    state = {
+        "param_shapes": [collections.OrderedDict(w=torch.Size([2, 3]))],
+        "w": weights[:4],  # a view, saved without the rest of its storage
+    }
+    engine = checkpointer_module._HostCopyEngine(Recording(), budget=0)
+    engine.save(state, "model_states.pt")
+    saved = written["model_states.pt"]
+    assert type(saved["param_shapes"][0]["w"]) is torch.Size
+    assert saved["param_shapes"][0]["w"].numel() == 6
+    assert saved["w"].untyped_storage().nbytes() == 4 * 4 and torch.equal(saved["w"], weights[:4])
