@@ -25,10 +25,15 @@ from training.goodput import GOODPUT_FILE
 
 TITLE = "Goodput"
 RANKS = 2
+# At least this many steps of each start are trained before it is interrupted (not a multiple
+# of the checkpoint interval: the kill -9 then loses steps to recompute).
+STEPS_BEFORE_INTERRUPTION = 15
 # (steps, a checkpoint every, the step after which each interruption comes: kill -9
 # between two checkpoints, so that steps are recomputed).
 FULL = (300, 25, (("SIGTERM", 60), ("spot notice", 130), ("kill -9", 215)))
-QUICK = (80, 10, (("SIGTERM", 15), ("spot notice", 35), ("kill -9", 55)))
+# After the spot notice the run must last longer than the trainer's spot poll (5 s) or it
+# ends before it sees the notice: a few hundred of the demo's tens-of-ms steps.
+QUICK = (300, 10, (("SIGTERM", 15), ("spot notice", 35), ("kill -9", 55)))
 
 
 def run(quick: bool) -> dict:
@@ -91,12 +96,16 @@ def _run(work: Path, options: tuple[str, ...], interruptions) -> dict:
 
 
 def _start(work: Path, options, env: dict, imds: FakeImds, how: str, after: int | None) -> int:
+    resumed_at = _last_step(work)
     with open(work / "job.log", "a") as log:
         job = subprocess.Popen(
             training_command(options), cwd=work, env=env, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             if after is not None:
+                # A stop lands where the trainer noticed it, so a start may resume past the
+                # planned step: interrupt it a few steps into its own training all the same.
+                after = max(after, resumed_at + STEPS_BEFORE_INTERRUPTION)
                 while _last_step(work) < after:
                     if job.poll() is not None:
                         raise RuntimeError(f"ended before step {after}:\n{_log(work)[-3000:]}")

@@ -19,7 +19,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_PACKAGES = {"infra", "images", "training"}
 # Imported by infra/cli.py for `gpu-stack train|estimate|export`, with the `train` extra.
-TRAINER_COMMANDS = frozenset({"training.cli"})
+TRAINER_COMMANDS = frozenset({"training.cli", "training.startup"})
 
 
 def _module_file(name: str, search: list[Path]) -> Path | None:

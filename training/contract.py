@@ -105,3 +105,19 @@ ENV = {
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
 HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"
+
+# The goodput figures in status.json (and metrics.jsonl) that `python -m infra status`
+# reads: the whole run's goodput, and its cost per billion tokens (per thousand images).
+GOODPUT_FIELD = "goodput"
+PRICE_PER = {"tokens": ("billion tokens", 1e9), "images": ("thousand images", 1e3)}
+
+
+def price_field(unit: str) -> str:
+    """The name of the cost figure: usd_per_billion_tokens, usd_per_thousand_images."""
+    return f"usd_per_{PRICE_PER[unit][0].replace(' ', '_')}"
+
+
+def price_words(usd: float, unit: str) -> str:
+    """'$142.86 per billion tokens'."""
+    amount = f"{usd:,.2f}" if usd >= 1 else f"{usd:.3g}"
+    return f"${amount} per {PRICE_PER[unit][0]}"

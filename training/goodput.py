@@ -30,12 +30,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from training import startup
+from training.contract import GOODPUT_FIELD, PRICE_PER, price_field, price_words
 
 GOODPUT_FILE = "goodput.json"
 # What a price is quoted per: (words, units in it).
-_PER = {"tokens": ("billion tokens", 1e9), "images": ("thousand images", 1e3)}
-# The figures' names in metrics.jsonl and status.json that `python -m infra status` reads.
-GOODPUT_FIELD = "goodput"
 PARTS = ("productive", "startup", "checkpoint", "recomputed", "evaluation", "data_wait")
 
 
@@ -101,7 +99,7 @@ class Report:
         """Dollars per billion tokens, or per thousand images for an image job."""
         if self.usd is None or not self.tokens:
             return None
-        return self.usd / self.tokens * _PER[unit][1]
+        return self.usd / self.tokens * PRICE_PER[unit][1]
 
     def fields(self, unit: str) -> dict[str, float | int]:
         """Flat numeric figures, for metrics.jsonl, TensorBoard and status.json."""
@@ -132,17 +130,6 @@ class Report:
         if per_work is not None:
             text += f", {price_words(per_work, unit)}"
         return text
-
-
-def price_field(unit: str) -> str:
-    """The name of the cost figure: usd_per_billion_tokens, usd_per_thousand_images."""
-    return f"usd_per_{_PER[unit][0].replace(' ', '_')}"
-
-
-def price_words(usd: float, unit: str) -> str:
-    """'$142.86 per billion tokens'."""
-    amount = f"{usd:,.2f}" if usd >= 1 else f"{usd:.3g}"
-    return f"${amount} per {_PER[unit][0]}"
 
 
 def combine(attempts: list[Attempt], *, gpus: int, usd_per_hour: float | None) -> Report:

@@ -20,7 +20,7 @@ from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.report import format_table
-from training.goodput import GOODPUT_FIELD, price_field, price_words
+from training.contract import GOODPUT_FIELD, price_field, price_words
 
 LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
 

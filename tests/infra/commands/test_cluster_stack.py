@@ -204,8 +204,11 @@ def test_down_lists_the_clusters_kept_log_group_and_deletes_it_with_delete_data(
     cloudwatch_logs.create_log_group(logGroupName="/aws/parallelcluster/another-202612011828")
     stub_stack.outputs_["cluster_log_group_prefix"] = prefix
     result = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=False), **NO_WAIT)
-    assert f"  log group {prefix}202612011828 (0.00 GB stored): $0.00 a month" in result
-    assert "another" not in result
+    # The stub's destroy leaves the cluster's nodes in moto: down names them as still billing
+    # (exit 1); the kept log group is listed apart, with what is kept on purpose.
+    kept = result.text.split("still there though the stack is gone")[0]
+    assert f"  log group {prefix}202612011828 (0.00 GB stored): $0.00 a month" in kept
+    assert "another" not in result.text
     said = io.StringIO()
     down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=True), out=said, **NO_WAIT)
     assert f"deleted the log group {prefix}202612011828" in said.getvalue()

@@ -44,7 +44,7 @@ def test_an_image_job_with_evaluations_and_checkpoints_raises_no_alarm(tmp_path)
         "logging.progress_bar=false",
         "logging.tensorboard=false",
         "scheduler.warmup_steps=2",
-        "precision.fp16=false",
+        "precision.bf16=false",  # the l4x1 job's bf16: no half-precision convolutions on a CPU
         "model.preset=resnet-tiny",
         "data.num_classes=4",
         "data.image_size=32",
@@ -54,7 +54,7 @@ def test_an_image_job_with_evaluations_and_checkpoints_raises_no_alarm(tmp_path)
         # An evaluation starts its DataLoader workers: seconds on a busy CPU, many normal
         # steps; the floor is what covers it.
         "watchdog.hang_floor_s=60",
-        config=REPO_ROOT / "jobs" / "v100x1.toml",
+        config=REPO_ROOT / "jobs" / "l4x1.toml",
         timeout=400,
     )
     assert run.returncode == 0, run.stderr[-3000:]
