@@ -228,13 +228,20 @@ def test_scontrol_requeue_checkpoints_and_resumes(slurm, tmp_path, reference_los
     slurm.command("scontrol", "requeue", job.id)
     state = job.wait_until_done()
 
+    step = assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses)
+    say(f"job {job.id}: scontrol requeue, checkpoint at step {step}, resumed, completed")
+
+
+def assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses) -> int:
+    """Both ranks checkpointed at one step, the job was requeued once, resumed there and
+    finished like the uninterrupted run; the step it stopped at."""
     stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
     assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
     step = int(stops[0])
     assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
     assert state["Restarts"] == "1"
     assert_finished_like_the_reference(job, state, reference_losses)
-    say(f"job {job.id}: scontrol requeue, checkpoint at step {step}, resumed, completed")
+    return step
 
 
 @pytest.mark.parametrize("killed", ["worker", "launcher"])
@@ -296,12 +303,7 @@ def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(
     slurm.command("scancel", "--signal=TERM", "--batch", job.id)
     state = job.wait_until_done()
 
-    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
-    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
-    step = int(stops[0])
-    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
-    assert state["Restarts"] == "1"
-    assert_finished_like_the_reference(job, state, reference_losses)
+    step = assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses)
     say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
 
 
