@@ -22,6 +22,7 @@ from pathlib import Path
 
 from images import base, builder, ci_matrix, disk_budget, locks, smoke
 from images.build_args import build_args, commit_time, git_revision, source_url
+from images.errors import CannotRun, RunFailed
 from images.matrix import MatrixError, load_matrix
 
 
@@ -213,10 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cache-write needs --cache REF (the registry ref to write the cache to)")
     try:
         return _run(options)
-    except (MatrixError, builder.BuildError, locks.LockError, base.BaseError) as error:
+    except (MatrixError, CannotRun, locks.LockError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (builder.BuildFailed, base.BaseFailed, smoke.SmokeError) as error:
+    except (RunFailed, smoke.SmokeError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

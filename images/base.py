@@ -11,25 +11,18 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from images.errors import CannotRun, RunFailed
 from images.matrix import Variant
 
 # The Debian suite each bootstrappable base image name stands for.
 DEBIAN_SUITES = {"bookworm": "bookworm", "12": "bookworm"}
 
 
-class BaseError(RuntimeError):
-    """The base cannot be made here: not a Debian variant, or a missing tool."""
-
-
-class BaseFailed(RuntimeError):
-    """A bootstrap command failed (its output is above)."""
-
-
 def debian_suite(variant: Variant) -> str:
     """The suite to debootstrap for a variant whose bases are Debian images."""
     suites = {_suite_of(image) for image in (variant.base_build, variant.base_runtime)}
     if None in suites or len(suites) != 1:
-        raise BaseError(
+        raise CannotRun(
             f"variant {variant.name!r}: bootstrap-base makes Debian bases only, but its bases "
             f"are {variant.base_build!r} and {variant.base_runtime!r}; "
             "pull those from their registry instead"
@@ -86,7 +79,7 @@ def bootstrap_base(variant: Variant, storage_driver: str | None = None) -> list[
     """Make the variant's base image(s); return the tags made."""
     for tool in ("debootstrap", "buildah", "tar"):
         if shutil.which(tool) is None:
-            raise BaseError(
+            raise CannotRun(
                 f"bootstrap-base needs {tool!r} on PATH (Debian: apt-get install {tool})"
             )
     with tempfile.TemporaryDirectory(prefix="debian-base-") as workdir:
@@ -97,5 +90,5 @@ def bootstrap_base(variant: Variant, storage_driver: str | None = None) -> list[
         subprocess.run(leftover, check=False, capture_output=True)
         for command in commands:
             if subprocess.run(command, check=False).returncode != 0:
-                raise BaseFailed(f"{' '.join(command)} failed (its output is above)")
+                raise RunFailed(f"{' '.join(command)} failed (its output is above)")
     return sorted({qualified(variant.base_build), qualified(variant.base_runtime)})

@@ -17,18 +17,11 @@ from pathlib import Path
 
 from images import locks
 from images.build_args import DOCKERFILE, IMAGE_NAME, REPO_ROOT, build_args
+from images.errors import CannotRun, RunFailed
 from images.matrix import Matrix, Variant
 
 # Where a buildah build sees the CA bundle it is given (pip then trusts it).
 CA_BUNDLE_IN_BUILD = "/run/build-ca-bundle.crt"
-
-
-class BuildError(RuntimeError):
-    """The build cannot start: no engine, a bad option, an incomplete lock."""
-
-
-class BuildFailed(RuntimeError):
-    """The engine ran and failed."""
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,7 @@ class BuildRequest:
 
 def _check_options(request: BuildRequest) -> None:
     if request.offline and not request.wheelhouse:
-        raise BuildError(
+        raise CannotRun(
             "--offline needs --wheelhouse DIR holding every locked wheel "
             "(make one with `python -m images wheelhouse <variant> DIR`)"
         )
@@ -109,7 +102,7 @@ def _common(request: BuildRequest) -> list[str]:
 def docker_argv(request: BuildRequest) -> list[str]:
     """docker buildx build, loaded into the local store (pushed later, as tested)."""
     if request.ca_bundle:
-        raise BuildError(
+        raise CannotRun(
             "--ca-bundle is for buildah builds; a Docker daemon uses its host's CA store"
         )
     argv = ["docker", "buildx", "build", *_common(request)]
@@ -189,7 +182,7 @@ def detect_engine() -> str:
     for engine in ("buildah", "podman"):
         if shutil.which(engine):
             return engine
-    raise BuildError(
+    raise CannotRun(
         "no image builder: `docker info` fails and neither buildah nor podman is on PATH "
         "(Debian: apt-get install buildah)"
     )
@@ -202,7 +195,7 @@ def build_argv(request: BuildRequest, engine: str) -> list[str]:
 def _run(argv: list[str], variant: Variant) -> None:
     print("+", shlex.join(argv), flush=True)
     if subprocess.run(argv, check=False).returncode != 0:
-        raise BuildFailed(f"{' '.join(argv[:3])}... failed for variant {variant.name!r}")
+        raise RunFailed(f"{' '.join(argv[:3])}... failed for variant {variant.name!r}")
 
 
 def build(request: BuildRequest, engine: str | None = None) -> str:

@@ -4,6 +4,7 @@ from pathlib import Path
 import pytest
 
 from images import base
+from images.errors import CannotRun
 from images.matrix import load_matrix
 
 MATRIX = load_matrix()
@@ -43,5 +44,5 @@ def test_short_names_are_read_as_docker_reads_them(name, qualified):
 
 @pytest.mark.parametrize("variant", [v for v in MATRIX.variants if v.cuda], ids=lambda v: v.name)
 def test_cuda_bases_cannot_be_bootstrapped(variant):
-    with pytest.raises(base.BaseError, match="makes Debian bases only"):
+    with pytest.raises(CannotRun, match="makes Debian bases only"):
         base.debian_suite(variant)

@@ -5,6 +5,7 @@ import pytest
 
 from images import builder, locks
 from images.build_args import DOCKERFILE, IMAGE_NAME, REPO_ROOT
+from images.errors import CannotRun, RunFailed
 from images.matrix import load_matrix
 
 MATRIX = load_matrix()
@@ -140,7 +141,7 @@ def test_podman_gets_the_same_flags_under_its_own_verb():
 
 
 def test_ca_bundle_is_refused_for_docker_with_a_reason(tmp_path):
-    with pytest.raises(builder.BuildError, match="--ca-bundle is for buildah"):
+    with pytest.raises(CannotRun, match="--ca-bundle is for buildah"):
         builder.docker_argv(request(ca_bundle=tmp_path / "ca.crt"))
 
 
@@ -175,7 +176,7 @@ def test_engine_is_docker_only_when_docker_info_succeeds(
 
 def test_no_engine_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", _fake_tools(tmp_path, 1, others=()))
-    with pytest.raises(builder.BuildError, match="apt-get install buildah"):
+    with pytest.raises(CannotRun, match="apt-get install buildah"):
         builder.detect_engine()
 
 
@@ -193,7 +194,7 @@ def test_failed_engine_run_raises_build_failed(tmp_path, monkeypatch):
     failing = tmp_path / "bin" / "buildah"
     failing.write_text("#!/bin/sh\nexit 3\n")
     failing.chmod(0o755)
-    with pytest.raises(builder.BuildFailed, match="failed for variant 'cpu'"):
+    with pytest.raises(RunFailed, match="failed for variant 'cpu'"):
         builder.build(request(), engine="buildah")
 
 
@@ -220,7 +221,7 @@ def test_offline_build_turns_every_index_off(tmp_path):
 
 
 def test_offline_without_a_wheelhouse_is_refused():
-    with pytest.raises(builder.BuildError, match="--offline needs --wheelhouse DIR"):
+    with pytest.raises(CannotRun, match="--offline needs --wheelhouse DIR"):
         request(offline=True)
 
 

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -52,6 +53,28 @@ def test_build_dry_run_prints_the_buildah_commands(capsys, tmp_path):
         f"buildah --storage-driver vfs tag {IMAGE_NAME}:{tag} {remote}",
         f"buildah --storage-driver vfs push --digestfile DIGESTS/0 {remote}",
     ]
+
+
+def _tool(bin_dir, name: str, exit_code: int) -> None:
+    tool = bin_dir / name
+    tool.write_text(f"#!/bin/sh\nexit {exit_code}\n")
+    tool.chmod(0o755)
+
+
+def test_a_build_that_cannot_run_exits_2_and_one_that_fails_exits_1(capsys, tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _tool(bin_dir, "buildah", 3)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    bundle = tmp_path / "ca.crt"
+    bundle.write_text("")
+    # An option Docker cannot take: nothing runs, exit 2.
+    assert main(["build", "cpu", "--engine", "docker", "--ca-bundle", str(bundle)]) == 2
+    assert "--ca-bundle is for buildah builds" in capsys.readouterr().err
+    # buildah runs and exits 3: exit 1.
+    assert main(["build", "cpu", "--engine", "buildah"]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[-1] == "error: buildah bud --format... failed for variant 'cpu'"
 
 
 def test_missing_wheelhouse_is_a_usage_error():
