@@ -20,10 +20,9 @@ from pathlib import Path
 
 from common.pipes import run_until_pipe_closes
 from images.matrix import MatrixError
-from infra.commands import doctor, down, logs, offers, plan, start, status, stop, up
+from infra.commands import doctor, down, logs, offers, plan, prices, start, status, stop, up
 from infra.commands.outcome import Outcome
 from infra.errors import ConfigError
-from infra.knowledge import price_refresh
 
 EXIT_BAD_INPUT = 2
 
@@ -44,7 +43,7 @@ COMMANDS: dict[str, Command] = {
     "offers": (offers.add_arguments, offers.run),
     "doctor": (doctor.add_arguments, doctor.run),
     "plan": (plan.add_arguments, plan.run),
-    "prices": (price_refresh.add_arguments, price_refresh.run),
+    "prices": (prices.add_arguments, prices.run),
     "preview": (up.add_preview_arguments, up.run_preview),
     "up": (up.add_arguments, up.run),
     "status": (status.add_arguments, status.run),

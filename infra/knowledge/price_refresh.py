@@ -1,4 +1,4 @@
-"""`python -m infra prices [--refresh]`: show a region's prices, or refresh them from AWS.
+"""Refresh the catalog's prices from AWS (`python -m infra prices --refresh`).
 
 The refresh reads on-demand prices from the AWS Price List API (`pricing.get_products`,
 docs.aws.amazon.com/aws-cost-management/latest/APIReference/API_pricing_GetProducts.html) and
@@ -8,12 +8,11 @@ region's tables in infra/knowledge/data/prices.toml with today's date and those 
 the Price List does not offer in the region is left out of it. Capacity Block rates are not in
 the Price List: they are kept as they were. The Slurm head node's on-demand price in each
 refreshed region is rewritten the same way in parallelcluster.toml ([head_node.prices."R"]),
-when the catalog directory has that file. It needs AWS credentials (boto3's usual chain).
+when the catalog directory has that file. The caller hands in the boto3 clients.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import re
@@ -22,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from infra.errors import ConfigError
-from infra.knowledge.catalog import CATALOG_DIR, load_catalog
+from infra.knowledge.catalog import load_catalog
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.prices import PRICES_FILE, InstancePrice
 
@@ -257,48 +256,3 @@ def refresh_head_node(
         path.write_text(backup)
         raise
     return report
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--refresh", action="store_true", help="read fresh prices from AWS (needs credentials)"
-    )
-    parser.add_argument(
-        "--region", action="append", help="region to show or refresh (repeatable; default all)"
-    )
-    parser.add_argument(
-        "--catalog", type=Path, default=CATALOG_DIR, help="catalog directory with prices.toml"
-    )
-
-
-def run(args: argparse.Namespace) -> str:
-    catalog = load_catalog(args.catalog)
-    regions = args.region or sorted(catalog.prices.regions)
-    if not args.refresh:
-        return "\n".join(_show(region, catalog.prices.region(region)) for region in regions)
-    import boto3  # only the refresh talks to AWS
-
-    session = boto3.Session()
-    if session.get_credentials() is None:
-        raise ConfigError(
-            "prices --refresh reads AWS's Price List API and needs AWS credentials; none "
-            "were found (set AWS_PROFILE or run aws configure), so prices.toml is unchanged"
-        )
-    return refresh(
-        args.catalog,
-        regions,
-        pricing=session.client("pricing", region_name=PRICE_LIST_REGION),
-        ec2_for=lambda region: session.client("ec2", region_name=region),
-        now=datetime.datetime.now(datetime.UTC),
-    )
-
-
-def _show(region: str, prices: Mapping[str, InstancePrice]) -> str:
-    lines = [f"{region}"]
-    for instance_type, price in prices.items():
-        marks = " (estimate)" if price.estimated else ""
-        lines.append(
-            f"  {instance_type:<15} on-demand ${price.on_demand_usd_per_hour:>8.3f}/h  "
-            f"spot ${price.spot_usd_per_hour:>7.3f}/h  checked {price.checked}{marks}"
-        )
-    return "\n".join(lines)

@@ -2,8 +2,8 @@
 
 The stack's region (aws:region) picks its table. A region or an instance type without a price
 is refused in one sentence naming the regions that have prices: a stack is never priced with
-another region's figures. `python -m infra prices --refresh` rewrites the file from AWS's APIs
-(infra/knowledge/price_refresh.py).
+another region's figures. `python -m infra prices --refresh` (infra/commands/prices.py) rewrites
+the file from AWS's APIs (infra/knowledge/price_refresh.py).
 """
 
 from __future__ import annotations

@@ -12,7 +12,6 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.price_refresh import (
@@ -20,10 +19,8 @@ from infra.knowledge.price_refresh import (
     _table,
     refresh,
     render,
-    run,
 )
 from tests.support.aws import FAKE_CREDENTIALS, client, moto_server
-from tests.support.infra import run_cli
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -135,25 +132,3 @@ def test_refresh_rewrites_or_adds_the_head_nodes_price_in_parallelcluster_toml(
     assert after.releases == before.releases
     assert after.head_node.prices_checked == later.date()
     assert f"{region}: head node m5.large ${float(usd)}/h" in report
-
-
-def test_refresh_without_credentials_changes_nothing(catalog_copy, monkeypatch, tmp_path):
-    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    before = (catalog_copy / "prices.toml").read_text()
-    args = type("Args", (), {"refresh": True, "region": None, "catalog": catalog_copy})()
-    with pytest.raises(ConfigError, match="needs AWS credentials"):
-        run(args)
-    assert (catalog_copy / "prices.toml").read_text() == before
-
-
-def test_the_prices_command_shows_a_region_and_refuses_an_unpriced_one():
-    p4d = load_catalog().prices.price("eu-west-1", "p4d.24xlarge")
-    shown = run_cli("prices", "--region", "eu-west-1")
-    assert shown.returncode == 0, shown.stderr
-    assert f"on-demand ${p4d.on_demand_usd_per_hour:>8.3f}/h" in shown.stdout
-    missing = run_cli("prices", "--region", "eu-west-3")
-    assert missing.returncode == 2 and "eu-west-1, us-east-1, us-west-2" in missing.stderr
