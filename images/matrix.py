@@ -13,21 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import field_validator
-from pydantic.dataclasses import dataclass
 
-from common.records import (
-    RECORD_CONFIG,
-    build_record,
-    check_keys,
-    read_toml,
-)
+from common.records import DataFile, build_record, matching, record
 from common.versions import dotted_version, version_key
 
 MATRIX_PATH = Path(__file__).with_name("matrix.toml")
 
 _BASE_OS = re.compile(r"ubuntu\d+\.\d+|bookworm")
 
-_NAME = re.compile(r"^[a-z0-9]+$")
 # A tag, optionally pinned to a digest: nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:<64 hex>.
 _NVIDIA_CUDA_IMAGE = re.compile(
     r"^nvidia/cuda:(\d+\.\d+)\.\d+-(base|runtime|devel)-[a-z0-9.]+(@sha256:[0-9a-f]{64})?$"
@@ -55,7 +48,7 @@ def _capabilities(values: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(sorted(map(check_capability, values), key=arch_key))
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class TorchWheels:
     """What one torch release ships in one wheel variant (cu128, cu130, cpu...)."""
 
@@ -69,7 +62,7 @@ class TorchWheels:
     _check_capabilities = field_validator("compute_capabilities")(_capabilities)
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class BaseOs:
     """What a base OS maintains: its system python3, and its glibc (the wheels' platform)."""
 
@@ -80,7 +73,7 @@ class BaseOs:
     _check_versions = field_validator("python", "glibc")(dotted_version)
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class CudaMajor:
     """What one CUDA major's toolkit supports: its oldest GPU arch, the arches nvcc refuses."""
 
@@ -92,7 +85,7 @@ class CudaMajor:
     _check_refused = field_validator("nvcc_refuses")(_capabilities)
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class DeepSpeedOps:
     """DeepSpeed ops pre-built for one accelerator: DS_BUILD_<KEY> -> name in `ds_report`."""
 
@@ -100,7 +93,7 @@ class DeepSpeedOps:
     source: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class Efa:
     """The EFA installer and the one aws-ofi-nccl release every CUDA image carries, with
     what the image build verifies them by and the NCCL series the plugin was tested with."""
@@ -114,26 +107,19 @@ class Efa:
 
     _check_versions = field_validator("installer", "aws_ofi_nccl")(dotted_version)
 
-    @field_validator("installer_gpg_fingerprint")
-    @classmethod
-    def _fingerprint(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9A-F]{40}", value):
-            raise ValueError("must be 40 upper-case hex digits, without spaces")
-        return value
-
-    @field_validator("aws_ofi_nccl_sha512")
-    @classmethod
-    def _sha512(cls, value: str) -> str:
-        if not re.fullmatch(r"[0-9a-f]{128}", value):
-            raise ValueError("must be 128 lower-case hex digits (the release notes' sha512)")
-        return value
+    _fingerprint = field_validator("installer_gpg_fingerprint")(
+        matching(r"[0-9A-F]{40}", "must be 40 upper-case hex digits, without spaces")
+    )
+    _sha512 = field_validator("aws_ofi_nccl_sha512")(
+        matching(r"[0-9a-f]{128}", "must be 128 lower-case hex digits (the release notes' sha512)")
+    )
 
     def plugin_matches(self, nccl: str) -> bool:
         """True when the plugin release was tested with this NCCL's major.minor series."""
         return ".".join(nccl.split(".")[:2]) in self.aws_ofi_nccl_tested_nccl
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class CpuIsa:
     """The instruction set the pre-built ops' host code targets, the same on every builder."""
 
@@ -142,7 +128,7 @@ class CpuIsa:
     source: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class Variant:
     """One image variant: what the image carries and which GPUs and drivers it needs."""
 
@@ -166,12 +152,9 @@ class Variant:
         "cuda", "python", "torch", "deepspeed", "cudnn", "nccl", "min_driver", "compat_driver_floor"
     )(dotted_version)
 
-    @field_validator("name")
-    @classmethod
-    def _lowercase_name(cls, value: str) -> str:
-        if not _NAME.match(value):
-            raise ValueError("must be lowercase letters and digits (it is part of the image tag)")
-        return value
+    _lowercase_name = field_validator("name")(
+        matching(r"[a-z0-9]+", "must be lowercase letters and digits (it is part of the image tag)")
+    )
 
     @property
     def accelerator(self) -> str:
@@ -258,49 +241,35 @@ _TABLES = {
 def load_matrix(path: Path | str | None = None) -> Matrix:
     """Load and check images/matrix.toml (or `path`); raise MatrixError in one line."""
     path = Path(path) if path is not None else MATRIX_PATH
-    raw = read_toml(path, MatrixError)
-    where = path.name
-    check_keys(raw, _TABLES, where=where, error=MatrixError)
-    release = raw.get("release")
+    file = DataFile.read(path, _TABLES, MatrixError)
+    where = file.name
+    release = file.raw.get("release")
     if not isinstance(release, str) or not release:
-        raise MatrixError(f"{where}: key 'release' must be a version string, got {release!r}")
+        raise file.fail(f"key 'release' must be a version string, got {release!r}")
 
-    wheels = _load_torch_wheels(raw.get("torch_wheels", {}), where)
+    wheels = _load_torch_wheels(file.raw.get("torch_wheels", {}), where)
     facts = {
-        "base_os": _load_table(BaseOs, raw, "base_os", where),
-        "cuda_majors": _load_table(CudaMajor, raw, "cuda_major", where),
-        "deepspeed_ops": _load_table(DeepSpeedOps, raw, "deepspeed_ops", where),
-        "efa": build_record(Efa, raw.get("efa"), where=f"{where}: [efa]", error=MatrixError),
-        "cpu_isa": build_record(
-            CpuIsa, raw.get("cpu_isa"), where=f"{where}: [cpu_isa]", error=MatrixError
-        ),
+        "base_os": file.tables(BaseOs, "base_os", header="base_os.<name>"),
+        "cuda_majors": file.tables(CudaMajor, "cuda_major", header="cuda_major.<name>"),
+        "deepspeed_ops": file.tables(DeepSpeedOps, "deepspeed_ops", header="deepspeed_ops.<name>"),
+        "efa": file.table(Efa, "efa"),
+        "cpu_isa": file.table(CpuIsa, "cpu_isa"),
     }
     variants: list[Variant] = []
-    for index, table in enumerate(raw.get("variant", [])):
+    for index, table in enumerate(file.raw.get("variant", [])):
         label = table.get("name", f"#{index + 1}") if isinstance(table, dict) else f"#{index + 1}"
         variant = build_record(
             Variant, table, where=f"{where}: variant '{label}'", error=MatrixError
         )
         variants.append(variant)
     if not variants:
-        raise MatrixError(f"{where}: no [[variant]] tables")
+        raise file.fail("no [[variant]] tables")
     variants.sort(key=lambda v: version_key(v.cuda) if v.cuda else ())
     matrix = Matrix(release=release, variants=tuple(variants), torch_wheels=wheels, **facts)
     for variant in variants:
         _check_variant(variant, matrix, f"{where}: variant '{variant.name}'")
     _check_unique(variants, where)
     return matrix
-
-
-def _load_table(cls, raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
-    """A TOML table of named records, e.g. [base_os.bookworm] -> {"bookworm": BaseOs}."""
-    tables = raw.get(key)
-    if not isinstance(tables, dict) or not tables:
-        raise MatrixError(f"{where}: needs [{key}.<name>] tables")
-    return {
-        name: build_record(cls, table, where=f"{where}: [{key}.{name}]", error=MatrixError)
-        for name, table in tables.items()
-    }
 
 
 def _load_torch_wheels(raw: Any, where: str) -> dict[str, dict[str, TorchWheels]]:

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, StrictFloat
-from pydantic.dataclasses import dataclass
 
-from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.records import DataFile, record
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, Instance, load_catalog
 from training.health.expectation import NodeExpectation
@@ -21,12 +20,12 @@ from training.health.expectation import NodeExpectation
 ALLREDUCE_FILE = CATALOG_DIR / "allreduce.toml"
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class AllReduceSources:
     busbw_gbps: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class AllReduceFigure:
     busbw_gbps: Annotated[StrictFloat, Field(gt=0)]
     basis: Literal["measured", "derived"]
@@ -37,19 +36,18 @@ def load_allreduce(
     instances: dict[str, Instance], path: Path = ALLREDUCE_FILE
 ) -> dict[str, AllReduceFigure]:
     """The figures by instance type; every type with more than one GPU must have one."""
-    raw = read_toml(path, ConfigError)
-    check_keys(raw, {"allreduce"}, where=path.name, error=ConfigError)
-    figures = {}
-    for name, table in raw.get("allreduce", {}).items():
-        where = f"{path.name}: allreduce '{name}'"
+    file = DataFile.read(path, {"allreduce"}, ConfigError)
+    figures = file.tables(AllReduceFigure, "allreduce")
+    for name in figures:
         if name not in instances:
-            raise ConfigError(f"{where}: not an instance type in instances.toml")
-        figures[name] = build_record(AllReduceFigure, table, where=where, error=ConfigError)
+            raise ConfigError(
+                f"{file.where('allreduce', name)}: not an instance type in instances.toml"
+            )
     missing = sorted(name for name, entry in instances.items() if entry.gpu_count > 1)
     missing = [name for name in missing if name not in figures]
     if missing:
-        raise ConfigError(
-            f"{path.name}: no all-reduce figure for {', '.join(missing)}: every instance type "
+        raise file.fail(
+            f"no all-reduce figure for {', '.join(missing)}: every instance type "
             "with more than one GPU needs one, with its source"
         )
     return figures

@@ -8,35 +8,27 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
 from dataclasses import field
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictInt, field_validator
-from pydantic.dataclasses import dataclass
+from pydantic import Field, StrictInt, field_validator, model_validator
 
-from common.records import (
-    RECORD_CONFIG,
-    build_record,
-    check_keys,
-    read_toml,
-)
+from common.records import DataFile, matching, record
 from common.versions import dotted_version, version_key
 from images.matrix import check_capability
 from infra.errors import ConfigError
 from infra.knowledge.prices import PRICES_FILE, PriceTable, load_prices
 
 CATALOG_DIR = Path(__file__).parent / "data"
-_ROOT_DEVICE_NAME = re.compile(r"/dev/(sd[a-z][0-9]*|xvd[a-z])")
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class InstanceSources:
     hardware: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class Instance:
     """One EC2 GPU instance type (its prices per region are in prices.toml)."""
 
@@ -62,12 +54,27 @@ class Instance:
     def _capability(cls, value: str) -> str:
         return check_capability(value)
 
+    @model_validator(mode="after")
+    def _efa_fits_the_network_cards(self) -> Instance:
+        if self.efa_interfaces > self.network_cards:
+            raise ValueError(
+                f"field 'efa_interfaces': {self.efa_interfaces} is more than network_cards "
+                f"{self.network_cards} (one EFA interface per network card)"
+            )
+        if self.efa_secondary_interface == "efa-only" and self.efa_interfaces < 2:
+            raise ValueError(
+                "field 'efa_secondary_interface': 'efa-only' needs at least 2 EFA interfaces "
+                f"(the primary is always 'efa'), efa_interfaces is {self.efa_interfaces}; "
+                "use 'efa' or leave it out"
+            )
+        return self
+
     @property
     def total_gpu_memory_gib(self) -> int:
         return self.gpu_count * self.gpu_memory_gib
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class AmiSources:
     ssm_parameter: str
     driver_version: str
@@ -77,7 +84,7 @@ class AmiSources:
     no_longer_supports: str | None = None
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class AmiFamily:
     """An AMI family, found at deploy time through its public SSM parameter."""
 
@@ -101,19 +108,17 @@ class AmiFamily:
 
     _check_driver = field_validator("driver_version")(dotted_version)
 
-    @field_validator("ssm_parameter")
-    @classmethod
-    def _public_parameter(cls, value: str) -> str:
-        if not value.startswith("/aws/service/") or " " in value:
-            raise ValueError("must be a public SSM parameter path starting with /aws/service/")
-        return value
-
-    @field_validator("root_device_name")
-    @classmethod
-    def _device_name(cls, value: str) -> str:
-        if not _ROOT_DEVICE_NAME.fullmatch(value):
-            raise ValueError("must be an EC2 root device name such as /dev/xvda or /dev/sda1")
-        return value
+    _public_parameter = field_validator("ssm_parameter")(
+        matching(
+            r"/aws/service/\S*", "must be a public SSM parameter path starting with /aws/service/"
+        )
+    )
+    _device_name = field_validator("root_device_name")(
+        matching(
+            r"/dev/(sd[a-z][0-9]*|xvd[a-z])",
+            "must be an EC2 root device name such as /dev/xvda or /dev/sda1",
+        )
+    )
 
     @field_validator("compute_capabilities")
     @classmethod
@@ -162,48 +167,10 @@ def load_catalog(directory: Path | str | None = None) -> Catalog:
 
 
 def _load_instances(path: Path) -> dict[str, Instance]:
-    raw = read_toml(path, ConfigError)
-    check_keys(raw, {"instance"}, where=path.name, error=ConfigError)
-    instances: dict[str, Instance] = {}
-    for name, table in raw.get("instance", {}).items():
-        where = f"{path.name}: instance '{name}'"
-        entry = build_record(
-            Instance, _named(table, "type", name, where), where=where, error=ConfigError
-        )
-        if entry.efa_interfaces > entry.network_cards:
-            raise ConfigError(
-                f"{where}, field 'efa_interfaces': {entry.efa_interfaces} is more than "
-                f"network_cards {entry.network_cards} (one EFA interface per network card)"
-            )
-        if entry.efa_secondary_interface == "efa-only" and entry.efa_interfaces < 2:
-            raise ConfigError(
-                f"{where}, field 'efa_secondary_interface': 'efa-only' needs at least 2 EFA "
-                f"interfaces (the primary is always 'efa'), efa_interfaces is "
-                f"{entry.efa_interfaces}; use 'efa' or leave it out"
-            )
-        instances[name] = entry
-    if not instances:
-        raise ConfigError(f'{path.name}: no [instance."TYPE"] tables')
-    return instances
+    file = DataFile.read(path, {"instance"}, ConfigError)
+    return file.tables(Instance, "instance", name_field="type", header='instance."TYPE"')
 
 
 def _load_amis(path: Path) -> tuple[AmiFamily, ...]:
-    raw = read_toml(path, ConfigError)
-    check_keys(raw, {"ami"}, where=path.name, error=ConfigError)
-    amis = []
-    for name, table in raw.get("ami", {}).items():
-        where = f"{path.name}: ami '{name}'"
-        table = _named(table, "name", name, where)
-        amis.append(build_record(AmiFamily, table, where=where, error=ConfigError))
-    if not amis:
-        raise ConfigError(f"{path.name}: no [ami.NAME] tables")
-    return tuple(amis)
-
-
-def _named(table: object, key: str, name: str, where: str) -> dict:
-    """The table with its name (the TOML table key) added as field `key`."""
-    if not isinstance(table, dict):
-        raise ConfigError(f"{where}: expected a table, got {type(table).__name__} {table!r}")
-    if key in table:
-        raise ConfigError(f"{where}, field '{key}': set by the table name, remove it")
-    return {key: name, **table}
+    file = DataFile.read(path, {"ami"}, ConfigError)
+    return tuple(file.tables(AmiFamily, "ami", name_field="name", header="ami.NAME").values())

@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, StrictBool, field_validator
-from pydantic.dataclasses import dataclass
 
-from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.records import DataFile, record
 from common.versions import dotted_version, version_key
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
@@ -25,12 +24,12 @@ from infra.knowledge.prices import Usd
 PARALLELCLUSTER_PATH = CATALOG_DIR / "parallelcluster.toml"
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class ReleaseSources:
     driver_version: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class Release:
     """One ParallelCluster release, as its official AMIs ship it."""
 
@@ -47,7 +46,7 @@ class Release:
         return version_key(self.driver_version) >= version_key(minimum)
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class HeadNodePrice:
     """$/h of the head node in one region (on demand only: the head node is never spot)."""
 
@@ -56,7 +55,7 @@ class HeadNodePrice:
     source: str
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class HeadNode:
     instance_type: str
     prices_checked: datetime.date
@@ -76,7 +75,7 @@ class HeadNode:
             ) from None
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class NetworkPrice:
     """$/h of the cluster's route out in one region: its NAT gateway and the NAT's address."""
 
@@ -90,7 +89,7 @@ class NetworkPrice:
         return self.nat_gateway_usd_per_hour + self.public_ipv4_usd_per_hour
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class ClusterNetwork:
     prices_checked: datetime.date
     prices: Annotated[dict[str, NetworkPrice], Field(min_length=1)] = field(hash=False)
@@ -137,29 +136,13 @@ class ParallelCluster:
 
 def load_parallelcluster(path: Path | str | None = None) -> ParallelCluster:
     path = Path(path) if path is not None else PARALLELCLUSTER_PATH
-    raw = read_toml(path, ConfigError)
-    check_keys(
-        raw, {"default", "head_node", "network", "release"}, where=path.name, error=ConfigError
-    )
-    releases = {}
-    for version, table in raw.get("release", {}).items():
-        where = f"{path.name}: release '{version}'"
-        if not isinstance(table, dict) or "version" in table:
-            raise ConfigError(f"{where}: expected a table without 'version' (the table name)")
-        releases[version] = build_record(
-            Release, {"version": version, **table}, where=where, error=ConfigError
-        )
-    if not releases:
-        raise ConfigError(f'{path.name}: no [release."X.Y.Z"] tables')
-    releases = dict(sorted(releases.items(), key=lambda item: version_key(item[0])))
-    head_node = build_record(
-        HeadNode, raw.get("head_node"), where=f"{path.name}: head_node", error=ConfigError
-    )
-    network = build_record(
-        ClusterNetwork, raw.get("network"), where=f"{path.name}: network", error=ConfigError
-    )
+    file = DataFile.read(path, {"default", "head_node", "network", "release"}, ConfigError)
+    releases = file.tables(Release, "release", name_field="version", header='release."X.Y.Z"')
     cluster = ParallelCluster(
-        default=raw.get("default", ""), head_node=head_node, network=network, releases=releases
+        default=file.raw.get("default", ""),
+        head_node=file.table(HeadNode, "head_node"),
+        network=file.table(ClusterNetwork, "network"),
+        releases=dict(sorted(releases.items(), key=lambda item: version_key(item[0]))),
     )
     cluster.release()  # the default must be one of them
     return cluster

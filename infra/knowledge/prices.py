@@ -14,10 +14,9 @@ from dataclasses import field
 from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, StrictBool, StrictFloat
-from pydantic.dataclasses import dataclass
+from pydantic import Field, StrictBool, StrictFloat, model_validator
 
-from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.records import DataFile, build_record, record
 from infra.errors import ConfigError
 from infra.functions.market import Market
 
@@ -31,14 +30,14 @@ PRICE_CUT = datetime.date(2025, 6, 1)
 MAX_PRICE_AGE_DAYS = 365
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class PriceSources:
     on_demand: str
     spot: str
     capacity_block: str | None = None
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class InstancePrice:
     """$/h of one instance of a type in one region, per market."""
 
@@ -52,6 +51,21 @@ class InstancePrice:
     checked: datetime.date
     sources: PriceSources
     capacity_block_usd_per_hour: Usd | None = None
+
+    @model_validator(mode="after")
+    def _plausible(self) -> InstancePrice:
+        if self.checked < PRICE_CUT:
+            raise ValueError(
+                f"field 'checked': {self.checked} is before AWS's June 2025 GPU price cut "
+                f"({PRICE_CUT}), so its figures may be far too high; take them again with "
+                f"`python -m infra prices --refresh --region {self.region}`"
+            )
+        if self.spot_usd_per_hour > self.on_demand_usd_per_hour:
+            raise ValueError(
+                f"field 'spot_usd_per_hour': {self.spot_usd_per_hour} is above "
+                f"on_demand_usd_per_hour {self.on_demand_usd_per_hour}; spot is never dearer"
+            )
+        return self
 
     @property
     def estimated(self) -> bool:
@@ -99,15 +113,14 @@ class PriceTable:
 
 def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
     """Read and check prices.toml; every type priced must be a catalog instance type."""
-    raw = read_toml(path, ConfigError)
-    check_keys(raw, {"region"}, where=path.name, error=ConfigError)
+    file = DataFile.read(path, {"region"}, ConfigError)
     regions: dict[str, dict[str, InstancePrice]] = {}
-    for region, table in raw.get("region", {}).items():
+    for region, table in file.raw.get("region", {}).items():
         if not isinstance(table, dict):
-            raise ConfigError(f"{path.name}: region '{region}': expected a table of types")
+            raise file.fail(f"region '{region}': expected a table of types")
         regions[region] = {}
         for instance_type, entry in table.items():
-            where = f"{path.name}: region '{region}', type '{instance_type}'"
+            where = f"{file.name}: region '{region}', type '{instance_type}'"
             if instance_type not in instance_types:
                 raise ConfigError(
                     f"{where}: not an instance type of instances.toml "
@@ -115,24 +128,12 @@ def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
                 )
             if not isinstance(entry, dict):
                 raise ConfigError(f"{where}: expected a table, got {entry!r}")
-            price = build_record(
+            regions[region][instance_type] = build_record(
                 InstancePrice,
                 {"region": region, "instance_type": instance_type, **entry},
                 where=where,
                 error=ConfigError,
             )
-            if price.checked < PRICE_CUT:
-                raise ConfigError(
-                    f"{where}, field 'checked': {price.checked} is before AWS's June 2025 GPU "
-                    f"price cut ({PRICE_CUT}), so its figures may be far too high; take them "
-                    f"again with `python -m infra prices --refresh --region {region}`"
-                )
-            if price.spot_usd_per_hour > price.on_demand_usd_per_hour:
-                raise ConfigError(
-                    f"{where}, field 'spot_usd_per_hour': {price.spot_usd_per_hour} is above "
-                    f"on_demand_usd_per_hour {price.on_demand_usd_per_hour}; spot is never dearer"
-                )
-            regions[region][instance_type] = price
     if not regions:
-        raise ConfigError(f'{path.name}: no [region."REGION"."TYPE"] tables')
+        raise file.fail('no [region."REGION"."TYPE"] tables')
     return PriceTable(regions=regions)

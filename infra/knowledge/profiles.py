@@ -9,9 +9,8 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import Field, StrictFloat, StrictInt, field_validator
-from pydantic.dataclasses import dataclass
 
-from common.records import RECORD_CONFIG, build_record, check_keys, read_toml
+from common.records import DataFile, record
 from images.matrix import Matrix
 from infra.errors import ConfigError
 from infra.knowledge.catalog import Catalog
@@ -20,7 +19,7 @@ from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
 PROFILES_PATH = Path(__file__).parent / "data" / "profiles.toml"
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class ExchangeRate:
     cny_per_usd: Annotated[StrictFloat, Field(gt=0)]
     as_of: datetime.date
@@ -30,7 +29,7 @@ class ExchangeRate:
         return usd * self.cny_per_usd
 
 
-@dataclass(frozen=True, config=RECORD_CONFIG)
+@record
 class Profile:
     """A named workload: where it runs and why that instance was chosen."""
 
@@ -70,26 +69,13 @@ class Profiles:
 def load_profiles(path: Path | str | None = None) -> Profiles:
     """Load and check data/profiles.toml (or `path`); raise ConfigError in one line."""
     path = Path(path) if path is not None else PROFILES_PATH
-    raw = read_toml(path, ConfigError)
-    where = path.name
-    check_keys(raw, {"default", "exchange_rate", "profile"}, where=where, error=ConfigError)
-    rate = build_record(
-        ExchangeRate, raw.get("exchange_rate"), where=f"{where}: exchange_rate", error=ConfigError
-    )
-    profiles = {}
-    for name, table in raw.get("profile", {}).items():
-        entry_where = f"{where}: profile '{name}'"
-        if not isinstance(table, dict):
-            raise ConfigError(f"{entry_where}: expected a table, got {table!r}")
-        if "name" in table:
-            raise ConfigError(f"{entry_where}, field 'name': set by the table name, remove it")
-        profiles[name] = build_record(
-            Profile, {"name": name, **table}, where=entry_where, error=ConfigError
-        )
-    default = raw.get("default")
+    file = DataFile.read(path, {"default", "exchange_rate", "profile"}, ConfigError)
+    rate = file.table(ExchangeRate, "exchange_rate")
+    profiles = file.tables(Profile, "profile", name_field="name")
+    default = file.raw.get("default")
     if default not in profiles:
-        raise ConfigError(
-            f"{where}: key 'default' is {default!r}, not one of the profiles "
+        raise file.fail(
+            f"key 'default' is {default!r}, not one of the profiles "
             f"({', '.join(profiles) or 'none defined'})"
         )
     return Profiles(default=default, exchange_rate=rate, profiles=profiles)

@@ -186,7 +186,7 @@ def test_unknown_top_level_key_and_bad_toml(tmp_path):
             '[base_os."ubuntu24.04"]\npython = "3.13"',
             ["variant 'cu128'", "field 'python'", "3.12", "ubuntu24.04's system Python (3.13)"],
         ),
-        ('glibc = "2.36"', 'glibc = "two"', ["[base_os.bookworm]", "glibc", "two"]),
+        ('glibc = "2.36"', 'glibc = "two"', ["base_os 'bookworm'", "glibc", "two"]),
         (
             'oldest_arch = "7.5"',
             'oldest_arch = "8.0"',
