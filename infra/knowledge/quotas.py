@@ -5,13 +5,27 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated, Literal
 
-from common.records import read_toml
+from pydantic import Field
+
+from common.records import DataFile, record
 from infra.errors import ConfigError
 from infra.knowledge.resolver import Plan
 
 QUOTAS_PATH = Path(__file__).parent / "data" / "quotas.toml"
 _FAMILY = re.compile(r"^([a-z]+\d)")
+
+
+@record
+class Quota:
+    """One EC2 Service Quota on running vCPUs: the families and the market it caps."""
+
+    market: Literal["on-demand", "spot"]
+    families: Annotated[tuple[str, ...], Field(min_length=1)]
+    names: Annotated[tuple[str, ...], Field(min_length=1)]  # newest first
+    source: str
+    code: str | None = None  # None: look the quota up by name
 
 
 @dataclass(frozen=True)
@@ -41,12 +55,12 @@ def instance_family(instance_type: str) -> str:
 def quota_need(plan: Plan, market: str, path: Path | None = None) -> QuotaNeed | None:
     """The quota `plan`'s nodes count against in `market` ("on-demand", "spot"), or None."""
     family = instance_family(plan.instance.type)
-    table = read_toml(path or QUOTAS_PATH, ConfigError).get("quota", {})
-    for entry in table.values():
-        if entry["market"] == market and family in entry["families"]:
+    quotas = DataFile.read(path or QUOTAS_PATH, {"quota"}, ConfigError).tables(Quota, "quota")
+    for quota in quotas.values():
+        if quota.market == market and family in quota.families:
             return QuotaNeed(
-                names=tuple(entry["names"]),
-                code=entry.get("code"),
+                names=quota.names,
+                code=quota.code,
                 vcpus=plan.instance.vcpus * plan.nodes,
                 instance_type=plan.instance.type,
                 nodes=plan.nodes,
