@@ -143,7 +143,8 @@ def _value(value: Any) -> str:
     return json.dumps(value)
 
 
-def _table(price: InstancePrice) -> dict[str, Any]:
+def as_toml_table(price: InstancePrice) -> dict[str, Any]:
+    """A price as its prices.toml table (`render` writes it back in the file's layout)."""
     table: dict[str, Any] = {
         "on_demand_usd_per_hour": price.on_demand_usd_per_hour,
         "spot_usd_per_hour": price.spot_usd_per_hour,
@@ -175,7 +176,7 @@ def refresh(
     catalog = load_catalog(directory)
     path = directory / PRICES_FILE
     tables = {
-        region: {t: _table(p) for t, p in prices.items()}
+        region: {t: as_toml_table(p) for t, p in prices.items()}
         for region, prices in catalog.prices.regions.items()
     }
     report = []

@@ -16,7 +16,7 @@ from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.price_refresh import (
     PRICE_LIST_REGION,
-    _table,
+    as_toml_table,
     refresh,
     render,
 )
@@ -69,7 +69,7 @@ def catalog_copy(tmp_path):
 def test_the_file_renders_back_to_the_same_prices(catalog_copy):
     before = load_catalog(catalog_copy).prices
     path = catalog_copy / "prices.toml"
-    tables = {r: {t: _table(p) for t, p in ps.items()} for r, ps in before.regions.items()}
+    tables = {r: {t: as_toml_table(p) for t, p in ps.items()} for r, ps in before.regions.items()}
     path.write_text(render(tables))
     assert load_catalog(catalog_copy).prices == before
 
