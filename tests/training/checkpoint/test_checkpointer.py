@@ -93,7 +93,7 @@ def test_weights_alone_would_not_match(single_rank, tmp_path):
 def test_nothing_to_resume_returns_none(single_rank, tmp_path, caplog):
     engine = build_engine()
     before = weights(engine)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(tmp_path / "empty").resume(engine) is None
     assert "starting fresh" in caplog.text
     assert all(torch.equal(before[k], v) for k, v in weights(engine).items())
@@ -125,7 +125,7 @@ def test_folder_without_marker_is_ignored_and_previous_used(single_rank, tmp_pat
     marker.rename(marker.with_name(f".{COMMIT_MARKER}.tmp-123"))
 
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert checkpointer.resume(resumed)["step"] == 2
     assert f"{tmp_path / tag_for(4)} is uncommitted: no {COMMIT_MARKER}" in caplog.text
     assert_same_weights(resumed, at_two)
@@ -140,7 +140,7 @@ def test_truncated_shard_is_ignored_and_previous_used(single_rank, tmp_path, cap
     shard.write_bytes(shard.read_bytes()[:100])
 
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.WARNING, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
         assert checkpointer.resume(resumed)["step"] == 2
     assert f"{shard.name} has 100 bytes" in caplog.text
     assert_same_weights(resumed, at_two)
@@ -158,7 +158,7 @@ def test_only_checkpoint_damaged_raises_instead_of_starting_fresh(single_rank, t
 def test_only_an_unfinished_first_save_starts_fresh(single_rank, tmp_path, caplog):
     (tmp_path / tag_for(5)).mkdir()
     (tmp_path / tag_for(5) / "mp_rank_00_model_states.pt").write_bytes(b"partial")
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(tmp_path).resume(build_engine()) is None
     assert f"{tmp_path / tag_for(5)} is uncommitted" in caplog.text
     assert "starting fresh" in caplog.text
@@ -269,7 +269,7 @@ def test_wiped_local_dir_resumes_from_s3(single_rank, tmp_path, s3_uri, caplog):
 
     fresh_root = tmp_path / "node-b"  # a new spot instance: empty local disk
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(fresh_root, mirror=mirror).resume(resumed)["step"] == 3
     assert f"newest checkpoint: {tag_for(3)} (in {fresh_root}: none, in S3: {tag_for(3)})" in (
         caplog.text
@@ -353,7 +353,7 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
     mirror = S3Mirror.from_uri(s3_uri)
     boto3.client("s3").delete_bucket(Bucket=mirror.bucket)  # every upload now fails
     engine = trained_engine(2)
-    with caplog.at_level(logging.ERROR, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.ERROR, logger="training.checkpoint"):
         step_dir = Checkpointer(tmp_path, mirror=mirror).save(engine, 2, {"step": 2})
     assert f"could not mirror {tmp_path / tag_for(2)} to {s3_uri}" in caplog.text
     assert (step_dir / COMMIT_MARKER).is_file()
