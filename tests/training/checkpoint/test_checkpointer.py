@@ -15,13 +15,14 @@ import xxhash
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
 from tests.training.multirank import torchrun, torchrun_nodes
-from training.checkpoint.checkpointer import Checkpointer, CheckpointError, committed_tags
+from training.checkpoint.checkpointer import Checkpointer, CheckpointError
 from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
     PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
+    committed_tags,
     examine,
     parse_step,
     tag_for,
@@ -425,3 +426,17 @@ def test_no_recovery_script_that_cannot_run_is_left_beside_the_checkpoints(singl
     # export` converts instead). The save leaves only the trainer's own files.
     Checkpointer(tmp_path).save(trained_engine(1, zero_stage=2), 1, {"step": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == [POINTER_NAME, tag_for(1)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_save_leaves_the_engine_as_deepspeeds_own_save_does(single_rank, tmp_path, asynchronous):
+    # Its checkpoint engine and every other attribute are the same objects afterwards: no
+    # method or attribute of DeepSpeed's is left replaced, none added beyond DeepSpeed's own.
+    ours, plain = trained_engine(1), trained_engine(1)
+    before, plain_before = dict(vars(ours)), set(vars(plain))
+    checkpointer = Checkpointer(tmp_path / "ours", asynchronous=asynchronous)
+    checkpointer.save(ours, 1, {"step": 1})
+    checkpointer.wait()
+    plain.save_checkpoint(str(tmp_path / "plain"), tag="plain", save_latest=False)
+    assert set(vars(ours)) - set(before) == set(vars(plain)) - plain_before
+    assert [name for name, value in before.items() if vars(ours)[name] is not value] == []
