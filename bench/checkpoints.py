@@ -15,7 +15,6 @@ shares this machine's cores with training).
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +24,8 @@ import torch
 
 from bench.measure import interleaved, median, metric, timed
 from bench.single import train_step, trainer_engine
-from training.checkpoint.checkpointer import Checkpointer, examine, tag_for
+from training.checkpoint.checkpointer import Checkpointer
+from training.checkpoint.layout import examine, fsync_path, tag_for
 
 TITLE = "Checkpoints"
 # (label, config overrides): growth with model size, fp32 as on CPU.
@@ -154,8 +154,8 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
             for index, obj in enumerate(objects):
                 path = plain / f"{index}.pt"
                 torch.save(obj, path)
-                _fsync(path)
-            _fsync(plain, directory=True)
+                fsync_path(path)
+            fsync_path(plain, directory=True)
 
         return timed(save)
 
@@ -236,11 +236,3 @@ def _measure(overrides, folder: Path, rounds: int) -> dict:
         "window_with_save_s": median(steps["window+async save"]),
         "rounds": {"save": saves, "load": loads, "step": steps},
     }
-
-
-def _fsync(path: Path, *, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

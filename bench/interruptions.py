@@ -22,7 +22,7 @@ from pathlib import Path
 from bench.launch import QUIET, training_command, training_env
 from bench.measure import metric
 from tests.training.fake_imds import FakeImds
-from training.checkpoint.checkpointer import COMMIT_MARKER, parse_step
+from training.checkpoint.layout import COMMIT_MARKER, parse_step
 from training.contract import ExitCode
 
 TITLE = "Interruptions"

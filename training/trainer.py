@@ -190,6 +190,8 @@ class Trainer:
             keep_last=config.checkpoint.keep_last,
             mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
             asynchronous=config.checkpoint.asynchronous,
+            node_first_rank=placement.local_rank == 0,
+            ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         )
         held_out = build_eval_dataset(config)
         evaluator = None

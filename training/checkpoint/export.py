@@ -94,10 +94,6 @@ def export(checkpoint: Path, out: Path) -> tuple[str, int]:
     return tag, sum(unique.values())
 
 
-def _warn(message: str) -> None:
-    print(f"warning: {message}", file=sys.stderr)
-
-
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m training export",

@@ -8,9 +8,10 @@ the stack uses (torchtitan's checkpointer keeps storage apart the same way).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 
+@runtime_checkable
 class CheckpointStore(Protocol):
     """A remote copy of committed step folders, laid out as ``training.checkpoint.layout``."""
 
@@ -25,6 +26,10 @@ class CheckpointStore(Protocol):
 
     def commit(self, local_dir: Path, tag: str) -> None:
         """Copy the manifest of a tag whose files are all copied, then the pointer."""
+        ...
+
+    def put_status(self, status: dict) -> None:
+        """Replace the job's progress report (read by ``python -m infra status``)."""
         ...
 
     def tags(self) -> list[str]:

@@ -16,7 +16,7 @@ from infra.commands.checkpoints import POINTER_NAME, STATUS_NAME
 from infra.errors import ConfigError
 from infra.functions.ledger import PERIOD_KEY, Ledger, write_ledger
 from tests.infra.commands.conftest import BUCKET, checkpoint_bucket, launch_nodes, stack_outputs
-from training.checkpoint.checkpointer import POINTER_NAME as TRAINER_POINTER
+from training.checkpoint.layout import POINTER_NAME as TRAINER_POINTER
 from training.checkpoint.s3 import STATUS_NAME as TRAINER_STATUS
 
 NOW = datetime.datetime(2026, 12, 1, 8, 0, tzinfo=datetime.UTC)

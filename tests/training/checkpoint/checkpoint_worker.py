@@ -32,7 +32,12 @@ def main() -> None:
 
     deepspeed.init_distributed(dist_backend="gloo")
     root = Path(args.root.format(node=os.environ["GROUP_RANK"]))
-    checkpointer = Checkpointer(root, mirror=S3Mirror.from_uri(args.s3_uri))
+    checkpointer = Checkpointer(
+        root,
+        mirror=S3Mirror.from_uri(args.s3_uri),
+        node_first_rank=os.environ["LOCAL_RANK"] == "0",
+        ranks_per_node=int(os.environ["LOCAL_WORLD_SIZE"]),
+    )
     if args.mode == "save":
         engine = build_engine()
         for step in range(4):

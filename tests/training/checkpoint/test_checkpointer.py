@@ -15,13 +15,14 @@ import xxhash
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
 from tests.training.multirank import torchrun, torchrun_nodes
-from training.checkpoint.checkpointer import Checkpointer, CheckpointError, committed_tags
+from training.checkpoint.checkpointer import Checkpointer, CheckpointError
 from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
     PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
+    committed_tags,
     examine,
     parse_step,
     tag_for,
@@ -93,7 +94,7 @@ def test_weights_alone_would_not_match(single_rank, tmp_path):
 def test_nothing_to_resume_returns_none(single_rank, tmp_path, caplog):
     engine = build_engine()
     before = weights(engine)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(tmp_path / "empty").resume(engine) is None
     assert "starting fresh" in caplog.text
     assert all(torch.equal(before[k], v) for k, v in weights(engine).items())
@@ -125,7 +126,7 @@ def test_folder_without_marker_is_ignored_and_previous_used(single_rank, tmp_pat
     marker.rename(marker.with_name(f".{COMMIT_MARKER}.tmp-123"))
 
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert checkpointer.resume(resumed)["step"] == 2
     assert f"{tmp_path / tag_for(4)} is uncommitted: no {COMMIT_MARKER}" in caplog.text
     assert_same_weights(resumed, at_two)
@@ -140,7 +141,7 @@ def test_truncated_shard_is_ignored_and_previous_used(single_rank, tmp_path, cap
     shard.write_bytes(shard.read_bytes()[:100])
 
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.WARNING, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
         assert checkpointer.resume(resumed)["step"] == 2
     assert f"{shard.name} has 100 bytes" in caplog.text
     assert_same_weights(resumed, at_two)
@@ -158,7 +159,7 @@ def test_only_checkpoint_damaged_raises_instead_of_starting_fresh(single_rank, t
 def test_only_an_unfinished_first_save_starts_fresh(single_rank, tmp_path, caplog):
     (tmp_path / tag_for(5)).mkdir()
     (tmp_path / tag_for(5) / "mp_rank_00_model_states.pt").write_bytes(b"partial")
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(tmp_path).resume(build_engine()) is None
     assert f"{tmp_path / tag_for(5)} is uncommitted" in caplog.text
     assert "starting fresh" in caplog.text
@@ -269,7 +270,7 @@ def test_wiped_local_dir_resumes_from_s3(single_rank, tmp_path, s3_uri, caplog):
 
     fresh_root = tmp_path / "node-b"  # a new spot instance: empty local disk
     resumed = build_engine(seed=1)
-    with caplog.at_level(logging.INFO, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
         assert Checkpointer(fresh_root, mirror=mirror).resume(resumed)["step"] == 3
     assert f"newest checkpoint: {tag_for(3)} (in {fresh_root}: none, in S3: {tag_for(3)})" in (
         caplog.text
@@ -353,7 +354,7 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
     mirror = S3Mirror.from_uri(s3_uri)
     boto3.client("s3").delete_bucket(Bucket=mirror.bucket)  # every upload now fails
     engine = trained_engine(2)
-    with caplog.at_level(logging.ERROR, logger="training.checkpoint.checkpointer"):
+    with caplog.at_level(logging.ERROR, logger="training.checkpoint"):
         step_dir = Checkpointer(tmp_path, mirror=mirror).save(engine, 2, {"step": 2})
     assert f"could not mirror {tmp_path / tag_for(2)} to {s3_uri}" in caplog.text
     assert (step_dir / COMMIT_MARKER).is_file()
@@ -425,3 +426,17 @@ def test_no_recovery_script_that_cannot_run_is_left_beside_the_checkpoints(singl
     # export` converts instead). The save leaves only the trainer's own files.
     Checkpointer(tmp_path).save(trained_engine(1, zero_stage=2), 1, {"step": 1})
     assert sorted(p.name for p in tmp_path.iterdir()) == [POINTER_NAME, tag_for(1)]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_save_leaves_the_engine_as_deepspeeds_own_save_does(single_rank, tmp_path, asynchronous):
+    # Its checkpoint engine and every other attribute are the same objects afterwards: no
+    # method or attribute of DeepSpeed's is left replaced, none added beyond DeepSpeed's own.
+    ours, plain = trained_engine(1), trained_engine(1)
+    before, plain_before = dict(vars(ours)), set(vars(plain))
+    checkpointer = Checkpointer(tmp_path / "ours", asynchronous=asynchronous)
+    checkpointer.save(ours, 1, {"step": 1})
+    checkpointer.wait()
+    plain.save_checkpoint(str(tmp_path / "plain"), tag="plain", save_latest=False)
+    assert set(vars(ours)) - set(before) == set(vars(plain)) - plain_before
+    assert [name for name, value in before.items() if vars(ours)[name] is not value] == []

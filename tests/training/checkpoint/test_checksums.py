@@ -16,7 +16,7 @@ from training.checkpoint.export import main as export_main
 from training.checkpoint.layout import DAMAGED, examine, tag_for
 from training.checkpoint.s3 import S3Mirror
 
-LOGGER = "training.checkpoint.checkpointer"
+LOGGER = "training.checkpoint"
 
 
 def trained_engine(steps: int):

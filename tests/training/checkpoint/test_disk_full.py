@@ -13,7 +13,7 @@ from tests.training.conftest import fill_disk
 from training.checkpoint.checkpointer import Checkpointer, DiskFullError
 from training.checkpoint.layout import COMPLETE, examine, tag_for
 
-LOGGER = "training.checkpoint.checkpointer"
+LOGGER = "training.checkpoint"
 
 
 def trained_engine(steps: int):

@@ -81,11 +81,9 @@ def _install() -> None:
 
         S3Mirror.__init__ = init
     elif POINT in ("commit", "manifest"):
-        from training.checkpoint import checkpointer
+        from training.checkpoint import commit
 
-        checkpointer.write_atomically = _counting(
-            checkpointer.write_atomically, before=POINT == "manifest"
-        )
+        commit.write_atomically = _counting(commit.write_atomically, before=POINT == "manifest")
     elif POINT == "batch":
         from training import trainer
 
