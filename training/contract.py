@@ -109,6 +109,7 @@ HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"
 # The goodput figures in status.json (and metrics.jsonl) that `python -m infra status`
 # reads: the whole run's goodput, and its cost per billion tokens (per thousand images).
 GOODPUT_FIELD = "goodput"
+RUN_USD_FIELD = "usd"  # what the whole run has cost so far: its wall time at the stack's $/h
 PRICE_PER = {"tokens": ("billion tokens", 1e9), "images": ("thousand images", 1e3)}
 
 

@@ -30,7 +30,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from training import startup
-from training.contract import GOODPUT_FIELD, PRICE_PER, price_field, price_words
+from training.contract import (
+    GOODPUT_FIELD,
+    PRICE_PER,
+    RUN_USD_FIELD,
+    price_field,
+    price_words,
+)
 
 GOODPUT_FILE = "goodput.json"
 # What a price is quoted per: (words, units in it).
@@ -112,7 +118,7 @@ class Report:
             "gpu_hours": self.gpu_hours,
         }
         if self.usd is not None:
-            figures["usd"] = self.usd
+            figures[RUN_USD_FIELD] = self.usd
         per_work = self.usd_per_work(unit)
         if per_work is not None:
             figures[price_field(unit)] = per_work

@@ -103,6 +103,7 @@ def run(
     ecr = workspace.aws("ecr", region) if repository else None
     log_prefix = deployed.cluster_log_group_prefix
     cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
+    cloudformation = workspace.aws("cloudformation", region) if log_prefix else None
     checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
     stack.destroy(on_output=say, color="never")
     deleted = []
@@ -112,7 +113,9 @@ def run(
         if repository and repository_exists(ecr, repository):
             images = delete_repository(ecr, repository)
             say(f"deleted the repository {repository} and its {images} image(s)")
-        for group in leftovers.cluster_log_groups(cloudwatch_logs, log_prefix):
+        for group in leftovers.cluster_log_groups(
+            cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
+        ):
             cloudwatch_logs.delete_log_group(logGroupName=group.resource_id)
             say(f"deleted the log group {group.resource_id}")
         deleted = ["its data with it"]
@@ -126,7 +129,12 @@ def run(
     if repository and repository_exists(ecr, repository):
         kept.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
     # Kept because gpu:deleteDataOnDestroy is false; gone already after --delete-data.
-    kept += [log.describe() for log in leftovers.cluster_log_groups(cloudwatch_logs, log_prefix)]
+    kept += [
+        log.describe()
+        for log in leftovers.cluster_log_groups(
+            cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
+        )
+    ]
     if deployed.is_cluster:
         kept += [
             f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"

@@ -26,6 +26,14 @@ from infra.knowledge.costs import (
 )
 
 PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
+# A cluster's CloudFormation stack is named for the cluster; its Lambda functions are named
+# "pcluster-<function id>-<the UUID that ends the stack's id>", each with a log group
+# "/aws/lambda/<function name>" kept on delete under the cluster's logs' DeletionPolicy
+# (aws-parallelcluster 451cc5320d5d8a9318075990ead7f76f74372f85: cli/src/pcluster/models/
+# cluster.py, Cluster.stack_name; cli/src/pcluster/templates/cdk_builder_utils.py,
+# PCLUSTER_LAMBDA_PREFIX and PclusterLambdaConstruct; the functions CleanupResources in
+# templates/cluster_stack.py and CleanupRoute53 in templates/slurm_builder.py).
+PARALLELCLUSTER_FUNCTIONS = ("CleanupResources", "CleanupRoute53")
 
 
 @dataclass(frozen=True)
@@ -119,13 +127,45 @@ def parallelcluster_buckets(s3: Any) -> list[str]:
     )
 
 
-def cluster_log_groups(logs: Any, prefix: str | None) -> list[Leftover]:
+def cluster_log_groups(
+    logs: Any, prefix: str | None, cloudformation: Any, cluster_name: str | None
+) -> list[Leftover]:
     """The cluster's log groups, whose names start with the stack's
-    `cluster_log_group_prefix` output (none without one)."""
+    `cluster_log_group_prefix` output (none without one), and, given the cluster's name,
+    those of ParallelCluster's Lambda functions for it."""
     if not prefix:
         return []
-    pages = logs.get_paginator("describe_log_groups").paginate(logGroupNamePrefix=prefix)
-    return [_log_group(group) for page in pages for group in page["logGroups"]]
+    prefixes = [prefix]
+    if cluster_name:
+        prefixes += [
+            f"/aws/lambda/pcluster-{function}-{stack_uuid}"
+            for stack_uuid in _cluster_stack_uuids(cloudformation, cluster_name)
+            for function in PARALLELCLUSTER_FUNCTIONS
+        ]
+    return [
+        _log_group(group)
+        for name_prefix in prefixes
+        for page in logs.get_paginator("describe_log_groups").paginate(
+            logGroupNamePrefix=name_prefix
+        )
+        for group in page["logGroups"]
+    ]
+
+
+def _cluster_stack_uuids(cloudformation: Any, cluster_name: str) -> list[str]:
+    """The UUID of each CloudFormation stack the cluster had, live or deleted: ListStacks
+    keeps deleted stacks for 90 days (AWS CloudFormation API Reference, ListStacks,
+    docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_ListStacks.html); a stack
+    id is arn:...:stack/<name>/<uuid>."""
+    pages = cloudformation.get_paginator("list_stacks").paginate()
+    return sorted(
+        {
+            summary["StackId"].rsplit("/", 1)[1]
+            for page in pages
+            for summary in page["StackSummaries"]
+            if summary["StackName"] == cluster_name
+        }
+    )
 
 
 def _log_group(group: dict[str, Any]) -> Leftover:

@@ -20,7 +20,7 @@ from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.report import format_table
-from training.contract import GOODPUT_FIELD, price_field, price_words
+from training.contract import GOODPUT_FIELD, RUN_USD_FIELD, price_field, price_words
 
 LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
 
@@ -171,6 +171,8 @@ def describe_job(status: dict | None, now: datetime.datetime) -> str:
         price = status.get(price_field(status.get("unit", "tokens")))
         if price is not None:
             parts.append(price_words(price, status.get("unit", "tokens")))
+        if RUN_USD_FIELD in status:
+            parts.append(f"${status[RUN_USD_FIELD]:,.2f} for the run so far")
     if status["state"] == "training":
         parts.append(f"{_duration(status['seconds_left'])} to finish")
     if status.get("straggler_rank") is not None:  # written by training/stragglers.py

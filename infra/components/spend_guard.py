@@ -236,7 +236,8 @@ def guard_policy(
     tag_key, tag_value = cost_tag
     instances = f"arn:{partition}:ec2:{region}:{account}:instance/*"
     the_stacks = {"StringEquals": {f"aws:ResourceTag/{tag_key}": tag_value}}
-    reads = ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory"]
+    # Instances, their spot prices, and the volumes that bill beside them.
+    reads = ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory", "ec2:DescribeVolumes"]
     # A block's dates and size (the fee counted up front); Describe takes only "*".
     reads += ["ec2:DescribeCapacityReservations"] if capacity_block else []
     cluster = (

@@ -38,6 +38,12 @@ class Ledger:
     unsent: tuple[tuple[str, str], ...] = ()
     # Capacity Blocks whose whole fee is in spent_usd: each is counted once, up front.
     prepaid_blocks: tuple[str, ...] = ()
+    # (volume id, $ a month) of the stack's volumes at `accounted_until`: one deleted before
+    # the next run is counted through that run's window.
+    volumes: tuple[tuple[str, float], ...] = ()
+    # The instances that had a public IPv4 address at `accounted_until` (EC2 drops it when
+    # one stops): its hours until the stop are charged for the address too.
+    addressed: tuple[str, ...] = ()
 
     @property
     def accounted_until_time(self) -> datetime.datetime:
@@ -63,6 +69,13 @@ def to_item(ledger: Ledger) -> dict[str, Any]:
         "stop_reason": {"S": ledger.stop_reason},
         "unsent": {"L": [{"L": [{"S": part} for part in notice]} for notice in ledger.unsent]},
         "prepaid_blocks": {"L": [{"S": block} for block in ledger.prepaid_blocks]},
+        "volumes": {
+            "L": [
+                {"L": [{"S": volume_id}, {"N": _number(monthly)}]}
+                for volume_id, monthly in ledger.volumes
+            ]
+        },
+        "addressed": {"L": [{"S": instance_id} for instance_id in ledger.addressed]},
     }
     return item
 
@@ -85,6 +98,11 @@ def from_item(item: dict[str, Any]) -> Ledger:
             for notice in item.get("unsent", {"L": []})["L"]
         ),
         prepaid_blocks=tuple(b["S"] for b in item.get("prepaid_blocks", {"L": []})["L"]),
+        volumes=tuple(
+            (volume["L"][0]["S"], float(volume["L"][1]["N"]))
+            for volume in item.get("volumes", {"L": []})["L"]
+        ),
+        addressed=tuple(a["S"] for a in item.get("addressed", {"L": []})["L"]),
     )
 
 

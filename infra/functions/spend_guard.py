@@ -18,7 +18,13 @@ docs.aws.amazon.com/AWSEC2/latest/APIReference/API_Instance.html):
 Billing runs only in the `running` state: pending and stopped instances are not billed
 ("Instance state and billing", docs.aws.amazon.com/AWSEC2/latest/UserGuide/
 ec2-instance-lifecycle.html). Terminated instances stay visible for about an hour, so a run every
-few minutes sees each end.
+few minutes sees each end. Beside running time it counts what bills without it: the stack's
+EBS volumes, running or stopped (infra/functions/volumes.py), and each instance's public IPv4
+address while it runs (`PublicIpAddress`; EC2 releases an auto-assigned one when the instance
+stops: "Public IPv4 addresses", docs.aws.amazon.com/AWSEC2/latest/UserGuide/
+using-instance-addressing.html). Stopping a stack ends neither the volumes' bill nor what
+the ledger counts of them: past the budget, the stopped stack's volumes go on costing their
+monthly rate.
 
 The clock is a parameter of `run_guard`; `handler` is the Lambda entry point.
 """
@@ -39,7 +45,7 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.functions import fleet
+from infra.functions import fleet, volumes
 from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
 from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
@@ -61,12 +67,18 @@ COMPUTE_NODE = "Compute"
 HEAD_NODE = "HeadNode"
 
 
+PUBLIC_IPV4 = "public IPv4"
+EBS_VOLUME = "EBS volume"
+
+
 @dataclass(frozen=True)
 class Charge:
-    """Running time of one instance within one run's window, and its price (None: unknown)."""
+    """Billed time of one resource within one run's window, and its price (None: unknown):
+    an instance (`item` its type, `market` how it is bought), its public IPv4 address or an
+    EBS volume (`market` PUBLIC_IPV4 or EBS_VOLUME)."""
 
-    instance_id: str
-    instance_type: str
+    resource_id: str
+    item: str
     market: str
     hours: float
     usd_per_hour: float | None
@@ -185,11 +197,21 @@ def run_guard(
         if before.version == 0 and closing is not None:  # running across the boundary
             before = dataclasses.replace(before, running=closing.running)
         instances = stack_instances(ec2, settings.cost_tag)
+        disks, disks_problem = _stack_volumes(settings, ec2, instances, before, period_start)
         block_fee, block_problem = _capacity_block_fee(settings, ec2, before)
         since = max(before.accounted_until_time, period_start)
-        charges = _charges(settings, ec2, instances, before, since, now) if now > since else ()
+        charges = (
+            _charges(settings, ec2, instances, disks, before, since, now) if now > since else ()
+        )
         ledger = _account(
-            settings, before, instances, charges, now, block_fee=block_fee, rebuilt=bool(unreadable)
+            settings,
+            before,
+            instances,
+            disks,
+            charges,
+            now,
+            block_fee=block_fee,
+            rebuilt=bool(unreadable),
         )
         if read_error:
             write_error = read_error
@@ -206,7 +228,7 @@ def run_guard(
             write_error = f"the ledger could not be written ({code}): this run's count is lost"
             break
     problems = [_unreadable_notice(period, unreadable)] if unreadable and not read_error else []
-    problems += [block_problem] if block_problem else []
+    problems += [problem for problem in (disks_problem, block_problem) if problem]
     enforcement = _enforce(settings, ec2, dynamodb, instances, now) if ledger.stopped else None
     if enforcement is not None:
         problems.extend(enforcement.problems)
@@ -288,9 +310,10 @@ def _close_previous_period(
     if before is None or before.accounted_until_time >= period_start:
         return before
     instances = stack_instances(ec2, settings.cost_tag)
+    disks, _ = _stack_volumes(settings, ec2, instances, before, previous_start)
     since = max(before.accounted_until_time, previous_start)
-    charges = _charges(settings, ec2, instances, before, since, period_start)
-    closed = _account(settings, before, instances, charges, period_start)
+    charges = _charges(settings, ec2, instances, disks, before, since, period_start)
+    closed = _account(settings, before, instances, disks, charges, period_start)
     with contextlib.suppress(ClientError, BotoCoreError):  # another run closed it first
         write_ledger(dynamodb, settings.table, closed, after=before.version)
     return closed
@@ -308,22 +331,49 @@ def _opening(period: str, start: datetime.datetime) -> Ledger:
     )
 
 
+def _stack_volumes(
+    settings: GuardSettings,
+    ec2: Any,
+    instances: Iterable[dict[str, Any]],
+    before: Ledger,
+    period_start: datetime.datetime,
+) -> tuple[list[volumes.Volume], str]:
+    """The stack's volumes and "", or, when EC2 does not list them, those the ledger knew
+    (counted as present since the period began) and the problem."""
+    try:
+        return volumes.stack_volumes(
+            ec2, settings.cost_tag, instances, settings.ebs_usd_per_gb_month
+        ), ""
+    except (ClientError, BotoCoreError) as exc:
+        known = [volumes.Volume(v, period_start, monthly) for v, monthly in before.volumes]
+        return known, (
+            f"EC2 did not list the stack's volumes ({_error_code(exc)}): the ones the ledger "
+            "knew are counted, any new one is not"
+        )
+
+
 def _charges(
     settings: GuardSettings,
     ec2: Any,
     instances: Iterable[dict[str, Any]],
+    disks: Iterable[volumes.Volume],
     before: Ledger,
     since: datetime.datetime,
     now: datetime.datetime,
 ) -> tuple[Charge, ...]:
     spot_prices: dict[tuple[str, str], float | None] = {}
-    charges = []
+    charges = _volume_charges(disks, before, since, now)
     for instance in instances:
-        hours = running_hours(
-            instance, since, now, was_running=instance["InstanceId"] in before.running
-        )
+        instance_id = instance["InstanceId"]
+        hours = running_hours(instance, since, now, was_running=instance_id in before.running)
         if hours <= 0:
             continue
+        if instance.get("PublicIpAddress") or instance_id in before.addressed:
+            charges.append(
+                Charge(
+                    instance_id, PUBLIC_IPV4, PUBLIC_IPV4, hours, settings.public_ipv4_usd_per_hour
+                )
+            )
         kind = market(instance)
         if kind == Market.SPOT:
             zone = instance["Placement"]["AvailabilityZone"]
@@ -335,8 +385,33 @@ def _charges(
             price = 0.0  # its whole fee is counted already
         else:
             price = settings.price(instance["InstanceType"], kind)
-        charges.append(Charge(instance["InstanceId"], instance["InstanceType"], kind, hours, price))
+        charges.append(Charge(instance_id, instance["InstanceType"], kind, hours, price))
     return tuple(charges)
+
+
+def _volume_charges(
+    disks: Iterable[volumes.Volume],
+    before: Ledger,
+    since: datetime.datetime,
+    now: datetime.datetime,
+) -> list[Charge]:
+    """Each volume from its creation (or `since`) to `now`; one the ledger knew that is gone
+    was deleted at a time EC2 no longer says: counted through the window."""
+    month_hours = volumes.hours_in_month(since)
+    present = {disk.volume_id for disk in disks}
+    spans = [(d.volume_id, d.usd_per_month, d.created) for d in disks]
+    spans += [(v, monthly, since) for v, monthly in before.volumes if v not in present]
+    return [
+        Charge(
+            volume_id,
+            EBS_VOLUME,
+            EBS_VOLUME,
+            _overlap(created, now, since, now) / 3600,
+            monthly / month_hours,
+        )
+        for volume_id, monthly, created in spans
+        if created < now
+    ]
 
 
 def _spot_price(
@@ -365,6 +440,7 @@ def _account(
     settings: GuardSettings,
     before: Ledger,
     instances: Iterable[dict[str, Any]],
+    disks: Iterable[volumes.Volume],
     charges: Iterable[Charge],
     now: datetime.datetime,
     *,
@@ -391,9 +467,7 @@ def _account(
         )
     unpriced = [charge for charge in charges if charge.usd_per_hour is None]
     if unpriced:
-        named = ", ".join(
-            sorted({f"{c.instance_type} ({c.market}, {c.instance_id})" for c in unpriced})
-        )
+        named = ", ".join(sorted({f"{c.item} ({c.market}, {c.resource_id})" for c in unpriced}))
         reasons.append(
             f"the guard has no price in {settings.region} for {named}, so it cannot count "
             "what they cost and stops the stack rather than count them as free; add the "
@@ -403,6 +477,14 @@ def _account(
     running = tuple(
         sorted(i["InstanceId"] for i in instances if i["State"]["Name"] in STOPPABLE_STATES)
     )
+    addressed = tuple(
+        sorted(
+            i["InstanceId"]
+            for i in instances
+            if i["State"]["Name"] in STOPPABLE_STATES and i.get("PublicIpAddress")
+        )
+    )
+    latest = now >= before.accounted_until_time
     notified = before.notified_thresholds
     if before.budget_usd != settings.budget_usd:  # a new budget: thresholds of the new one
         notified = tuple(t for t in notified if spent >= settings.budget_usd * t / 100)
@@ -415,7 +497,9 @@ def _account(
         stop_reason="; ".join(reasons),
         updated_at=now.isoformat(),
         accounted_until=accounted_until.isoformat(),
-        running=running if now >= before.accounted_until_time else before.running,
+        running=running if latest else before.running,
+        volumes=tuple((d.volume_id, d.usd_per_month) for d in disks) if latest else before.volumes,
+        addressed=addressed if latest else before.addressed,
         prepaid_blocks=prepaid,
         version=before.version + 1,
     )

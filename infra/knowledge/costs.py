@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
+from infra.functions.settings import EBS_USD_PER_GB_MONTH, PUBLIC_IPV4_USD_PER_HOUR
 
 if TYPE_CHECKING:
     from infra.config.guardrails import GuardrailConfig
@@ -39,11 +40,10 @@ SPEND_GUARD_TIMEOUT_SECONDS = 60
 HOURS_PER_MONTH = 730
 # gp3 storage, billed while the volume exists, the instance running or stopped ("Amazon EBS
 # pricing", aws.amazon.com/ebs/pricing/); snapshots.
-GP3_USD_PER_GB_MONTH = 0.08
+GP3_USD_PER_GB_MONTH = EBS_USD_PER_GB_MONTH["gp3"]  # the spend guard's table, one copy
 SNAPSHOT_USD_PER_GB_MONTH = 0.05
-# Every public IPv4 address, attached or not, since 2024-02-01 ("Amazon VPC pricing",
-# aws.amazon.com/vpc/pricing/, "Public IPv4 addresses"); a NAT gateway before data.
-PUBLIC_IPV4_USD_PER_HOUR = 0.005
+# Every public IPv4 address, attached or not (PUBLIC_IPV4_USD_PER_HOUR, the spend guard's);
+# a NAT gateway before data ("Amazon VPC pricing", aws.amazon.com/vpc/pricing/).
 NAT_GATEWAY_USD_PER_HOUR = 0.045
 # S3 Standard, first 50 TB a month ("Amazon S3 pricing", aws.amazon.com/s3/pricing/).
 S3_STANDARD_USD_PER_GB_MONTH = 0.023

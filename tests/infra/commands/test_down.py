@@ -194,3 +194,43 @@ def test_down_of_a_cluster_lists_what_parallelcluster_keeps_apart(spot_stack, aw
     assert f"  s3://{shared} (ParallelCluster's, for every cluster of" in result
     assert f"  log group {kept_log} (0.00 GB stored): $0.00 a month" in result
     assert "another" not in result
+
+
+def test_down_of_a_cluster_lists_parallelclusters_lambda_log_groups_with_its_logs(spot_stack, aws):
+    """ParallelCluster names its Lambda functions' log groups for the UUID of the cluster's
+    CloudFormation stack, not for the cluster: found through that stack, deleted or not."""
+    stack, instance_ids, _ = spot_stack
+    cluster = COST_TAG[1]
+    stack.outputs_.update(
+        cost_tag="=".join(COST_TAG),
+        cluster="slurm",
+        cluster_name=cluster,
+        cluster_log_group_prefix=f"/aws/parallelcluster/{cluster}-",
+    )
+    cloudformation, logs = aws.client("cloudformation"), aws.client("logs")
+    template = json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}})
+    stack_id = cloudformation.create_stack(StackName=cluster, TemplateBody=template)["StackId"]
+    other_id = cloudformation.create_stack(StackName="another", TemplateBody=template)["StackId"]
+    stack_uuid, other_uuid = stack_id.split("/")[2], other_id.split("/")[2]
+    kept = [
+        f"/aws/lambda/pcluster-CleanupResources-{stack_uuid}",
+        f"/aws/lambda/pcluster-CleanupRoute53-{stack_uuid}",
+    ]
+    for name in [*kept, f"/aws/lambda/pcluster-CleanupResources-{other_uuid}"]:
+        logs.create_log_group(logGroupName=name)
+
+    def destroy(options):
+        aws.client("ec2").terminate_instances(InstanceIds=instance_ids)
+        cloudformation.delete_stack(StackName=cluster)  # ParallelCluster's stack goes too
+
+    stack.on_destroy = destroy
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(result, str)  # kept on purpose (the logs' DeletionPolicy), exit 0
+    for name in kept:
+        assert f"  log group {name} (0.00 GB stored): $0.00 a month" in result
+    assert other_uuid not in result
+
+    deleted = down.run(_args(delete_data=True), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(deleted, str)
+    remaining = [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]
+    assert remaining == [f"/aws/lambda/pcluster-CleanupResources-{other_uuid}"]

@@ -71,14 +71,14 @@ def test_the_runs_goodput_and_price_from_the_trainer(aws, stub_stack):
     progress = json.loads(
         aws.client("s3").get_object(Bucket=BUCKET, Key=f"checkpoints/{STATUS_NAME}")["Body"].read()
     )
-    progress.update(goodput=0.873, usd_per_billion_tokens=12.5)
+    progress.update(goodput=0.873, usd_per_billion_tokens=12.5, usd=1234.5)
     aws.client("s3").put_object(
         Bucket=BUCKET, Key=f"checkpoints/{STATUS_NAME}", Body=json.dumps(progress)
     )
     job = next(
         line for line in status.run(ARGS, now=lambda: NOW).splitlines() if line.startswith("job")
     )
-    assert "goodput 87%, $12.50 per billion tokens" in job
+    assert "goodput 87%, $12.50 per billion tokens, $1,234.50 for the run so far" in job
 
 
 def _ledger_table(dynamodb, name: str) -> None:

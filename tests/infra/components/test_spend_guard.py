@@ -96,6 +96,7 @@ def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_ow
     assert statements["ReadInstancesAndSpotPrices"]["Action"] == [
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
+        "ec2:DescribeVolumes",
     ]
     assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
     assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]

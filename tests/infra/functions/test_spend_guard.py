@@ -14,11 +14,13 @@ from infra.functions.spend_guard import handler, market, run_guard, running_hour
 from tests.infra.functions.world import (
     COST_TAG,
     PRICES,
+    PUBLIC_IPV4_USD_PER_HOUR,
     SCHEDULE,
     THRESHOLDS,
     World,
     guard,
     notices,
+    root_volume_hourly,
     settings,
 )
 from tests.support.infra import data_file_head_node, data_file_prices
@@ -45,7 +47,7 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
         2401: lambda: world.terminate(script_state["dynamic"]),
     }
     script_state: dict[str, str] = {}
-    stop_run = None
+    stop_run, spent_at_stop = None, 0.0
     worst_gap = 0.0  # the largest |ledger - true spend| seen after any run
     for minute in range(0, 7 * 24 * 60 + 1):
         if minute in script:
@@ -59,7 +61,7 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
             assert gap >= -1e-6, f"undercounted by ${-gap:.4f} at minute {minute}"
             worst_gap = max(worst_gap, gap)
             if ledger.stopped and stop_run is None:
-                stop_run = minute
+                stop_run, spent_at_stop = minute, world.spend()
                 # Within this one run every running instance of the stack was stopped.
                 assert world.running_ids() == set()
                 assert set(outcome.stopped_instances) == {on_demand, script_state["replacement"]}
@@ -73,9 +75,14 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
     subjects = notices(aws["sqs"], queue)
 
     assert stop_run is not None, "the budget was never reached"
-    # Over the whole week the stack ran past its budget by at most one period of its price.
+    # The stack ran past its budget by at most one period of its price; after the stop only
+    # the two stopped instances' root volumes bill.
     full_price = PRICES["p4d.24xlarge"]["on-demand"] + PRICES["p4d.24xlarge"]["spot"]
-    assert world.spend() - budget <= full_price * SCHEDULE.total_seconds() / 3600
+    assert spent_at_stop - budget <= full_price * SCHEDULE.total_seconds() / 3600
+    stopped_hours = (7 * 24 * 60 + 1 - stop_run) / 60
+    assert world.spend() - spent_at_stop == pytest.approx(
+        2 * root_volume_hourly(31) * stopped_hours
+    )
     # Every interval was dated except the spot interruption: off by at most one run of it.
     assert worst_gap <= PRICES["p4d.24xlarge"]["spot"] * SCHEDULE.total_seconds() / 3600 + 1e-6
     assert sorted(subjects) == sorted(
@@ -93,9 +100,11 @@ def test_instances_started_after_the_stop_are_stopped_until_the_budget_is_raised
     outcome = guard(aws, world, settings(topic_arn, 50.0))
     assert outcome.stopped_instances == (node,) and outcome.ledger.stopped
     world.advance(minutes=5)
-    again = guard(aws, world, settings(topic_arn, 50.0))  # nothing runs: nothing changes
+    again = guard(aws, world, settings(topic_arn, 50.0))  # nothing runs: nothing to stop
     assert again.stopped_instances == () and again.notices == ()
-    assert again.ledger.spent_usd == outcome.ledger.spent_usd
+    # Only the stopped instance's root volume adds to the spend.
+    stored = 5 / 60 * root_volume_hourly(31)
+    assert again.ledger.spent_usd == pytest.approx(outcome.ledger.spent_usd + stored)
     world.advance(minutes=3)
     world.start(node)  # someone starts it again
     world.advance(minutes=2)
@@ -181,8 +190,11 @@ def test_an_instance_without_a_price_stops_the_stack_and_says_why(aws, topic):
     assert world.running_ids() == set()
     reason = outcome.ledger.stop_reason
     assert "no price in us-east-1 for g5.xlarge (on-demand" in reason and unpriced in reason
-    # The priced instance is counted; the unpriced one is not passed off as free spend.
-    assert outcome.ledger.spent_usd == pytest.approx(0.5 * PRICES["p4d.24xlarge"]["on-demand"])
+    # The priced instance is counted; the unpriced one is not passed off as free spend. Both
+    # addresses and root volumes are priced.
+    beside = 2 * (PUBLIC_IPV4_USD_PER_HOUR + root_volume_hourly(31))
+    expected = 0.5 * (PRICES["p4d.24xlarge"]["on-demand"] + beside)
+    assert outcome.ledger.spent_usd == pytest.approx(expected)
     assert notices(aws["sqs"], queue) == [f"{COST_TAG[1]}: spend guard stopped 2 instance(s)"]
 
 
@@ -195,10 +207,11 @@ def test_a_new_period_starts_a_new_ledger(aws, topic):
     world.advance(hours=2)
     january = guard(aws, world, config).ledger
     assert january.period == "2027-01"
-    assert january.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])  # one hour
+    hourly = PRICES["p4d.24xlarge"]["on-demand"] + PUBLIC_IPV4_USD_PER_HOUR
+    assert january.spent_usd == pytest.approx(hourly + root_volume_hourly(31))  # one hour
     # December's last hour (23:00 to midnight) is counted in December, by January's first run.
     december = read_ledger(aws["dynamodb"], "ledger", "2026-12")
-    assert december.spent_usd == pytest.approx(PRICES["p4d.24xlarge"]["on-demand"])
+    assert december.spent_usd == pytest.approx(hourly + root_volume_hourly(31))
     assert december.accounted_until == "2027-01-01T00:00:00+00:00"
     assert read_ledger(aws["dynamodb"], "ledger", "2026-11") is None  # never written
 
@@ -331,6 +344,7 @@ def test_a_slurm_clusters_head_node_and_compute_node_are_priced_not_failed_safe(
     assert outcome.stopped_instances == ()
     assert world.running_ids() == {head_node, compute_node}
     compute_price = data_file_prices(compute_type).on_demand_usd_per_hour
-    expected = 0.5 * (head.on_demand_usd_per_hour + compute_price)
+    beside = 2 * (PUBLIC_IPV4_USD_PER_HOUR + root_volume_hourly(31))
+    expected = 0.5 * (head.on_demand_usd_per_hour + compute_price + beside)
     assert outcome.ledger.spent_usd == pytest.approx(expected)
     assert notices(aws["sqs"], queue) == []

@@ -15,12 +15,14 @@ from infra.functions.ledger import read_item, read_ledger
 from tests.infra.functions.world import (
     HEAD_NODE_TYPE,
     PRICES,
+    PUBLIC_IPV4_USD_PER_HOUR,
     SCHEDULE,
     Ec2,
     Failing,
     World,
     guard,
     notices,
+    root_volume_hourly,
     settings,
 )
 
@@ -29,6 +31,8 @@ DECEMBER = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)  # a period's fir
 P4D = PRICES["p4d.24xlarge"]
 RUN_HOURS = SCHEDULE.total_seconds() / 3600
 STACK = "gpu-training-stack-test"
+# What each running node bills beside its price in December: its address and root volume.
+BESIDE = PUBLIC_IPV4_USD_PER_HOUR + root_volume_hourly(31)
 
 
 def fleet_table(dynamodb, cluster: str) -> str:
@@ -65,16 +69,18 @@ def every_run(world: World, minutes: int, run, events=None):
         world.advance(minutes=1)
 
 
-# $100 at 2 x $9.90 + $0.192 an hour (spot) lasts 300.12 minutes, at 2 x $32.7726 + $0.192
-# (on-demand) 91.27 minutes: the runs at minutes 305 and 95 stop them.
+# $100 at 2 x $9.90 + $0.192 an hour (spot) and three nodes' addresses and volumes
+# ($0.0061 each) lasts 299.85 minutes, at 2 x $32.7726 + $0.192 (on-demand) 91.25 minutes: the
+# runs at minutes 300 and 95 stop them.
 @pytest.mark.parametrize(
-    ("spot", "hourly", "runs_out", "stop"),
-    [(True, 2 * 9.9 + 0.192, 300.12, 305), (False, 2 * 32.7726 + 0.192, 91.27, 95)],
+    ("spot", "hourly", "stop"),
+    [(True, 2 * 9.9 + 0.192 + 3 * BESIDE, 300), (False, 2 * 32.7726 + 0.192 + 3 * BESIDE, 95)],
     ids=["spot", "on-demand"],
 )
 def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
-    aws, topic, spot, hourly, runs_out, stop
+    aws, topic, spot, hourly, stop
 ):
+    runs_out = 100.0 / hourly * 60
     topic_arn, queue = topic
     world = World(aws["ec2"], MONDAY)
     ec2 = Ec2(aws["ec2"], world)  # EC2 refuses to stop the one-time spot compute nodes
@@ -97,7 +103,12 @@ def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
     every_run(world, 24 * 60, run)
 
     assert stops == [stop]
-    assert world.spend() - 100.0 == pytest.approx(hourly * (stop - runs_out) / 60, abs=0.01)
+    # Past the stop only the stopped head node's root volume bills (the compute nodes' went
+    # with them).
+    after_stop = (24 * 60 - stop) / 60 * root_volume_hourly(31)
+    assert world.spend() - 100.0 == pytest.approx(
+        hourly * (stop - runs_out) / 60 + after_stop, abs=0.01
+    )
     fleet = aws["dynamodb"].get_item(TableName=table, Key={"Id": {"S": "COMPUTE_FLEET"}})["Item"]
     assert fleet["Data"]["M"]["status"]["S"] == "STOP_REQUESTED"
     stopped_at = MONDAY + datetime.timedelta(minutes=stop)
@@ -196,7 +207,11 @@ def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic)
     fee = 48 * 2 * 14.75  # hours x instances x the block's rate: $1,416, over the budget
     assert outcomes[0].ledger.spent_usd == pytest.approx(fee)
     assert outcomes[0].ledger.stopped and outcomes[0].stopped_instances == (head,)
-    assert outcomes[-1].ledger.spent_usd == pytest.approx(fee)  # counted once
+    # Counted once; the block's nodes' addresses and volumes, and the stopped head node's
+    # volume, bill beside it.
+    assert outcomes[-1].ledger.spent_usd == pytest.approx(fee + world.spend())
+    hours = (24 * 60 + 1) / 60  # the world's clock after its last run
+    assert world.spend() == pytest.approx(2 * hours * BESIDE + hours * root_volume_hourly(31))
     assert world.running_ids() == block
     assert notices(aws["sqs"], queue).count(f"{STACK}: spend guard stopped 1 instance(s)") == 1
 
@@ -228,7 +243,9 @@ def test_an_instance_pending_at_one_run_and_stopped_before_the_next_is_counted(a
     world.stop(node)
     world.advance(minutes=2)
     ledger = guard(aws, world, config).ledger
-    assert world.spend() == pytest.approx(P4D["on-demand"] * 2 / 60)
+    # Two minutes running; its volume from the launch, five.
+    expected = (P4D["on-demand"] + PUBLIC_IPV4_USD_PER_HOUR) * 2 / 60
+    assert world.spend() == pytest.approx(expected + root_volume_hourly(31) * 5 / 60)
     assert world.spend() <= ledger.spent_usd <= world.spend() + P4D["on-demand"] * RUN_HOURS
 
 
@@ -243,9 +260,11 @@ def test_the_old_period_is_counted_to_its_last_instant(aws, topic):
     guard(aws, world, config)  # 00:02
     november = read_ledger(aws["dynamodb"], "ledger", "2026-11")
     december = read_ledger(aws["dynamodb"], "ledger", "2026-12")
-    assert november.spent_usd == pytest.approx(P4D["on-demand"] * 2)  # 22:00 to midnight
+    # 22:00 to midnight, the volume at November's (30-day) monthly rate.
+    november_hourly = P4D["on-demand"] + PUBLIC_IPV4_USD_PER_HOUR + root_volume_hourly(30)
+    assert november.spent_usd == pytest.approx(november_hourly * 2)
     assert november.accounted_until == "2026-12-01T00:00:00+00:00"
-    assert december.spent_usd == pytest.approx(P4D["on-demand"] * 2 / 60)
+    assert december.spent_usd == pytest.approx((P4D["on-demand"] + BESIDE) * 2 / 60)
 
 
 def test_each_undated_interruption_counts_at_most_one_run_too_much(aws, topic):
@@ -268,5 +287,6 @@ def test_each_undated_interruption_counts_at_most_one_run_too_much(aws, topic):
     every_run(world, 12 * 60, run, events)
     over = overs[-1]
     assert min(overs) >= -1e-6
-    assert over <= 5 * P4D["spot"] * RUN_HOURS + 1e-6
-    assert over == pytest.approx(5 * P4D["spot"] * 4 / 60)  # each ended 4 minutes before a run
+    # Each ended 4 minutes before a run, its address and its volume with it.
+    assert over <= 5 * (P4D["spot"] + BESIDE) * RUN_HOURS + 1e-6
+    assert over == pytest.approx(5 * (P4D["spot"] + BESIDE) * 4 / 60)

@@ -5,11 +5,15 @@ moto stamps launch and stop times with the real clock; EC2 stamps them with the 
 happen. So after each action the world sets moto's record of the instance to the simulated time,
 as EC2 would: `LaunchTime` on every start, a dated `StateTransitionReason` on a user's stop or
 termination, an undated one on a spot interruption (EC2 dates only user-initiated changes).
-The expected spend is summed from these intervals, never from the guard's code.
+The expected spend is summed from these intervals, never from the guard's code: each instance's
+running time at its price, its public IPv4 address while it runs, and its root volume from
+launch to termination (moto gives every instance an 8 GiB gp2 one, deleted with it, and a
+public address in the default subnet, released on a stop, as EC2 does).
 """
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import json
 from dataclasses import dataclass, field
@@ -29,6 +33,19 @@ PRICES = {
     HEAD_NODE_TYPE: {"on-demand": 0.192},
 }
 SCHEDULE = datetime.timedelta(minutes=5)
+# Amazon EBS pricing, us-east-1 (aws.amazon.com/ebs/pricing/): gp2 $0.10 per GB-month, by the
+# second of the calendar month; a public IPv4 address $0.005 an hour
+# (aws.amazon.com/blogs/aws/new-aws-public-ipv4-address-charge-public-ip-insights/).
+ROOT_VOLUME_GIB = 8
+GP2_USD_PER_GB_MONTH = 0.10
+PUBLIC_IPV4_USD_PER_HOUR = 0.005
+
+
+def root_volume_hourly(days_in_month: int) -> float:
+    """$/h of one moto root volume in a month of that many days."""
+    return ROOT_VOLUME_GIB * GP2_USD_PER_GB_MONTH / (days_in_month * 24)
+
+
 THRESHOLDS = (50.0, 80.0, 100.0)
 
 
@@ -53,7 +70,9 @@ class Node:
     spot: bool
     tagged: bool
     capacity_block: bool = False
+    addressed: bool = False  # EC2 gave it a public IPv4 address
     intervals: list[list[datetime.datetime | None]] = field(default_factory=list)
+    volume_span: list[datetime.datetime | None] = field(default_factory=list)  # [created, deleted]
 
     @property
     def price(self) -> float:
@@ -97,7 +116,19 @@ class World:
         (instance,) = self.ec2.run_instances(
             ImageId=self.image_id, InstanceType=instance_type, MinCount=1, MaxCount=1, **extra
         )["Instances"]
-        node = Node(instance["InstanceId"], instance_type, spot, tagged, capacity_block)
+        node = Node(
+            instance["InstanceId"],
+            instance_type,
+            spot,
+            tagged,
+            capacity_block,
+            addressed=bool(instance.get("PublicIpAddress")),
+            volume_span=[self.now, None],
+        )
+        for mapping in instance["BlockDeviceMappings"]:
+            ec2_backends[ACCOUNT][REGION].get_volume(
+                mapping["Ebs"]["VolumeId"]
+            ).create_time = self.now.replace(tzinfo=None)
         if capacity_block:  # moto has no Capacity Blocks: EC2 marks their instances so
             _record(node.instance_id).lifecycle = "capacity-block"
         self.nodes[node.instance_id] = node
@@ -141,17 +172,22 @@ class World:
     def terminate(self, instance_id: str) -> None:
         self.ec2.terminate_instances(InstanceIds=[instance_id])
         self._ended(self.nodes[instance_id], dated=True)
+        self.nodes[instance_id].volume_span[1] = self.now
 
     def interrupt(self, instance_id: str) -> None:
         """EC2 reclaims a spot instance: terminated, with no date in the reason."""
         self.ec2.terminate_instances(InstanceIds=[instance_id])
         self._ended(self.nodes[instance_id], dated=False)
+        self.nodes[instance_id].volume_span[1] = self.now
 
     def sync(self) -> None:
-        """Date the stops someone else (the guard) made since the last look."""
+        """Date the stops and terminations someone else (the guard) made since the last look."""
         for node in self.nodes.values():
-            if node.running() and _record(node.instance_id)._state.name != "running":
+            state = _record(node.instance_id)._state.name
+            if node.running() and state != "running":
                 self._ended(node, dated=True)
+            if state == "terminated" and node.volume_span[1] is None:
+                node.volume_span[1] = self.now
 
     def spend(self, *, tagged: bool = True) -> float:
         """$ the tagged instances ran up so far, from the intervals written down."""
@@ -159,13 +195,22 @@ class World:
         for node in self.nodes.values():
             if node.tagged != tagged:
                 continue
+            hourly = node.price + (PUBLIC_IPV4_USD_PER_HOUR if node.addressed else 0.0)
             for start, end in node.intervals:
-                total += ((end or self.now) - start).total_seconds() / 3600 * node.price
+                total += ((end or self.now) - start).total_seconds() / 3600 * hourly
+            created, deleted = node.volume_span
+            total += _root_volume_usd(created, deleted or self.now)
         return total
 
     def hourly(self) -> float:
-        """$/h of the tagged instances running now."""
-        return sum(n.price for n in self.nodes.values() if n.tagged and n.running())
+        """$/h of the tagged instances now: running ones, and the volumes of any not ended."""
+        days = calendar.monthrange(self.now.year, self.now.month)[1]
+        return sum(
+            (n.price + (PUBLIC_IPV4_USD_PER_HOUR if n.addressed else 0.0) if n.running() else 0.0)
+            + (root_volume_hourly(days) if n.volume_span[1] is None else 0.0)
+            for n in self.nodes.values()
+            if n.tagged
+        )
 
     def running_ids(self, *, tagged: bool = True) -> set[str]:
         return {i for i, n in self.nodes.items() if n.tagged == tagged and n.running()}
@@ -229,6 +274,19 @@ class Failing:
 
     def _fail(self, **_: Any) -> Any:
         raise ClientError({"Error": {"Code": self._code, "Message": "failing"}}, self._operation)
+
+
+def _root_volume_usd(start: datetime.datetime, end: datetime.datetime) -> float:
+    """One root volume from `start` to `end`, each calendar month at its own length."""
+    total = 0.0
+    while start < end:
+        days = calendar.monthrange(start.year, start.month)[1]
+        month_end = start.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        month_end += datetime.timedelta(days=days)
+        upto = min(end, month_end)
+        total += (upto - start).total_seconds() / 3600 * root_volume_hourly(days)
+        start = upto
+    return total
 
 
 def _record(instance_id: str) -> Any:
