@@ -28,6 +28,7 @@ from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import QuotaNeed, quota_need
 from infra.knowledge.resolver import DEFAULT_PLAN_REGION, Plan
+from infra.planning import resolve_plan
 from infra.report import format_table
 
 GIB = 2**30
@@ -212,7 +213,7 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     priced = region if region in load_catalog().prices.regions else DEFAULT_PLAN_REGION
     if path.is_file():
         stack = load_stack_file(path)
-        plan, spot = stack.resolve_plan(priced), stack.spot
+        plan, spot = resolve_plan(stack, priced), stack.spot
     else:
         plan, spot = resolve_profile(name, region=priced), False
     checks = run_checks(

@@ -6,13 +6,12 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
 
 if TYPE_CHECKING:
-    from infra.config.guardrails import GuardrailConfig
     from infra.knowledge.resolver import Plan
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
@@ -123,8 +122,20 @@ def hourly_usd(plan: Plan, market: Market) -> float:
     return plan.on_demand_usd_per_hour
 
 
+class Budget(Protocol):
+    """The budget settings a cost summary needs (infra.config.guardrails.GuardrailConfig has
+    them); a Protocol, so knowledge stays below config in the import graph."""
+
+    @property
+    def budget_usd(self) -> float: ...
+    @property
+    def budget_period(self) -> str: ...  # "MONTHLY" or "DAILY"
+    @property
+    def max_runtime_hours(self) -> float | None: ...
+
+
 def cost_summary(
-    plan: Plan, config: GuardrailConfig, *, market: Market = Market.ON_DEMAND
+    plan: Plan, config: Budget, *, market: Market = Market.ON_DEMAND
 ) -> dict[str, Any]:
     """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
 
