@@ -26,9 +26,11 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from common.errors import describe
 from infra.config.guardrails import GuardrailConfig
+from infra.config.values import ConfigBool
 from infra.errors import ConfigError
 from infra.functions.market import Market
 from infra.knowledge.resolver import MAX_NODES
@@ -59,9 +61,10 @@ class S3Uri(BaseModel):
 
 
 class StackConfig(BaseModel):
-    """All `gpu:` keys of one stack. Field aliases are the config key names."""
+    """All `gpu:` keys of one stack: each key is its field's name in camelCase, as for
+    GuardrailConfig."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel)
 
     profile: str = Field(
         "a100x8",
@@ -70,14 +73,12 @@ class StackConfig(BaseModel):
     )
     instance_type: str | None = Field(
         None,
-        alias="instanceType",
         description="another catalog instance type (infra/knowledge/data/instances.toml); the "
         "image variant is then chosen again for it unless `gpu:imageVariant` is set",
         json_schema_extra={"default_text": "the profile's"},
     )
     image_variant: str | None = Field(
         None,
-        alias="imageVariant",
         description="image variant from images/matrix.toml (`cu128`, `cu130`, ... or "
         "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
         json_schema_extra={"default_text": "the profile's (`auto`)"},
@@ -90,14 +91,13 @@ class StackConfig(BaseModel):
         "(the queue's node limit). Without EFA the plan warns that NCCL falls back to TCP",
         json_schema_extra={"default_text": "the profile's (1)"},
     )
-    spot: bool = Field(
+    spot: ConfigBool = Field(
         False,
         description="`true`: spot instances (persistent request, stop on interruption); "
         "`false`: on-demand. Only `true` or `false`",
     )
     image_tag: str | None = Field(
         None,
-        alias="imageTag",
         description="tag of the training image in the stack's ECR repository",
         json_schema_extra={
             "default_text": "the variant's release tag, e.g. `0.1.0-torch2.13.0-cu130-py3.12`"
@@ -105,7 +105,6 @@ class StackConfig(BaseModel):
     )
     train_config: Path | None = Field(
         None,
-        alias="trainConfig",
         description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
         "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
         "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
@@ -115,20 +114,18 @@ class StackConfig(BaseModel):
     )
     data_s3_uri: S3Uri | None = Field(
         None,
-        alias="dataS3Uri",
         description="`s3://bucket/prefix` synced into `/scratch/data` on every boot; the "
         "container gets `TRAIN_DATA_PATH`; the role may read that prefix only",
     )
     ssh_cidr: ipaddress.IPv4Network | None = Field(
         None,
-        alias="sshCidr",
         description="an IPv4 CIDR allowed to reach port 22; `0.0.0.0/0` is refused. Use SSM "
         "instead when you can",
         json_schema_extra={"default_text": "unset (no SSH)"},
     )
     root_volume_gib: int = Field(
         500,
-        alias="rootVolumeGiB",
+        alias="rootVolumeGiB",  # not to_camel's rootVolumeGib
         ge=100,
         le=16384,
         description="encrypted gp3 root volume (100-16384 GiB): the image, checkpoints and run "
@@ -136,32 +133,27 @@ class StackConfig(BaseModel):
     )
     log_retention_days: int = Field(
         30,
-        alias="logRetentionDays",
         description="retention of the stack's CloudWatch Logs group (a CloudWatch value: 1, 3, "
         "5, 7, 14, 30, 60, 90, ...)",
     )
     availability_zone: str | None = Field(
         None,
-        alias="availabilityZone",
         description="zone for every node; refused when it does not offer the instance type",
         json_schema_extra={"default_text": "the first zone that offers the type"},
     )
-    use_default_vpc: bool = Field(
+    use_default_vpc: ConfigBool = Field(
         False,
-        alias="useDefaultVpc",
         description="`true`: use the account's default VPC and its default subnet in the zone "
         "instead of creating a VPC",
     )
     capacity_reservation_id: str | None = Field(
         None,
-        alias="capacityReservationId",
         description="an On-Demand Capacity Reservation (`cr-...`) the nodes launch into: "
         "capacity held for you, billed at the on-demand rate from its start until cancelled, "
         "used or not. Not with `gpu:spot`",
     )
     capacity_block_id: str | None = Field(
         None,
-        alias="capacityBlockId",
         description="the reservation id (`cr-...`) of an EC2 Capacity Block for ML the nodes "
         "launch into (market type `capacity-block`): GPU time bought up front for fixed dates. "
         "Not with `gpu:spot` or `gpu:capacityReservationId`",
@@ -175,29 +167,18 @@ class StackConfig(BaseModel):
     )
     parallel_cluster_version: str | None = Field(
         None,
-        alias="parallelClusterVersion",
         description="ParallelCluster release of the cluster (infra/knowledge/data/"
         "parallelcluster.toml); its AMIs' NVIDIA driver must run the image variant "
         "(3.14.0: 570.172.08, no `cu130`). Only with `gpu:cluster`",
         json_schema_extra={"default_text": "the file's default (`3.15.1`)"},
     )
-    delete_data_on_destroy: bool = Field(
+    delete_data_on_destroy: ConfigBool = Field(
         False,
-        alias="deleteDataOnDestroy",
         description="`true`: `pulumi destroy` also deletes the checkpoint bucket with every "
         "object version and the image repository with its images; `false`: destroy keeps them, "
         "as they are, and lists them (docs/costs.md)",
     )
     guardrails: GuardrailConfig
-
-    @field_validator("spot", "use_default_vpc", "delete_data_on_destroy", mode="before")
-    @classmethod
-    def _strict_bool(cls, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ValueError("must be true or false")
 
     @field_validator("nodes", "root_volume_gib", "log_retention_days", mode="before")
     @classmethod
