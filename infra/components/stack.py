@@ -203,7 +203,7 @@ class TrainingStack(pulumi.ComponentResource):
             "market": config.market,
             "price_model": price_model(
                 plan,
-                spot=config.spot,
+                market=config.market,
                 capacity_reservation_id=config.capacity_reservation_id,
                 capacity_block_id=config.capacity_block_id,
             ),
@@ -273,7 +273,7 @@ class TrainingStack(pulumi.ComponentResource):
                 region=region,
                 # ParallelCluster tags what it creates (the nodes too) with these.
                 tags={tag_key: tag_value},
-                spot=config.spot,
+                market=config.market,
                 # The head node sits in the stack's private subnet: SSH, if any, from
                 # gpu:sshCidr (over a VPN or peering), else from inside the VPC only.
                 ssh_allowed_cidr=str(config.ssh_cidr) if config.ssh_cidr else VPC_CIDR,

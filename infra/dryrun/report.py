@@ -139,7 +139,7 @@ def describe_stack(stack: StackConfig, region: str) -> str:
             "price model    "
             + price_model(
                 plan,
-                spot=stack.spot,
+                market=stack.market,
                 capacity_reservation_id=stack.capacity_reservation_id,
                 capacity_block_id=stack.capacity_block_id,
             ),

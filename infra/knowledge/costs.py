@@ -173,13 +173,14 @@ def cost_summary(
 def price_model(
     plan: Plan,
     *,
-    spot: bool,
+    market: Market,
     capacity_reservation_id: str | None = None,
     capacity_block_id: str | None = None,
 ) -> str:
-    """How the stack's nodes are paid for, in one sentence."""
+    """How the stack's nodes are paid for in `market`, in one sentence (naming the
+    reservation or block, when the market has one)."""
     on_demand = plan.on_demand_usd_per_hour
-    if capacity_block_id is not None:
+    if market is Market.CAPACITY_BLOCK:
         rate = plan.price.capacity_block_usd_per_hour
         quoted = (
             f"about ${rate * plan.nodes:.2f}/h for {plan.nodes} x {plan.instance.type} "
@@ -193,13 +194,13 @@ def price_model(
             "ends them with the block. The spend guard counts the block once, up front, and "
             "never stops its nodes (that would save nothing)"
         )
-    if capacity_reservation_id is not None:
+    if market is Market.RESERVATION:
         return (
             f"On-Demand Capacity Reservation {capacity_reservation_id}: ${on_demand:.2f}/h (the "
             "on-demand rate) from the reservation's start until it is cancelled, used or not; "
             "nodes running in it add nothing"
         )
-    if spot:
+    if market is Market.SPOT:
         return (
             f"spot: about ${plan.spot_usd_per_hour:.2f}/h while the nodes run (the spot price "
             "moves; interruptions stop them)"
