@@ -50,10 +50,20 @@ def case(request):
     return expected, spot, run
 
 
+# Every profile's GPU runs the DLAMI Base OSS Nvidia Driver GPU AMI on Amazon Linux 2023: its
+# SSM parameter ("Finding the ID of a DLAMI", docs.aws.amazon.com/dlami/latest/devguide/
+# find-dlami-id.html) and root device (EC2 User Guide, "Device names for volumes").
+AL2023_DLAMI = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023"
+    "/latest/ami-id"
+)
+AL2023_ROOT_DEVICE = "/dev/xvda"
+
+
 def test_ami_is_the_resolvers_ssm_parameter(case):
     plan, _, run = case
     template = one(run, LAUNCH_TEMPLATE).inputs
-    assert template["imageId"] == f"resolve:ssm:{plan.ami.ssm_parameter}"
+    assert template["imageId"] == f"resolve:ssm:{AL2023_DLAMI}"
     assert template["instanceType"] == plan.instance.type
 
 
@@ -66,15 +76,14 @@ def test_imdsv2_required_with_two_hops_for_containers(case):
 
 
 def test_root_volume_is_encrypted_gp3_and_sized(case):
-    plan, _, run = case
+    _, _, run = case
     (root,) = one(run, LAUNCH_TEMPLATE).inputs["blockDeviceMappings"]
     assert root["ebs"] == root["ebs"] | {
         "encrypted": "true",
         "volumeType": "gp3",
         "volumeSize": 500,
     }
-    expected_device = "/dev/sda1" if plan.ami.os.startswith("Ubuntu") else "/dev/xvda"
-    assert root["deviceName"] == expected_device
+    assert root["deviceName"] == AL2023_ROOT_DEVICE
 
 
 def test_no_inbound_from_the_internet_and_no_ssh(case):
@@ -214,7 +223,7 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
 
 def test_every_node_gets_the_stacks_price_for_the_trainers_summary(case):
     plan, spot, run = case
-    catalog_price = load_catalog().prices.price("us-east-1", plan.instance.type)  # the mocks'
+    catalog_price = data_file_prices(plan.instance.type)  # us-east-1, the mocks' region
     per_node = catalog_price.spot_usd_per_hour if spot else catalog_price.on_demand_usd_per_hour
     price = per_node * plan.nodes
     for node in nodes_in_rank_order(run):
