@@ -133,3 +133,26 @@ def test_overrides_resolve_against_the_profile():
     # p4de.24xlarge, us-east-1: $27.45/h on-demand (AWS What's New 2025-06-05, the June 2025
     # P4de price cut), two of them.
     assert two.on_demand_usd_per_hour == pytest.approx(2 * 27.45)
+
+
+@pytest.mark.parametrize(
+    ("market", "hourly"),
+    [
+        # p4d.24xlarge in us-east-1 (prices.toml): $21.96 on-demand (AWS What's New
+        # 2025-06-05), $9.90 spot (upper end seen), $14.75 a Capacity Block (EC2 Capacity
+        # Blocks for ML pricing page); a reservation bills the on-demand rate.
+        ({}, 21.96),
+        ({"spot": "true"}, 9.90),
+        ({"capacityBlockId": "cr-0123456789abcdef0"}, 14.75),
+        ({"capacityReservationId": "cr-0123456789abcdef0"}, 21.96),
+    ],
+)
+def test_the_budget_check_uses_the_price_of_the_stacks_market(market, hourly):
+    def check(budget: float) -> None:
+        config = load_stack_config({**BASE_CONFIG, **market, "budgetUsd": str(budget)})
+        check_plan(config, resolve_plan(config, "us-east-1"))
+
+    check(hourly + 0.01)  # one hour fits
+    with pytest.raises(ConfigError) as raised:
+        check(hourly - 0.01)
+    assert f"less than one hour of this stack at ${hourly:.2f}/h" in str(raised.value)
