@@ -72,7 +72,7 @@ def describe(name: str, config: StackConfig, plan: Plan) -> str:
     lines = [
         f"stack       {name}: {plan.nodes} x {plan.instance.type} ({plan.gpus} x "
         f"{plan.instance.gpu_model} {plan.instance.gpu_memory_gib} GiB), "
-        f"{'spot' if config.spot else 'on-demand'}",
+        f"{config.market}",
         f"image       {config.image_tag or plan.image_tag} ({plan.variant.name}), AMI "
         f"{plan.ami.name} (driver {plan.ami.driver_version})",
         "",

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from common.records import read_toml
 from infra.errors import ConfigError
+from infra.functions.market import Market
 from infra.knowledge.resolver import Plan
 
 QUOTAS_PATH = Path(__file__).parent / "data" / "quotas.toml"
@@ -23,7 +24,7 @@ class QuotaNeed:
     vcpus: int
     instance_type: str
     nodes: int
-    market: str
+    market: Market
 
     @property
     def name(self) -> str:
@@ -38,8 +39,9 @@ def instance_family(instance_type: str) -> str:
     return match[1]
 
 
-def quota_need(plan: Plan, market: str, path: Path | None = None) -> QuotaNeed | None:
-    """The quota `plan`'s nodes count against in `market` ("on-demand", "spot"), or None."""
+def quota_need(plan: Plan, market: Market, path: Path | None = None) -> QuotaNeed | None:
+    """The quota `plan`'s nodes count against in `market` (quotas.toml names on-demand and
+    spot), or None."""
     family = instance_family(plan.instance.type)
     table = read_toml(path or QUOTAS_PATH, ConfigError).get("quota", {})
     for entry in table.values():
