@@ -65,15 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> str:
     """Instance types cheapest first, with GPUs, prices, image variants and profile."""
     region = args.region or _default_region()
+    market = Market(args.market)
     chosen = select_offers(
         load_catalog(),
         gpu=args.gpu,
         min_gpus=args.min_gpus,
-        market=Market(args.market),
+        market=market,
         max_price=args.max_price,
         region=region,
     )
-    market = args.market
     if not chosen:
         return f"no instance type in the catalog matches (prices by {market}, {region})"
     table = format_table(HEADERS, [_row(offer) for offer in chosen])
