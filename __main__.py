@@ -12,12 +12,13 @@ from infra.components.stack_config import namespace_config, provider_settings
 from infra.config.schema import load_stack_config, stack_region
 from infra.errors import ConfigError
 from infra.knowledge.quotas import quota_need
+from infra.planning import check_plan, resolve_plan
 from infra.preflight import quotas
 
 try:
     config = load_stack_config(namespace_config("gpu"))
-    plan = config.resolve_plan(stack_region(pulumi.Config("aws").get("region")))
-    config.check_plan(plan)
+    plan = resolve_plan(config, stack_region(pulumi.Config("aws").get("region")))
+    check_plan(config, plan)
     aws_settings = provider_settings(namespace_config("aws"))
     # Refuses a stack the account's vCPU quota cannot run, before any resource exists.
     checked = quotas.preflight_quota(

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.errors import ConfigError
+from infra.functions.market import Market
 from infra.knowledge.catalog import Instance
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
@@ -70,8 +71,8 @@ class ClusterSettings:
     # CIDR_ALL_IPS, pcluster/config/cluster_config.py, tag v3.15.1).
     ssh_allowed_cidr: str
     tags: dict[str, str] = field(default_factory=dict)
-    spot: bool = False
-    capacity_block_id: str | None = None  # an EC2 Capacity Block reservation id
+    market: Market = Market.ON_DEMAND
+    capacity_block_id: str | None = None  # the EC2 Capacity Block of Market.CAPACITY_BLOCK
     log_retention_days: int = 30
     # gpu:deleteDataOnDestroy: the cluster's log group goes with the stack, else it stays.
     delete_logs_on_destroy: bool = False
@@ -82,11 +83,14 @@ def compute_resource_name(instance_type: str) -> str:
     return instance_type.replace(".", "-")
 
 
-def capacity_type(spot: bool, capacity_block_id: str | None) -> str:
-    """The queue's CapacityType: a Capacity Block when one is named, else spot or on-demand."""
-    if capacity_block_id is not None:
-        return "CAPACITY_BLOCK"
-    return "SPOT" if spot else "ONDEMAND"
+# The queue's CapacityType for each market (Scheduling-v3.html, SlurmQueues, CapacityType:
+# ONDEMAND, SPOT or CAPACITY_BLOCK). A capacity reservation's instances are on-demand ones.
+CAPACITY_TYPES = {
+    Market.ON_DEMAND: "ONDEMAND",
+    Market.SPOT: "SPOT",
+    Market.CAPACITY_BLOCK: "CAPACITY_BLOCK",
+    Market.RESERVATION: "ONDEMAND",
+}
 
 
 def cluster_config(plan: Plan, settings: ClusterSettings) -> dict:
@@ -153,7 +157,8 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
         "MinCount": 0,
         "MaxCount": plan.nodes,
     }
-    if settings.capacity_block_id is not None:
+    block = settings.market is Market.CAPACITY_BLOCK
+    if block:
         # A Capacity Block's nodes are static: MinCount = MaxCount > 0, and the
         # reservation is named (pcluster's SlurmComputeResourceSizeValidator).
         resource["MinCount"] = plan.nodes
@@ -163,12 +168,12 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
     if efa_enabled(instance):
         resource["Efa"] = {"Enabled": True, "GdrSupport": True}
     networking: dict = {"SubnetIds": [settings.subnet_id]}
-    if settings.capacity_block_id is None:
+    if not block:
         # A Capacity Block brings its own placement; otherwise nodes of one job sit close.
         networking["PlacementGroup"] = {"Enabled": True}
     return {
         "Name": QUEUE,
-        "CapacityType": capacity_type(settings.spot, settings.capacity_block_id),
+        "CapacityType": CAPACITY_TYPES[settings.market],
         "Networking": networking,
         "ComputeResources": [resource],
         # nvidia-smi/DCGM checks before a job runs on a node (HealthChecks.Gpu).

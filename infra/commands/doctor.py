@@ -24,10 +24,12 @@ from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
 from infra.commands.workspace import HOW_TO_INSTALL_PULUMI
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
+from infra.functions.market import Market
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import QuotaNeed, quota_need
 from infra.knowledge.resolver import DEFAULT_PLAN_REGION, Plan
+from infra.planning import resolve_plan
 from infra.report import format_table
 
 GIB = 2**30
@@ -212,7 +214,7 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     priced = region if region in load_catalog().prices.regions else DEFAULT_PLAN_REGION
     if path.is_file():
         stack = load_stack_file(path)
-        plan, spot = stack.resolve_plan(priced), stack.spot
+        plan, spot = resolve_plan(stack, priced), stack.spot
     else:
         plan, spot = resolve_profile(name, region=priced), False
     checks = run_checks(
@@ -388,7 +390,7 @@ def region_check(region: str | None) -> Check:
 
 
 def quota_check(probes: Probes, region: str, plan: Plan, spot: bool) -> Check:
-    market = "spot" if spot else "on-demand"
+    market = Market.SPOT if spot else Market.ON_DEMAND
     need = quota_need(plan, market)
     if need is None:
         return Check("quota", "warn", f"no EC2 quota recorded for {plan.instance.type} ({market})")

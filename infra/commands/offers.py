@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from images.matrix import load_matrix
 from infra.config.stack_file import stack_file_path, stack_file_region
 from infra.errors import ConfigError
+from infra.functions.market import PRICED_MARKETS, Market
 from infra.knowledge.catalog import Catalog, Instance, load_catalog
 from infra.knowledge.prices import InstancePrice
 from infra.knowledge.profiles import load_profiles
@@ -40,7 +41,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gpu", help="GPU model, e.g. A100, H100, V100, L40S (any case)")
     parser.add_argument("--min-gpus", type=int, default=1, help="at least this many GPUs")
     parser.add_argument(
-        "--spot", action="store_true", help="sort and cap by the spot price instead of on-demand"
+        "--market",
+        choices=[market.value for market in PRICED_MARKETS],
+        default=Market.ON_DEMAND.value,
+        help="sort and cap by this market's price; a type without one is left out "
+        "(default on-demand)",
+    )
+    parser.add_argument(
+        "--spot",
+        dest="market",
+        action="store_const",
+        const=Market.SPOT.value,
+        help="the same as --market spot",
     )
     parser.add_argument("--max-price", type=float, help="at most this many USD per hour")
     parser.add_argument(
@@ -53,15 +65,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> str:
     """Instance types cheapest first, with GPUs, prices, image variants and profile."""
     region = args.region or _default_region()
+    market = Market(args.market)
     chosen = select_offers(
         load_catalog(),
         gpu=args.gpu,
         min_gpus=args.min_gpus,
-        spot=args.spot,
+        market=market,
         max_price=args.max_price,
         region=region,
     )
-    market = "spot" if args.spot else "on-demand"
     if not chosen:
         return f"no instance type in the catalog matches (prices by {market}, {region})"
     table = format_table(HEADERS, [_row(offer) for offer in chosen])
@@ -85,12 +97,12 @@ def select_offers(
     *,
     gpu: str | None = None,
     min_gpus: int = 1,
-    spot: bool = False,
+    market: Market = Market.ON_DEMAND,
     max_price: float | None = None,
     region: str = DEFAULT_PLAN_REGION,
     today: datetime.date | None = None,
 ) -> list[Offer]:
-    """The types priced in `region` that pass the filters, by price in the chosen market."""
+    """The types priced in `region` and in `market` that pass the filters, by that price."""
     try:
         prices = catalog.prices.region(region)
     except ConfigError as exc:
@@ -107,13 +119,13 @@ def select_offers(
     profiles = load_profiles()
 
     def price(instance: Instance) -> float:
-        found = prices[instance.type]
-        return found.spot_usd_per_hour if spot else found.on_demand_usd_per_hour
+        return prices[instance.type].by_market()[market]
 
     kept = [
         instance
         for instance in catalog.instances.values()
         if instance.type in prices
+        and market in prices[instance.type].by_market()
         and (gpu is None or instance.gpu_model.upper() == gpu.upper())
         and instance.gpu_count >= min_gpus
         and (max_price is None or price(instance) <= max_price)

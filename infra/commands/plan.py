@@ -18,6 +18,7 @@ from infra.knowledge.costs import cost_summary
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
+from infra.planning import resolve_plan
 from infra.report import format_cluster, format_costs, format_plan
 
 
@@ -137,7 +138,7 @@ def _stack_file_costs(profile: str, plan: Plan) -> str | None:
     if not path.is_file():
         return None
     stack = load_stack_file(path)
-    stack_plan = stack.resolve_plan(plan.price.region)
+    stack_plan = resolve_plan(stack, plan.price.region)
     # Compared by what runs, not by prices: with --catalog the plan may carry other prices.
     if _runs(stack_plan) != _runs(plan):
         return (

@@ -25,6 +25,7 @@ from infra.config.stack_file import (
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.resolver import Plan
+from infra.planning import check_plan, resolve_plan
 from infra.report import format_cost_table
 
 # The project's guardrail policies (policy/): Pulumi runs them at preview and up and fails on
@@ -59,9 +60,9 @@ def _checked(name: str) -> tuple[StackConfig, Plan]:
             "(Pulumi.a100x8.yaml, ...) to it and set gpu:alertEmails"
         )
     config = load_stack_file(path)
-    plan = config.resolve_plan(stack_region(stack_file_region(path)))
+    plan = resolve_plan(config, stack_region(stack_file_region(path)))
     try:
-        config.check_plan(plan)
+        check_plan(config, plan)
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc}") from None
     return config, plan
@@ -71,7 +72,7 @@ def describe(name: str, config: StackConfig, plan: Plan) -> str:
     lines = [
         f"stack       {name}: {plan.nodes} x {plan.instance.type} ({plan.gpus} x "
         f"{plan.instance.gpu_model} {plan.instance.gpu_memory_gib} GiB), "
-        f"{'spot' if config.spot else 'on-demand'}",
+        f"{config.market}",
         f"image       {config.image_tag or plan.image_tag} ({plan.variant.name}), AMI "
         f"{plan.ami.name} (driver {plan.ami.driver_version})",
         "",

@@ -51,13 +51,13 @@ from infra.cluster.config import (
     QUEUE,
     SETUP_SCRIPT,
     ClusterSettings,
-    capacity_type,
     cluster_config,
     efa_enabled,
 )
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
 from infra.config.schema import S3Uri
+from infra.functions.market import Market
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
@@ -94,7 +94,7 @@ class ClusterArgs:
     log_group_arn: pulumi.Input[str]
     region: pulumi.Input[str]
     tags: dict[str, str]
-    spot: bool
+    market: Market
     ssh_allowed_cidr: str  # who may reach the head node's port 22
     capacity_block_id: str | None = None
     data: S3Uri | None = None
@@ -183,7 +183,7 @@ class SlurmCluster(pulumi.ComponentResource):
     submit_command: pulumi.Output[str]
     log_group_prefix: str  # the cluster's CloudWatch Logs group starts with it
     queue: str
-    market: str  # the queue's CapacityType
+    market: Market
 
     def __init__(
         self, name: str, args: ClusterArgs, opts: pulumi.ResourceOptions | None = None
@@ -233,7 +233,7 @@ class SlurmCluster(pulumi.ComponentResource):
                 head_node=args.head_node,
                 ssh_allowed_cidr=args.ssh_allowed_cidr,
                 tags=args.tags,
-                spot=args.spot,
+                market=args.market,
                 capacity_block_id=args.capacity_block_id,
                 log_retention_days=args.log_retention_days,
                 delete_logs_on_destroy=args.delete_data_on_destroy,
@@ -270,7 +270,7 @@ class SlurmCluster(pulumi.ComponentResource):
         ).apply(lambda values: submit_command(*values[:2], f"s3://{values[2]}/{JOB_SCRIPT_KEY}"))
         self.log_group_prefix = log_group_prefix(name)
         self.queue = QUEUE
-        self.market = capacity_type(args.spot, args.capacity_block_id)
+        self.market = args.market
         self.register_outputs(
             {
                 "head_node_id": self.head_node_id,

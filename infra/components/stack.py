@@ -24,6 +24,7 @@ from infra.knowledge.costs import cost_summary, hourly_usd, price_model
 from infra.knowledge.parallelcluster import ParallelCluster, load_parallelcluster
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
+from infra.planning import train_config_text
 
 COST_TAG_KEY = "gpu-stack"
 
@@ -164,7 +165,7 @@ class TrainingStack(pulumi.ComponentResource):
                     min_driver=plan.variant.min_driver,
                     instance_store_drives=plan.instance.instance_store_nvme,
                     data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
-                    train_config=config.train_config_text,
+                    train_config=train_config_text(config),
                     usd_per_hour=hourly_usd(plan, config.market),
                     # One node attaches no EFA interface (compute.py).
                     expectation=node_expectation(plan.instance, efa_attached=False),
@@ -202,7 +203,7 @@ class TrainingStack(pulumi.ComponentResource):
             "market": config.market,
             "price_model": price_model(
                 plan,
-                spot=config.spot,
+                market=config.market,
                 capacity_reservation_id=config.capacity_reservation_id,
                 capacity_block_id=config.capacity_block_id,
             ),
@@ -255,7 +256,7 @@ class TrainingStack(pulumi.ComponentResource):
     ) -> None:
         """gpu:cluster: slurm: a ParallelCluster cluster instead of the EC2 nodes."""
         tag_key, tag_value = cost_tag()
-        # Checked with the plan (StackConfig.resolve_plan), before the first resource.
+        # Checked with the plan (infra.planning.resolve_plan), before the first resource.
         idle_usd_per_hour = parallelcluster.idle_usd_per_hour(plan.price.region)
         cluster = SlurmCluster(
             name,
@@ -272,7 +273,7 @@ class TrainingStack(pulumi.ComponentResource):
                 region=region,
                 # ParallelCluster tags what it creates (the nodes too) with these.
                 tags={tag_key: tag_value},
-                spot=config.spot,
+                market=config.market,
                 # The head node sits in the stack's private subnet: SSH, if any, from
                 # gpu:sshCidr (over a VPN or peering), else from inside the VPC only.
                 ssh_allowed_cidr=str(config.ssh_cidr) if config.ssh_cidr else VPC_CIDR,

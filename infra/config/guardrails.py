@@ -17,6 +17,7 @@ from pydantic import BeforeValidator, ConfigDict, Field, field_validator, model_
 from pydantic.alias_generators import to_camel
 
 from common.errors import describe
+from infra.config.values import ConfigBool
 from infra.errors import ConfigError
 
 CONFIG_NAMESPACE = "gpu"
@@ -72,15 +73,6 @@ def _upper(value: Any) -> Any:
 
 def _none_if_blank(value: Any) -> Any:
     return None if isinstance(value, str) and not value.strip() else value
-
-
-def _strict_bool(value: Any) -> Any:
-    """Only true or false: an override key must not be switched on by a guess like "yes"."""
-    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
-        return value.strip().lower() == "true"
-    if isinstance(value, bool):
-        return value
-    raise ValueError("it is not true or false")
 
 
 ConfigList = BeforeValidator(_list_from_config)
@@ -142,12 +134,8 @@ class GuardrailConfig(pydantic.BaseModel):
             "beyond (e.g. 72)"
         ),
     )
-    allow_budget_below_one_hour: Annotated[bool, BeforeValidator(_strict_bool)] = Field(
-        default=False, description="true or false"
-    )
-    allow_no_alerts: Annotated[bool, BeforeValidator(_strict_bool)] = Field(
-        default=False, description="true or false"
-    )
+    allow_budget_below_one_hour: ConfigBool = Field(default=False, description="true or false")
+    allow_no_alerts: ConfigBool = Field(default=False, description="true or false")
     allowed_instance_types: Annotated[tuple[str, ...] | None, ConfigList] = Field(
         default=None,
         description='a list of EC2 instance types, e.g. ["p4d.24xlarge"]',

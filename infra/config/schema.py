@@ -1,5 +1,8 @@
 """The stack's Pulumi config (namespace `gpu:`), checked before any resource exists.
 
+Values only: resolving the plan, reading gpu:trainConfig and the checks that need the plan
+are infra/planning.py's.
+
 Every key is documented in docs/stack.md. Pulumi hands config values over as
 strings (structured YAML values as JSON text), so each field parses its string
 strictly: `gpu:spot: yes` is an error, not a guess. A bad key or value raises
@@ -11,7 +14,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -24,22 +26,14 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.alias_generators import to_camel
 
 from common.errors import describe
-from images.matrix import arch_key
 from infra.config.guardrails import GuardrailConfig
+from infra.config.values import ConfigBool
 from infra.errors import ConfigError
 from infra.functions.market import Market
-from infra.knowledge.catalog import load_catalog
-from infra.knowledge.costs import hourly_usd
-from infra.knowledge.parallelcluster import load_parallelcluster
-from infra.knowledge.profiles import resolve_profile
-from infra.knowledge.resolver import AUTO, MAX_NODES, Plan, resolve
-from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
-from infra.project import find_project_root
-from training.spec.config import ConfigError as TrainConfigError
-from training.spec.config import load_config, validate
-from training.spec.selfcheck import SelfCheckError, check_precision
+from infra.knowledge.resolver import MAX_NODES
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy API).
 LOG_RETENTION_DAYS = (
@@ -67,9 +61,10 @@ class S3Uri(BaseModel):
 
 
 class StackConfig(BaseModel):
-    """All `gpu:` keys of one stack. Field aliases are the config key names."""
+    """All `gpu:` keys of one stack: each key is its field's name in camelCase, as for
+    GuardrailConfig."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", alias_generator=to_camel)
 
     profile: str = Field(
         "a100x8",
@@ -78,14 +73,12 @@ class StackConfig(BaseModel):
     )
     instance_type: str | None = Field(
         None,
-        alias="instanceType",
         description="another catalog instance type (infra/knowledge/data/instances.toml); the "
         "image variant is then chosen again for it unless `gpu:imageVariant` is set",
         json_schema_extra={"default_text": "the profile's"},
     )
     image_variant: str | None = Field(
         None,
-        alias="imageVariant",
         description="image variant from images/matrix.toml (`cu128`, `cu130`, ... or "
         "`auto`); refused when its CUDA cannot run on the GPU or no AMI's driver runs it",
         json_schema_extra={"default_text": "the profile's (`auto`)"},
@@ -98,14 +91,13 @@ class StackConfig(BaseModel):
         "(the queue's node limit). Without EFA the plan warns that NCCL falls back to TCP",
         json_schema_extra={"default_text": "the profile's (1)"},
     )
-    spot: bool = Field(
+    spot: ConfigBool = Field(
         False,
         description="`true`: spot instances (persistent request, stop on interruption); "
         "`false`: on-demand. Only `true` or `false`",
     )
     image_tag: str | None = Field(
         None,
-        alias="imageTag",
         description="tag of the training image in the stack's ECR repository",
         json_schema_extra={
             "default_text": "the variant's release tag, e.g. `0.1.0-torch2.13.0-cu130-py3.12`"
@@ -113,7 +105,6 @@ class StackConfig(BaseModel):
     )
     train_config: Path | None = Field(
         None,
-        alias="trainConfig",
         description="path (relative to Pulumi.yaml) of a training TOML shipped to every node in "
         "user data (about 5 KiB at most: user data must stay under EC2's 16 KB; no secrets); "
         "the container gets `TRAIN_CONFIG`. Checked at preview by the trainer's own code "
@@ -123,20 +114,18 @@ class StackConfig(BaseModel):
     )
     data_s3_uri: S3Uri | None = Field(
         None,
-        alias="dataS3Uri",
         description="`s3://bucket/prefix` synced into `/scratch/data` on every boot; the "
         "container gets `TRAIN_DATA_PATH`; the role may read that prefix only",
     )
     ssh_cidr: ipaddress.IPv4Network | None = Field(
         None,
-        alias="sshCidr",
         description="an IPv4 CIDR allowed to reach port 22; `0.0.0.0/0` is refused. Use SSM "
         "instead when you can",
         json_schema_extra={"default_text": "unset (no SSH)"},
     )
     root_volume_gib: int = Field(
         500,
-        alias="rootVolumeGiB",
+        alias="rootVolumeGiB",  # not to_camel's rootVolumeGib
         ge=100,
         le=16384,
         description="encrypted gp3 root volume (100-16384 GiB): the image, checkpoints and run "
@@ -144,32 +133,27 @@ class StackConfig(BaseModel):
     )
     log_retention_days: int = Field(
         30,
-        alias="logRetentionDays",
         description="retention of the stack's CloudWatch Logs group (a CloudWatch value: 1, 3, "
         "5, 7, 14, 30, 60, 90, ...)",
     )
     availability_zone: str | None = Field(
         None,
-        alias="availabilityZone",
         description="zone for every node; refused when it does not offer the instance type",
         json_schema_extra={"default_text": "the first zone that offers the type"},
     )
-    use_default_vpc: bool = Field(
+    use_default_vpc: ConfigBool = Field(
         False,
-        alias="useDefaultVpc",
         description="`true`: use the account's default VPC and its default subnet in the zone "
         "instead of creating a VPC",
     )
     capacity_reservation_id: str | None = Field(
         None,
-        alias="capacityReservationId",
         description="an On-Demand Capacity Reservation (`cr-...`) the nodes launch into: "
         "capacity held for you, billed at the on-demand rate from its start until cancelled, "
         "used or not. Not with `gpu:spot`",
     )
     capacity_block_id: str | None = Field(
         None,
-        alias="capacityBlockId",
         description="the reservation id (`cr-...`) of an EC2 Capacity Block for ML the nodes "
         "launch into (market type `capacity-block`): GPU time bought up front for fixed dates. "
         "Not with `gpu:spot` or `gpu:capacityReservationId`",
@@ -183,29 +167,18 @@ class StackConfig(BaseModel):
     )
     parallel_cluster_version: str | None = Field(
         None,
-        alias="parallelClusterVersion",
         description="ParallelCluster release of the cluster (infra/knowledge/data/"
         "parallelcluster.toml); its AMIs' NVIDIA driver must run the image variant "
         "(3.14.0: 570.172.08, no `cu130`). Only with `gpu:cluster`",
         json_schema_extra={"default_text": "the file's default (`3.15.1`)"},
     )
-    delete_data_on_destroy: bool = Field(
+    delete_data_on_destroy: ConfigBool = Field(
         False,
-        alias="deleteDataOnDestroy",
         description="`true`: `pulumi destroy` also deletes the checkpoint bucket with every "
         "object version and the image repository with its images; `false`: destroy keeps them, "
         "as they are, and lists them (docs/costs.md)",
     )
     guardrails: GuardrailConfig
-
-    @field_validator("spot", "use_default_vpc", "delete_data_on_destroy", mode="before")
-    @classmethod
-    def _strict_bool(cls, value: Any) -> bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        raise ValueError("must be true or false")
 
     @field_validator("nodes", "root_volume_gib", "log_retention_days", mode="before")
     @classmethod
@@ -306,31 +279,6 @@ class StackConfig(BaseModel):
             )
         return self
 
-    @field_validator("train_config")
-    @classmethod
-    def _train_config(cls, path: Path | None) -> Path | None:
-        if path is None:
-            return None
-        # Relative to Pulumi.yaml, where the Pulumi CLI runs the program, whatever folder
-        # the command line was started from.
-        path = find_project_root() / path
-        if not path.is_file():
-            raise ValueError(
-                "not a file (give the path of a training TOML, relative to Pulumi.yaml)"
-            )
-        try:
-            text = path.read_text()
-            tomllib.loads(text)
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ValueError(f"not valid TOML ({exc})") from None
-        size = largest_user_data_bytes(text)
-        if size > MAX_USER_DATA_BYTES:
-            raise ValueError(
-                f"{len(text.encode())} bytes, which makes the user data {size} bytes, over "
-                f"EC2's {MAX_USER_DATA_BYTES}: keep large settings in the image or in S3"
-            )
-        return path
-
     @property
     def market(self) -> Market:
         """How the nodes are bought."""
@@ -341,110 +289,6 @@ class StackConfig(BaseModel):
         if self.capacity_reservation_id is not None:
             return Market.RESERVATION
         return Market.ON_DEMAND
-
-    @property
-    def train_config_text(self) -> str | None:
-        return self.train_config.read_text() if self.train_config is not None else None
-
-    def resolve_plan(self, region: str) -> Plan:
-        """The profile, with any instanceType / imageVariant / nodes override, resolved and
-        priced for the stack's `region` (stack_region); on a Slurm cluster (gpu:cluster),
-        for its ParallelCluster release's nodes."""
-        try:
-            load_catalog().prices.region(region)
-        except ConfigError as exc:
-            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
-        try:
-            profile_plan = resolve_profile(self.profile, region=region)
-        except ConfigError as exc:
-            raise ConfigError(f"gpu:profile is {self.profile!r}: {exc}") from None
-        if self.cluster is not None:
-            return self._resolve_for_cluster(profile_plan, region)
-        if self.parallel_cluster_version is not None:
-            raise ConfigError(
-                f"gpu:parallelClusterVersion is {self.parallel_cluster_version!r}: it applies "
-                "to a Slurm cluster only; set gpu:cluster: slurm or remove it"
-            )
-        overrides = {
-            key: value
-            for key, value in (
-                ("instanceType", self.instance_type),
-                ("imageVariant", self.image_variant),
-                ("nodes", self.nodes),
-            )
-            if value is not None
-        }
-        if not overrides:
-            return profile_plan
-        instance_type = self.instance_type or profile_plan.instance.type
-        if self.image_variant is not None:
-            variant = self.image_variant
-        elif self.instance_type is None:
-            variant = profile_plan.variant.name
-        else:
-            variant = AUTO  # the profile's variant was chosen for another instance type
-        nodes = self.nodes if self.nodes is not None else profile_plan.nodes
-        try:
-            return resolve(instance_type, variant, nodes, region=region)
-        except ConfigError as exc:
-            given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
-            raise ConfigError(f"{given}: {exc}") from None
-
-    def _resolve_for_cluster(self, profile_plan: Plan, region: str) -> Plan:
-        parallelcluster = load_parallelcluster()
-        try:
-            release = parallelcluster.release(self.parallel_cluster_version)
-        except ConfigError as exc:
-            raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
-        try:
-            # The head node and its network are priced for the region.
-            parallelcluster.head_node.price_in(region)
-            parallelcluster.network.price_in(region)
-        except ConfigError as exc:
-            raise ConfigError(f"aws:region is {region!r}: {exc}") from None
-        instance_type = self.instance_type or profile_plan.instance.type
-        # The profile's variant was chosen for the EC2 path's AMIs: pick again for the cluster's.
-        variant = self.image_variant or AUTO
-        nodes = self.nodes if self.nodes is not None else profile_plan.nodes
-        try:
-            return resolve(instance_type, variant, nodes, region=region, cluster=release)
-        except ConfigError as exc:
-            raise ConfigError(
-                f"gpu:cluster is 'slurm' (ParallelCluster {release.version}): {exc}"
-            ) from None
-
-    def check_plan(self, plan: Plan) -> None:
-        """The refusals that need the plan: the guardrails' (instance type allowed, budget,
-        alerts) and the trainer's on gpu:trainConfig."""
-        self.guardrails.check_instance_type(plan.instance.type)
-        self.guardrails.check_against(hourly_usd(plan, self.market))
-        if self.train_config is not None:
-            self._check_train_config(plan)
-
-    def _check_train_config(self, plan: Plan) -> None:
-        """Run the trainer's own start-up checks on gpu:trainConfig against the stack's GPUs.
-
-        The node runs them again and exits 2, but only once the instances are up and
-        billing; here a job the trainer would refuse fails `pulumi preview` instead.
-        A model or data builder ("package.module:function") is checked for its form only:
-        its package is in the image, not in this venv, so the node checks it imports.
-        """
-        paths = job_path_overrides(data_from_s3=self.data_s3_uri is not None)
-        try:
-            job = load_config(self.train_config, env=paths)
-            validate(job, world_size=plan.gpus)
-            check_precision(
-                bf16=job.precision.bf16,
-                fp16=job.precision.fp16,
-                on_gpu=True,  # every catalog instance has a GPU (gpu_count >= 1)
-                capability=arch_key(plan.instance.compute_capability),
-            )
-        except (TrainConfigError, SelfCheckError) as exc:
-            raise ConfigError(
-                f"gpu:trainConfig is {str(self.train_config)!r}: the trainer would refuse it on "
-                f"{plan.nodes} x {plan.instance.type} (world size {plan.gpus}, compute capability "
-                f"{plan.instance.compute_capability}): {exc}"
-            ) from None
 
 
 def stack_region(aws_region: str | None, environ: Mapping[str, str] = os.environ) -> str:

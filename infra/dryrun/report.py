@@ -12,6 +12,7 @@ from infra.knowledge.costs import cost_summary, idle_cost, price_model
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import Plan
+from infra.planning import resolve_plan
 from infra.report import format_cluster, format_costs, format_idle, format_plan
 
 # What `--resources` shows per resource type: (label, dotted input path) pairs.
@@ -123,7 +124,7 @@ def describe_run(run: ProgramRun) -> str:
 
 def describe_stack(stack: StackConfig, region: str) -> str:
     """The plan a stack's config resolves to and what it costs, as plain `plan` prints them."""
-    plan = stack.resolve_plan(region)
+    plan = resolve_plan(stack, region)
     profiles = load_profiles()
     # The profile's description and rationale hold only if the config keeps its plan.
     same = plan == resolve_profile(stack.profile, region=region)
@@ -138,7 +139,7 @@ def describe_stack(stack: StackConfig, region: str) -> str:
             "price model    "
             + price_model(
                 plan,
-                spot=stack.spot,
+                market=stack.market,
                 capacity_reservation_id=stack.capacity_reservation_id,
                 capacity_block_id=stack.capacity_block_id,
             ),

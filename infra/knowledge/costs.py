@@ -6,14 +6,13 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
 from infra.functions.settings import EBS_USD_PER_GB_MONTH, PUBLIC_IPV4_USD_PER_HOUR
 
 if TYPE_CHECKING:
-    from infra.config.guardrails import GuardrailConfig
     from infra.knowledge.resolver import Plan
 
 DAYS_PER_MONTH = 365 / 12  # an average month, to put a daily budget next to a monthly one
@@ -123,8 +122,20 @@ def hourly_usd(plan: Plan, market: Market) -> float:
     return plan.on_demand_usd_per_hour
 
 
+class Budget(Protocol):
+    """The budget settings a cost summary needs (infra.config.guardrails.GuardrailConfig has
+    them); a Protocol, so knowledge stays below config in the import graph."""
+
+    @property
+    def budget_usd(self) -> float: ...
+    @property
+    def budget_period(self) -> str: ...  # "MONTHLY" or "DAILY"
+    @property
+    def max_runtime_hours(self) -> float | None: ...
+
+
 def cost_summary(
-    plan: Plan, config: GuardrailConfig, *, market: Market = Market.ON_DEMAND
+    plan: Plan, config: Budget, *, market: Market = Market.ON_DEMAND
 ) -> dict[str, Any]:
     """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
 
@@ -162,13 +173,14 @@ def cost_summary(
 def price_model(
     plan: Plan,
     *,
-    spot: bool,
+    market: Market,
     capacity_reservation_id: str | None = None,
     capacity_block_id: str | None = None,
 ) -> str:
-    """How the stack's nodes are paid for, in one sentence."""
+    """How the stack's nodes are paid for in `market`, in one sentence (naming the
+    reservation or block, when the market has one)."""
     on_demand = plan.on_demand_usd_per_hour
-    if capacity_block_id is not None:
+    if market is Market.CAPACITY_BLOCK:
         rate = plan.price.capacity_block_usd_per_hour
         quoted = (
             f"about ${rate * plan.nodes:.2f}/h for {plan.nodes} x {plan.instance.type} "
@@ -182,13 +194,13 @@ def price_model(
             "ends them with the block. The spend guard counts the block once, up front, and "
             "never stops its nodes (that would save nothing)"
         )
-    if capacity_reservation_id is not None:
+    if market is Market.RESERVATION:
         return (
             f"On-Demand Capacity Reservation {capacity_reservation_id}: ${on_demand:.2f}/h (the "
             "on-demand rate) from the reservation's start until it is cancelled, used or not; "
             "nodes running in it add nothing"
         )
-    if spot:
+    if market is Market.SPOT:
         return (
             f"spot: about ${plan.spot_usd_per_hour:.2f}/h while the nodes run (the spot price "
             "moves; interruptions stop them)"

@@ -11,6 +11,7 @@ from pydantic import Field
 
 from common.records import DataFile, record
 from infra.errors import ConfigError
+from infra.functions.market import Market
 from infra.knowledge.resolver import Plan
 
 QUOTAS_PATH = Path(__file__).parent / "data" / "quotas.toml"
@@ -37,7 +38,7 @@ class QuotaNeed:
     vcpus: int
     instance_type: str
     nodes: int
-    market: str
+    market: Market
 
     @property
     def name(self) -> str:
@@ -52,8 +53,9 @@ def instance_family(instance_type: str) -> str:
     return match[1]
 
 
-def quota_need(plan: Plan, market: str, path: Path | None = None) -> QuotaNeed | None:
-    """The quota `plan`'s nodes count against in `market` ("on-demand", "spot"), or None."""
+def quota_need(plan: Plan, market: Market, path: Path | None = None) -> QuotaNeed | None:
+    """The quota `plan`'s nodes count against in `market` (quotas.toml names on-demand and
+    spot), or None."""
     family = instance_family(plan.instance.type)
     quotas = DataFile.read(path or QUOTAS_PATH, {"quota"}, ConfigError).tables(Quota, "quota")
     for quota in quotas.values():

@@ -17,10 +17,12 @@ def module_names(root: Path, package: str) -> dict[str, Path]:
     return modules
 
 
-def import_graph(root: Path, package: str) -> dict[str, set[str]]:
-    """Module -> the modules of the same package it imports (TYPE_CHECKING imports count too:
+def import_graph(root: Path, *packages: str) -> dict[str, set[str]]:
+    """Module -> the modules of `packages` it imports (TYPE_CHECKING imports count too:
     a cycle hidden behind them is still two modules that cannot be read apart)."""
-    modules = module_names(root, package)
+    modules = {
+        name: path for package in packages for name, path in module_names(root, package).items()
+    }
     graph: dict[str, set[str]] = {}
     for name, path in modules.items():
         is_package = path.name == "__init__.py"
@@ -34,6 +36,23 @@ def import_graph(root: Path, package: str) -> dict[str, set[str]]:
                 targets.update(f"{base}.{alias.name}" for alias in node.names)
         graph[name] = {target for target in targets if target in modules and target != name}
     return graph
+
+
+def package_graph(graph: dict[str, set[str]], depth: int = 2) -> dict[str, set[str]]:
+    """The module graph seen a level up: infra.config.schema counts as infra.config, a module
+    at the top of a package (infra.cli) as itself. Two packages that import each other are a
+    cycle here even when no two of their modules are."""
+    packages: dict[str, set[str]] = {}
+    for module, imported in graph.items():
+        unit = _unit(module, depth)
+        targets = packages.setdefault(unit, set())
+        targets.update(_unit(target, depth) for target in imported)
+        targets.discard(unit)
+    return packages
+
+
+def _unit(module: str, depth: int) -> str:
+    return ".".join(module.split(".")[:depth])
 
 
 def _absolute(module: str, is_package: bool, target: str | None, level: int) -> str:

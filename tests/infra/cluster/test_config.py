@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config
+from infra.functions.market import Market
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles
 from infra.knowledge.resolver import resolve
@@ -98,9 +99,12 @@ def plans() -> list:
 @pytest.mark.parametrize(
     "capacity",
     [
-        pytest.param({"spot": True}, id="spot"),
-        pytest.param({"spot": False}, id="on-demand"),
-        pytest.param({"capacity_block_id": "cr-0123456789abcdef0"}, id="capacity-block"),
+        pytest.param({"market": Market.SPOT}, id="spot"),
+        pytest.param({"market": Market.ON_DEMAND}, id="on-demand"),
+        pytest.param(
+            {"market": Market.CAPACITY_BLOCK, "capacity_block_id": "cr-0123456789abcdef0"},
+            id="capacity-block",
+        ),
     ],
 )
 def test_every_profile_config_loads_with_parallelclusters_schema(pcluster_python, plan, capacity):
@@ -116,8 +120,10 @@ def test_every_profile_config_loads_with_parallelclusters_schema(pcluster_python
 
 def test_the_queue_scales_to_zero_spot_or_on_demand():
     plan = resolve("p4d.24xlarge", nodes=4, cluster=PARALLELCLUSTER.release())
-    spot = cluster_config(plan, settings(spot=True))["Scheduling"]["SlurmQueues"][0]
-    on_demand = cluster_config(plan, settings(spot=False))["Scheduling"]["SlurmQueues"][0]
+    spot = cluster_config(plan, settings(market=Market.SPOT))["Scheduling"]["SlurmQueues"][0]
+    on_demand = cluster_config(plan, settings(market=Market.ON_DEMAND))["Scheduling"][
+        "SlurmQueues"
+    ][0]
     assert (spot["CapacityType"], on_demand["CapacityType"]) == ("SPOT", "ONDEMAND")
     resource = spot["ComputeResources"][0]
     assert (resource["MinCount"], resource["MaxCount"]) == (0, 4)
@@ -127,9 +133,27 @@ def test_the_queue_scales_to_zero_spot_or_on_demand():
     assert spot["HealthChecks"] == {"Gpu": {"Enabled": True}}
 
 
+def test_each_market_has_its_queues_capacity_type():
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
+    # Scheduling-v3.html, CapacityType: ONDEMAND, SPOT or CAPACITY_BLOCK; a capacity
+    # reservation's instances are on-demand ones.
+    expected = {
+        Market.ON_DEMAND: "ONDEMAND",
+        Market.SPOT: "SPOT",
+        Market.RESERVATION: "ONDEMAND",
+        Market.CAPACITY_BLOCK: "CAPACITY_BLOCK",
+    }
+    for market, capacity_type in expected.items():
+        block = "cr-0123456789abcdef0" if market is Market.CAPACITY_BLOCK else None
+        config = cluster_config(plan, settings(market=market, capacity_block_id=block))
+        assert config["Scheduling"]["SlurmQueues"][0]["CapacityType"] == capacity_type
+
+
 def test_a_capacity_block_has_static_nodes_and_no_placement_group():
     plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
-    config = cluster_config(plan, settings(capacity_block_id="cr-0123456789abcdef0"))
+    config = cluster_config(
+        plan, settings(market=Market.CAPACITY_BLOCK, capacity_block_id="cr-0123456789abcdef0")
+    )
     queue = config["Scheduling"]["SlurmQueues"][0]
     assert queue["CapacityType"] == "CAPACITY_BLOCK"
     assert "PlacementGroup" not in queue["Networking"]
@@ -174,7 +198,7 @@ def test_a_misspelt_or_impossible_setting_fails_in_one_line_naming_the_key(
     pcluster_python, path, change, line
 ):
     plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
-    config = copy.deepcopy(cluster_config(plan, settings(spot=True)))
+    config = copy.deepcopy(cluster_config(plan, settings(market=Market.SPOT)))
     target = config
     for key in path:
         target = target[key]

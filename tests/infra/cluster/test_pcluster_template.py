@@ -21,6 +21,7 @@ import yaml
 
 from infra.cluster.config import DEFAULT_USER, SSM_POLICY, cluster_config
 from infra.components.network import PRIVATE_SUBNET_CIDR, VPC_CIDR
+from infra.functions.market import Market
 from infra.knowledge.resolver import resolve
 from tests.infra.cluster.test_config import PARALLELCLUSTER, pcluster_python, settings
 from tests.support.tools import _unavailable
@@ -47,9 +48,10 @@ def synthesized(pcluster_python) -> list[dict]:
     """[the default settings' cluster, a cluster with gpu:sshCidr and deleteDataOnDestroy]."""
     plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
     configs = [
-        cluster_config(plan, settings(spot=True)),
+        cluster_config(plan, settings(market=Market.SPOT)),
         cluster_config(
-            plan, settings(spot=True, ssh_allowed_cidr=LIMITED_SSH, delete_logs_on_destroy=True)
+            plan,
+            settings(market=Market.SPOT, ssh_allowed_cidr=LIMITED_SSH, delete_logs_on_destroy=True),
         ),
     ]
     env = {

@@ -62,7 +62,7 @@ class Cluster:
             "cost_tag": "=".join(TAG),
             "instance_type": "g6e.12xlarge",
             "nodes": 2,
-            "market": "SPOT",
+            "market": "spot",
             "queue": "gpu",
             "head_node": self.head,
             "checkpoint_bucket": BUCKET,

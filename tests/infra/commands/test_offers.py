@@ -5,6 +5,7 @@ import tomllib
 import pytest
 
 from infra.commands.offers import select_offers
+from infra.functions.market import Market
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from tests.support.infra import run_cli
 
@@ -63,12 +64,28 @@ def test_every_type_by_on_demand_price():
 
 
 def test_spot_sorts_by_spot_and_caps_by_the_spot_price():
-    chosen = select_offers(load_catalog(), spot=True, max_price=15)
+    chosen = select_offers(load_catalog(), market=Market.SPOT, max_price=15)
     expected = _expected(lambda r: r["spot_usd_per_hour"] <= 15, "spot_usd_per_hour")
     assert [o.instance.type for o in chosen] == expected
     # The cap is on the spot price: p4d's on-demand is far above it, its spot is not.
     p4d = PRICES["us-east-1"]["p4d.24xlarge"]
     assert p4d["on_demand_usd_per_hour"] > 15 and "p4d.24xlarge" in expected
+
+
+def test_capacity_blocks_list_only_the_types_with_a_block_price():
+    chosen = select_offers(load_catalog(), market=Market.CAPACITY_BLOCK)
+    # us-east-1 effective rates, EC2 Capacity Blocks for ML pricing page
+    # (aws.amazon.com/ec2/capacityblocks/pricing/), cheapest first.
+    assert [(o.instance.type, o.price.capacity_block_usd_per_hour) for o in chosen] == [
+        ("p4d.24xlarge", 14.75),
+        ("p5.48xlarge", 39.33),
+    ]
+    result = run_cli("offers", "--market", "capacity-block", "--max-price", "20")
+    assert result.returncode == 0, result.stderr
+    assert _type_column(result.stdout) == ["p4d.24xlarge"]
+    assert "sorted by capacity-block" in result.stdout
+    refused = run_cli("offers", "--market", "reservation")
+    assert refused.returncode != 0 and "invalid choice: 'reservation'" in refused.stderr
 
 
 def test_max_price_on_demand_and_gpu_model_in_any_case():

@@ -14,9 +14,11 @@ import yaml
 from infra import cli
 from infra.commands import up, workspace
 from infra.commands.doctor import ProbeError, Probes
+from infra.config.schema import load_stack_config
 from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
+from infra.planning import resolve_plan
 
 STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.l4x1.yaml").read_text())["config"]
 PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
@@ -59,6 +61,17 @@ def test_up_prints_both_markets_and_the_runway_then_asks_before_creating(stub_st
         f"Create or update stack l4x1 at ${NODE['spot_usd_per_hour']:,.2f}/h (spot) while it runs?"
         " [y/N] "
     ]
+
+
+def test_a_capacity_block_stack_is_described_in_its_market_at_the_blocks_price():
+    config = load_stack_config(
+        {"capacityBlockId": "cr-0123456789abcdef0", "alertEmails": ["ml@example.com"]}
+    )
+    text = up.describe("blocks", config, resolve_plan(config, "us-east-1"))
+    # p4d.24xlarge Capacity Block, us-east-1: $14.75/h (EC2 Capacity Blocks pricing page).
+    assert text.splitlines()[0].endswith("(8 x A100 40 GiB), capacity-block")
+    row = next(line for line in text.splitlines() if line.startswith("capacity-block *"))
+    assert row.split()[2] == "$14.75"
 
 
 def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):

@@ -186,7 +186,7 @@ def test_outputs_name_the_head_node_the_submit_command_the_queue_and_the_idle_co
     assert "sbatch" in outputs["submit_command"]
     # m5.large $0.096/h, a NAT gateway $0.045/h and its address $0.005/h (us-east-1).
     assert outputs["idle_usd_per_hour"] == pytest.approx(0.146)
-    assert outputs["market"] == "SPOT"
+    assert outputs["market"] == "spot"  # the stack's Market, as an EC2 stack writes it
     # The commands find the head node and the compute nodes by the tags the cluster passes on.
     assert outputs["cost_tag"] == "gpu-stack=gpu-training-stack-test"
     assert outputs["hourly_cost_usd"] == outputs["spot_usd_per_hour"] > 0  # a spot queue

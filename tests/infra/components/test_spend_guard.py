@@ -11,9 +11,8 @@ import pytest
 
 from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
-from infra.knowledge.catalog import load_catalog
-from infra.knowledge.profiles import load_profiles, resolve_profile
-from tests.support.infra import data_file_head_node
+from infra.knowledge.profiles import load_profiles
+from tests.support.infra import data_file_head_node, data_file_prices
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import BASE_CONFIG, ROLE_POLICY, run_stack
 
@@ -40,7 +39,7 @@ def profile_run(request):
 
 
 def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(profile_run):
-    profile, run = profile_run
+    _, run = profile_run
     function = one(run, FUNCTION).inputs
     assert (function["runtime"], function["handler"]) == (
         "python3.12",
@@ -55,11 +54,11 @@ def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(prof
     assert settings.cost_tag == COST_TAG
     assert (settings.budget_usd, settings.budget_period) == (BASE_CONFIG["budgetUsd"], "MONTHLY")
     assert settings.thresholds_percent == (50.0, 80.0, 100.0)
-    plan = resolve_profile(profile)
-    price = load_catalog().prices.price("us-east-1", plan.instance.type)
+    instance_type = run.outputs["instance_type"]
+    price = data_file_prices(instance_type)
     assert settings.region == "us-east-1"
-    assert settings.price(plan.instance.type, "on-demand") == price.on_demand_usd_per_hour
-    assert settings.price(plan.instance.type, "spot") == price.spot_usd_per_hour
+    assert settings.price(instance_type, "on-demand") == price.on_demand_usd_per_hour
+    assert settings.price(instance_type, "spot") == price.spot_usd_per_hour
 
 
 def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profile_run):
@@ -116,10 +115,11 @@ def test_the_ledger_table_is_keyed_by_period(profile_run):
 def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     run = run_stack(instanceType="p3.2xlarge", **{"aws:region": "eu-west-1"})
     settings = GuardSettings.from_environment(one(run, FUNCTION).inputs["environment"]["variables"])
-    ireland = load_catalog().prices.region("eu-west-1")
     assert settings.region == "eu-west-1"
-    assert set(settings.prices) == set(ireland)
-    assert settings.price("p3.2xlarge", "on-demand") == ireland["p3.2xlarge"].on_demand_usd_per_hour
+    assert "p4de.24xlarge" not in settings.prices  # not offered there (prices.toml)
+    # p3.2xlarge in eu-west-1: $3.305/h on-demand (prices.toml's eu-west-1 row), not
+    # us-east-1's $3.06.
+    assert settings.price("p3.2xlarge", "on-demand") == 3.305
 
 
 def test_a_cluster_stacks_guard_may_stop_only_its_own_clusters_compute_fleet():
@@ -176,8 +176,9 @@ def test_a_slurm_cluster_stack_has_the_guard_the_topic_its_subscriptions_and_the
     head = data_file_head_node("us-east-1")
     assert settings.price(head.instance_type, "on-demand") == head.on_demand_usd_per_hour
     instance_type = run.outputs["instance_type"]
-    price = load_catalog().prices.price("us-east-1", instance_type)
-    assert settings.price(instance_type, "spot") == price.spot_usd_per_hour
+    assert (
+        settings.price(instance_type, "spot") == data_file_prices(instance_type).spot_usd_per_hour
+    )
     # ParallelCluster puts the stack's cost tag on every node it starts: the guard finds them.
     config = json.loads(one(run, STACK).inputs["templateBody"])["Resources"]["PclusterCluster"]
     tags = config["Properties"]["ClusterConfiguration"]["Tags"]

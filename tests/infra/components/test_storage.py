@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 from infra.components.storage import NONCURRENT_VERSION_DAYS
-from infra.knowledge.profiles import resolve_profile
 from tests.support.mock_runs import one
 from tests.support.stack_runs import run_stack, training_log_group
 
@@ -53,7 +52,8 @@ def test_log_group_per_stack_with_configured_retention():
 
 def test_image_tag_defaults_to_the_variant_release_tag_and_can_be_pinned():
     default = run_stack()
-    assert default.outputs["image_uri"].endswith(f":{resolve_profile('a100x8').image_tag}")
+    # images/matrix.toml: release 0.1.0, torch 2.13.0, CUDA 13.0 (a100x8's variant), Python 3.12.
+    assert default.outputs["image_uri"].endswith(":0.1.0-torch2.13.0-cu130-py3.12")
     repository = one(default, "aws:ecr/repository:Repository").state["repositoryUrl"]
     assert default.outputs["image_uri"].startswith(repository + ":")
     pinned = run_stack(imageTag="my-experiment-7")

@@ -18,6 +18,7 @@ from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.profiles import load_profiles
 from infra.knowledge.resolver import MAX_NODES, Plan
+from infra.planning import check_plan, resolve_plan
 
 KEYS = sorted({*own_keys(), *GuardrailConfig.config_keys()} - {"trainConfig"})
 TYPOS = ["profil", "budgetUSD", "spot ", "gpu:spot", "nodes.count", ""]
@@ -70,8 +71,8 @@ def test_any_stack_config_is_a_clear_error_or_a_valid_plan(raw, region):
     raw = {"alertEmails": '["ml@team.dev"]', "budgetUsd": "5000", **raw}
     try:
         config = load_stack_config(raw)
-        plan = config.resolve_plan(region)
-        config.check_plan(plan)
+        plan = resolve_plan(config, region)
+        check_plan(config, plan)
     except ConfigError as error:
         message = str(error)
         assert message and "\n" not in message and "Traceback" not in message
@@ -120,8 +121,8 @@ def test_any_stack_file_is_a_clear_error_or_a_plan_within_every_limit(entries):
         path.write_text(_stack_file_text(entries))
         try:
             config = load_stack_file(path)
-            plan = config.resolve_plan(stack_region(stack_file_region(path)))
-            config.check_plan(plan)
+            plan = resolve_plan(config, stack_region(stack_file_region(path)))
+            check_plan(config, plan)
         except ConfigError as error:
             message = str(error)
             assert message and "\n" not in message

@@ -76,7 +76,7 @@ def test_keys_are_the_camel_case_config_names():
         ({"maxRuntimeHours": "200"}, "200 hours is outside what a CloudWatch alarm can watch"),
         ({"maxRuntimeHours": "30.5"}, "not a whole number of the runtime alarm's 60-minute"),
         ({"maxRuntimeHours": "0.1"}, "not a whole number of the runtime alarm's 5-minute"),
-        ({"allowNoAlerts": "yes"}, "gpu:allowNoAlerts is 'yes': it is not true or false"),
+        ({"allowNoAlerts": "yes"}, "gpu:allowNoAlerts is 'yes': must be true or false"),
         ({"allowedInstanceTypes": "[]"}, "an empty list would allow no instance at all"),
         ({"alertEmails": "[not json"}, "it is not a valid JSON list"),
         (

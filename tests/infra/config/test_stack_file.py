@@ -6,6 +6,7 @@ import pytest
 
 from infra.config.stack_file import REPO_ROOT, load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
+from infra.planning import resolve_plan
 
 
 def test_stack_files_sit_next_to_pulumi_yaml():
@@ -111,6 +112,6 @@ def test_every_example_stack_stops_a_runaway_node_within_its_budget(path):
     stack = load_stack_file(path)
     hours = stack.guardrails.max_runtime_hours
     assert hours is not None, f"{path.name} sets no gpu:maxRuntimeHours"
-    plan = stack.resolve_plan(stack_file_region(path))
+    plan = resolve_plan(stack, stack_file_region(path))
     hourly = plan.spot_usd_per_hour if stack.spot else plan.on_demand_usd_per_hour
     assert hours * hourly <= stack.guardrails.budget_usd

@@ -36,12 +36,14 @@ def test_spot_market_sets_the_runway():
 def test_costs_scale_with_nodes():
     one, two = resolve("p4d.24xlarge", nodes=1), resolve("p4d.24xlarge", nodes=2)
     config = GuardrailConfig(budget_usd=1000)
-    assert cost_summary(two, config)["hourly_usd"] == pytest.approx(
-        2 * cost_summary(one, config)["hourly_usd"], abs=0.01
+    # p4d.24xlarge: $21.96/h on-demand in us-east-1.
+    assert (cost_summary(one, config)["hourly_usd"], cost_summary(two, config)["hourly_usd"]) == (
+        21.96,
+        43.92,
     )
-    assert cost_summary(two, config)["runway_hours"] == pytest.approx(
-        cost_summary(one, config)["runway_hours"] / 2, abs=0.1
-    )
+    # 1000 / 21.96 and 1000 / 43.92 hours.
+    assert cost_summary(one, config)["runway_hours"] == 45.5
+    assert cost_summary(two, config)["runway_hours"] == 22.8
 
 
 def test_daily_budget_is_shown_per_month_and_max_run_priced():

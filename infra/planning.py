@@ -1,0 +1,162 @@
+"""From a parsed stack config to a checked plan, before any resource exists.
+
+The `gpu:` models (infra/config) only parse and validate values. Here the config meets
+the catalog, the ParallelCluster releases and the files it names: `resolve_plan` prices the
+profile and its overrides for a region, `check_plan` runs the refusals that need the plan
+(guardrails, the trainer's own checks on gpu:trainConfig), `train_config_text` reads the
+training TOML shipped in user data. Each raises ConfigError with one sentence naming the key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+
+from images.matrix import arch_key
+from infra.config.schema import StackConfig
+from infra.errors import ConfigError
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.costs import hourly_usd
+from infra.knowledge.parallelcluster import load_parallelcluster
+from infra.knowledge.profiles import resolve_profile
+from infra.knowledge.resolver import AUTO, Plan, resolve
+from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
+from infra.project import find_project_root
+from training.spec.config import ConfigError as TrainConfigError
+from training.spec.config import load_config, validate
+from training.spec.selfcheck import SelfCheckError, check_precision
+
+
+def resolve_plan(config: StackConfig, region: str) -> Plan:
+    """The profile, with any instanceType / imageVariant / nodes override, resolved and
+    priced for the stack's `region` (stack_region); on a Slurm cluster (gpu:cluster), for its
+    ParallelCluster release's nodes."""
+    try:
+        load_catalog().prices.region(region)
+    except ConfigError as exc:
+        raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+    try:
+        profile_plan = resolve_profile(config.profile, region=region)
+    except ConfigError as exc:
+        raise ConfigError(f"gpu:profile is {config.profile!r}: {exc}") from None
+    if config.cluster is not None:
+        return _resolve_for_cluster(config, profile_plan, region)
+    if config.parallel_cluster_version is not None:
+        raise ConfigError(
+            f"gpu:parallelClusterVersion is {config.parallel_cluster_version!r}: it applies "
+            "to a Slurm cluster only; set gpu:cluster: slurm or remove it"
+        )
+    overrides = {
+        key: value
+        for key, value in (
+            ("instanceType", config.instance_type),
+            ("imageVariant", config.image_variant),
+            ("nodes", config.nodes),
+        )
+        if value is not None
+    }
+    if not overrides:
+        return profile_plan
+    instance_type = config.instance_type or profile_plan.instance.type
+    if config.image_variant is not None:
+        variant = config.image_variant
+    elif config.instance_type is None:
+        variant = profile_plan.variant.name
+    else:
+        variant = AUTO  # the profile's variant was chosen for another instance type
+    nodes = config.nodes if config.nodes is not None else profile_plan.nodes
+    try:
+        return resolve(instance_type, variant, nodes, region=region)
+    except ConfigError as exc:
+        given = ", ".join(f"gpu:{key} is {value!r}" for key, value in overrides.items())
+        raise ConfigError(f"{given}: {exc}") from None
+
+
+def _resolve_for_cluster(config: StackConfig, profile_plan: Plan, region: str) -> Plan:
+    parallelcluster = load_parallelcluster()
+    try:
+        release = parallelcluster.release(config.parallel_cluster_version)
+    except ConfigError as exc:
+        raise ConfigError(f"gpu:parallelClusterVersion: {exc}") from None
+    try:
+        # The head node and its network are priced for the region.
+        parallelcluster.head_node.price_in(region)
+        parallelcluster.network.price_in(region)
+    except ConfigError as exc:
+        raise ConfigError(f"aws:region is {region!r}: {exc}") from None
+    instance_type = config.instance_type or profile_plan.instance.type
+    # The profile's variant was chosen for the EC2 path's AMIs: pick again for the cluster's.
+    variant = config.image_variant or AUTO
+    nodes = config.nodes if config.nodes is not None else profile_plan.nodes
+    try:
+        return resolve(instance_type, variant, nodes, region=region, cluster=release)
+    except ConfigError as exc:
+        raise ConfigError(
+            f"gpu:cluster is 'slurm' (ParallelCluster {release.version}): {exc}"
+        ) from None
+
+
+def check_plan(config: StackConfig, plan: Plan) -> None:
+    """The refusals that need the plan: the guardrails' (instance type allowed, budget at the
+    price of the stack's market, alerts) and the trainer's on gpu:trainConfig."""
+    config.guardrails.check_instance_type(plan.instance.type)
+    config.guardrails.check_against(hourly_usd(plan, config.market))
+    if config.train_config is not None:
+        _check_train_config(config, plan)
+
+
+def train_config_text(config: StackConfig) -> str | None:
+    """gpu:trainConfig's TOML text, refused unless it parses and fits in every node's user
+    data; None when the key is unset (the image's default job)."""
+    if config.train_config is None:
+        return None
+    # Relative to Pulumi.yaml, where the Pulumi CLI runs the program, whatever folder the
+    # command line was started from.
+    path = find_project_root() / config.train_config
+    if not path.is_file():
+        _refuse_train_config(
+            config, "not a file (give the path of a training TOML, relative to Pulumi.yaml)"
+        )
+    try:
+        text = path.read_text()
+        tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        _refuse_train_config(config, f"not valid TOML ({exc})")
+    size = largest_user_data_bytes(text)
+    if size > MAX_USER_DATA_BYTES:
+        _refuse_train_config(
+            config,
+            f"{len(text.encode())} bytes, which makes the user data {size} bytes, over EC2's "
+            f"{MAX_USER_DATA_BYTES}: keep large settings in the image or in S3",
+        )
+    return text
+
+
+def _refuse_train_config(config: StackConfig, reason: str) -> None:
+    raise ConfigError(f"gpu:trainConfig is {str(config.train_config)!r}: {reason}")
+
+
+def _check_train_config(config: StackConfig, plan: Plan) -> None:
+    """Run the trainer's own start-up checks on gpu:trainConfig against the stack's GPUs.
+
+    The node runs them again and exits 2, but only once the instances are up and billing;
+    here a job the trainer would refuse fails `pulumi preview` instead. A model or data
+    builder ("package.module:function") is checked for its form only: its package is in the
+    image, not in this venv, so the node checks it imports.
+    """
+    train_config_text(config)  # readable, TOML, fits in user data
+    paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
+    try:
+        job = load_config(find_project_root() / config.train_config, env=paths)
+        validate(job, world_size=plan.gpus)
+        check_precision(
+            bf16=job.precision.bf16,
+            fp16=job.precision.fp16,
+            on_gpu=True,  # every catalog instance has a GPU (gpu_count >= 1)
+            capability=arch_key(plan.instance.compute_capability),
+        )
+    except (TrainConfigError, SelfCheckError) as exc:
+        _refuse_train_config(
+            config,
+            f"the trainer would refuse it on {plan.nodes} x {plan.instance.type} (world size "
+            f"{plan.gpus}, compute capability {plan.instance.compute_capability}): {exc}",
+        )
