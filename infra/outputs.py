@@ -3,8 +3,8 @@
 The program fills a `StackOutputs` with Pulumi Outputs of the types below and exports one
 output per field that is not None (`present`); the commands parse the values Pulumi
 reports back (`pulumi stack output --json`, the Automation API's `outputs()`) with
-`read_outputs`, and use attributes. Fields with a default are written by one stack kind
-only: `KIND` in their metadata names it. Torch-free and Pulumi-free: the command line
+`read_outputs`, and use attributes. Both stack kinds write every field but those whose
+metadata names one `KIND`, which only that kind writes. Torch-free and Pulumi-free: the command line
 imports it without either.
 """
 
@@ -46,9 +46,10 @@ class StackOutputs:
     monthly_budget_usd: float
     budget_name: str
     alert_topic_arn: str
-    spend_ledger_table: str  # the spend guard's DynamoDB ledger
     warnings: list[str]
     kept_on_destroy: list[str]  # what `pulumi destroy` leaves in the account (docs/costs.md)
+    # The spend guard's DynamoDB ledger; None on a stack deployed before the guard existed.
+    spend_ledger_table: str | None = None
     # The single-node stack only.
     price_model: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
     availability_zone: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
