@@ -9,6 +9,7 @@ import pulumi
 
 from infra.components.cluster_stack import ClusterStack
 from infra.components.single_node import SingleNodeStack
+from infra.components.stack import StackArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.config.schema import load_stack_config, stack_region
 from infra.errors import ConfigError
@@ -32,7 +33,9 @@ try:
     for warning in (*plan.warnings, *config.guardrails.warnings):
         pulumi.log.warn(warning)
     kind = ClusterStack if config.cluster is not None else SingleNodeStack
-    stack = kind(f"{pulumi.get_project()}-{pulumi.get_stack()}", config, plan, aws_settings)
+    stack = kind(
+        f"{pulumi.get_project()}-{pulumi.get_stack()}", StackArgs(config, plan, aws_settings)
+    )
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 

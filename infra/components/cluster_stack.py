@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pulumi
 
 from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.network import VPC_CIDR
-from infra.components.stack import STACK_TYPE, foundation
-from infra.config.schema import StackConfig
+from infra.components.stack import STACK_TYPE, StackArgs, foundation
 from infra.knowledge.parallelcluster import load_parallelcluster
-from infra.knowledge.resolver import Plan
 from infra.outputs import CLUSTER, StackOutputs
 
 
@@ -21,17 +17,11 @@ class ClusterStack(pulumi.ComponentResource):
 
     outputs: StackOutputs
 
-    def __init__(
-        self,
-        name: str,
-        config: StackConfig,
-        plan: Plan,
-        aws_settings: dict[str, Any],
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
+    def __init__(self, name: str, args: StackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(STACK_TYPE, name, None, opts)
+        config, plan = args.config, args.plan
         parallelcluster = load_parallelcluster()
-        base = foundation(self, name, config, plan, aws_settings, parallelcluster.head_node)
+        base = foundation(self, name, args, parallelcluster.head_node)
         storage = base.storage
         cluster = SlurmCluster(
             name,

@@ -21,6 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.iam import service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.node.agent import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 
@@ -140,10 +141,11 @@ class Guardrails(pulumi.ComponentResource):
             # Budgets must be allowed to publish before its first notification goes out.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[topic_policy]),
         )
-        self.budget_action_role = aws.iam.Role(
+        self.budget_action_role = service_role(
             f"{name}-budget-action",
+            service=BUDGETS_PRINCIPAL,
+            account=account,
             description="Lets AWS Budgets stop this stack's instances at the budget limit",
-            assume_role_policy=account.apply(lambda acct: json.dumps(_budgets_trust(acct))),
             tags=tags,
             opts=child,
         )
@@ -257,6 +259,24 @@ def _notification(
     )
 
 
+def _whole_window(
+    periods: int,
+    actions: list[pulumi.Output[str]],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> dict[str, Any]:
+    """A node alarm's common settings: it fires only when every one of `periods` breaches,
+    and a period with no datapoint never breaches."""
+    return {
+        "evaluation_periods": periods,
+        "datapoints_to_alarm": periods,
+        "treat_missing_data": "notBreaching",
+        "alarm_actions": actions,
+        "tags": tags,
+        "opts": opts,
+    }
+
+
 def _idle_alarm(
     name: str,
     instance_id: pulumi.Input[str],
@@ -279,18 +299,13 @@ def _idle_alarm(
         # keeps the instance running.
         statistic="Maximum",
         period=args.idle_period_seconds,
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
         comparison_operator="LessThanThreshold",
         threshold=args.idle_gpu_percent,
         # No data means the agent is not publishing: the node is booting, syncing data, pulling
         # the image (the boot publishes only while the job runs), or stopped. Stopping it then
         # would cut a boot short for no saving; the no-GPU-metrics alarm notifies instead, and
         # the budget action and the runtime alarm (EC2's own metric) still cover the node.
-        treat_missing_data="notBreaching",
-        alarm_actions=actions,
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, actions, tags, opts),
     )
 
 
@@ -348,15 +363,10 @@ def _silent_agent_alarm(
                 "return_data": True,
             },
         ],
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
         comparison_operator="GreaterThanOrEqualToThreshold",
         threshold=1,
         # A stopped node has no datapoint at all: not a problem.
-        treat_missing_data="notBreaching",
-        alarm_actions=[topic_arn],
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, [topic_arn], tags, opts),
     )
 
 
@@ -384,16 +394,11 @@ def _runtime_alarm(
         dimensions={"InstanceId": instance_id},
         statistic="SampleCount",
         period=period,
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
         comparison_operator="GreaterThanOrEqualToThreshold",
         threshold=1,
         # A stopped instance publishes nothing: missing periods must not count as running, so a
         # stop (or a gap) restarts the window.
-        treat_missing_data="notBreaching",
-        alarm_actions=actions,
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, actions, tags, opts),
     )
 
 
@@ -414,21 +419,6 @@ def _topic_policy(topic_arn: str, account: str) -> dict[str, Any]:
                 ("BudgetsPublish", BUDGETS_PRINCIPAL),
                 ("CloudWatchAlarmsPublish", CLOUDWATCH_PRINCIPAL),
             )
-        ],
-    }
-
-
-def _budgets_trust(account: str) -> dict[str, Any]:
-    """Only AWS Budgets, acting for this account, may assume the action's role."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": BUDGETS_PRINCIPAL},
-                "Action": "sts:AssumeRole",
-                "Condition": {"StringEquals": {"aws:SourceAccount": account}},
-            }
         ],
     }
 

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pulumi
 
 from infra.components.compute import Compute, ComputeArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
-from infra.components.stack import STACK_TYPE, Foundation, foundation
+from infra.components.stack import STACK_TYPE, Foundation, StackArgs, foundation
 from infra.config.schema import StackConfig
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.costs import hourly_usd, price_model
@@ -22,16 +20,10 @@ class SingleNodeStack(pulumi.ComponentResource):
 
     outputs: StackOutputs
 
-    def __init__(
-        self,
-        name: str,
-        config: StackConfig,
-        plan: Plan,
-        aws_settings: dict[str, Any],
-        opts: pulumi.ResourceOptions | None = None,
-    ) -> None:
+    def __init__(self, name: str, args: StackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(STACK_TYPE, name, None, opts)
-        base = foundation(self, name, config, plan, aws_settings)
+        config, plan = args.config, args.plan
+        base = foundation(self, name, args)
         storage = base.storage
         role = InstanceRole(
             name,
@@ -60,7 +52,7 @@ class SingleNodeStack(pulumi.ComponentResource):
                 user_data=_user_data(base, config, plan),
                 wait_for=base.watchers,
                 region=base.region,
-                aws_profile=aws_settings.get("profile"),
+                aws_profile=args.aws_settings.get("profile"),
                 capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
                 capacity_block=config.capacity_block_id is not None,
                 cost_tags=dict([base.tag]),

@@ -35,6 +35,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.iam import service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.functions import fleet
 from infra.functions.ledger import PERIOD_KEY
@@ -94,12 +95,11 @@ class SpendGuard(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-spend-guard", retention_in_days=LOG_RETENTION_DAYS, tags=tags, opts=child
         )
-        role = aws.iam.Role(
+        role = service_role(
             f"{name}-spend-guard",
+            service=LAMBDA_PRINCIPAL,
+            account=account,
             description="Lets the spend guard read EC2, keep its ledger, alert and stop the stack",
-            assume_role_policy=account.apply(
-                lambda acct: json.dumps(_trust(LAMBDA_PRINCIPAL, acct))
-            ),
             tags=tags,
             opts=child,
         )
@@ -158,12 +158,11 @@ class SpendGuard(pulumi.ComponentResource):
             # Its first run must be able to read, write and stop.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[role_policy]),
         )
-        schedule_role = aws.iam.Role(
+        schedule_role = service_role(
             f"{name}-spend-guard-schedule",
+            service=SCHEDULER_PRINCIPAL,
+            account=account,
             description="Lets EventBridge Scheduler run the spend guard",
-            assume_role_policy=account.apply(
-                lambda acct: json.dumps(_trust(SCHEDULER_PRINCIPAL, acct))
-            ),
             tags=tags,
             opts=child,
         )
@@ -297,20 +296,5 @@ def guard_policy(
                 "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
                 "Resource": f"{log_group_arn}:*",
             },
-        ],
-    }
-
-
-def _trust(service: str, account: str) -> dict[str, Any]:
-    """Only `service`, acting for this account, may assume the role."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": service},
-                "Action": "sts:AssumeRole",
-                "Condition": {"StringEquals": {"aws:SourceAccount": account}},
-            }
         ],
     }

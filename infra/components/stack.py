@@ -36,6 +36,17 @@ def cost_tag() -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class StackArgs:
+    """What either kind of stack is built from."""
+
+    config: StackConfig
+    plan: Plan
+    # The stack file's aws: settings (profile, region, assumeRoles...) as provider arguments
+    # (infra/components/stack_config.py): an explicit provider reads none of them by itself.
+    aws_settings: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Foundation:
     child: pulumi.ResourceOptions  # parent: the stack; AWS resources through its provider
     provider: aws.Provider
@@ -84,20 +95,15 @@ class Foundation:
 
 
 def foundation(
-    stack: pulumi.ComponentResource,
-    name: str,
-    config: StackConfig,
-    plan: Plan,
-    aws_settings: dict[str, Any],
-    head_node: HeadNode | None = None,
+    stack: pulumi.ComponentResource, name: str, args: StackArgs, head_node: HeadNode | None = None
 ) -> Foundation:
-    """The shared resources of stack `name`, as children of `stack`. `aws_settings` are the
-    stack file's aws: settings (profile, region, assumeRoles...) as provider arguments: an
-    explicit provider reads none of them by itself. `head_node`: a cluster's, for the guard."""
+    """The shared resources of stack `name`, as children of `stack`. `head_node`: a cluster's,
+    whose price the spend guard counts."""
+    config, plan = args.config, args.plan
     tag = cost_tag()
     provider = aws.Provider(
         f"{name}-aws",
-        **aws_settings,
+        **args.aws_settings,
         default_tags={"tags": dict([tag])},
         opts=pulumi.ResourceOptions(parent=stack),
     )

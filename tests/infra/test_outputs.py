@@ -47,7 +47,7 @@ def cluster():
 def test_the_single_node_stack_exports_every_field_it_owns_and_reads_back(single_node_spot):
     exported = set(single_node_spot.outputs)
     assert exported == written_by(SINGLE_NODE)
-    assert READ_FROM_BOTH | READ_FROM_SINGLE_NODE <= exported
+    assert exported >= READ_FROM_BOTH | READ_FROM_SINGLE_NODE
     assert not READ_FROM_CLUSTER & exported
     outputs = read_outputs("test", single_node_spot.outputs)
     assert not outputs.is_cluster and len(outputs.instance_ids) == 1
@@ -62,7 +62,7 @@ def test_an_on_demand_stack_has_no_spot_requests_to_cancel():
 def test_the_cluster_stack_exports_every_field_it_owns_and_reads_back(cluster):
     exported = set(cluster.outputs)
     assert exported == written_by(CLUSTER)
-    assert READ_FROM_BOTH | READ_FROM_CLUSTER <= exported
+    assert exported >= READ_FROM_BOTH | READ_FROM_CLUSTER
     assert not READ_FROM_SINGLE_NODE & exported
     outputs = read_outputs("test", cluster.outputs)
     assert outputs.is_cluster and outputs.queue == "gpu" and outputs.nodes == 2
@@ -70,7 +70,7 @@ def test_the_cluster_stack_exports_every_field_it_owns_and_reads_back(cluster):
 
 def test_both_kinds_write_the_shared_fields(single_node_spot, cluster):
     both = set(single_node_spot.outputs) & set(cluster.outputs)
-    assert READ_FROM_BOTH <= both
+    assert both >= READ_FROM_BOTH
     # Every field with no kind of its own is written by both.
     assert written_by(SINGLE_NODE) & written_by(CLUSTER) == both
 

@@ -1,6 +1,5 @@
 """The program reads each config namespace whole, as the Pulumi engine hands it over."""
 
-
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.dryrun.runner import run_stack_file
 from tests.support.mock_runs import of_type
