@@ -21,7 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.iam import service_role
+from infra.components.iam import Account, service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.node.agent import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 
@@ -82,14 +82,11 @@ class Guardrails(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Guardrails", name, None, opts)
         self._name, self._args = name, args
-        tag_key, tag_value = args.cost_tag
-        self._tags = tags = {tag_key: tag_value}
+        self._tags = tags = dict([args.cost_tag])
         child = pulumi.ResourceOptions(parent=self)
-        lookup = pulumi.InvokeOutputOptions(parent=self)
-        self._region = aws.get_region_output(opts=lookup).region
-        caller = aws.get_caller_identity_output(opts=lookup)
-        self._account = account = caller.account_id
-        self._partition = caller.arn.apply(lambda arn: arn.split(":")[1])
+        where = Account.of(self)
+        self._partition, self._region = where.partition, where.region
+        self._account = account = where.account_id
 
         self.alert_topic = aws.sns.Topic(f"{name}-alerts", tags=tags, opts=child)
         topic_policy = aws.sns.TopicPolicy(
@@ -114,33 +111,7 @@ class Guardrails(pulumi.ComponentResource):
             for index, email in enumerate(args.alert_emails)
         ]
 
-        self.budget = aws.budgets.Budget(
-            f"{name}-budget",
-            name=f"{pulumi.get_project()}-{pulumi.get_stack()}",
-            budget_type="COST",
-            limit_amount=f"{args.budget_usd:.2f}",
-            limit_unit="USD",
-            time_unit=args.budget_period,
-            # Only counts once the tag is activated as a cost allocation tag (docs/costs.md).
-            cost_filters=[
-                aws.budgets.BudgetCostFilterArgs(
-                    name="TagKeyValue", values=[f"user:{tag_key}${tag_value}"]
-                )
-            ],
-            notifications=[
-                *(
-                    _notification("ACTUAL", threshold, args, self.alert_topic.arn)
-                    for threshold in args.actual_thresholds_percent
-                ),
-                *(
-                    _notification("FORECASTED", threshold, args, self.alert_topic.arn)
-                    for threshold in args.forecast_thresholds_percent
-                ),
-            ],
-            tags=tags,
-            # Budgets must be allowed to publish before its first notification goes out.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[topic_policy]),
-        )
+        self.budget = _budget(name, args, self.alert_topic.arn, topic_policy, tags, self)
         self.budget_action_role = service_role(
             f"{name}-budget-action",
             service=BUDGETS_PRINCIPAL,
@@ -244,6 +215,45 @@ class Guardrails(pulumi.ComponentResource):
                 "silentAgentAlarmNames": [alarm.name for alarm in self.silent_agent_alarms],
             }
         )
+
+
+def _budget(
+    name: str,
+    args: GuardrailsArgs,
+    topic_arn: pulumi.Output[str],
+    topic_policy: aws.sns.TopicPolicy,
+    tags: dict[str, str],
+    component: Guardrails,
+) -> aws.budgets.Budget:
+    """The stack's budget, scoped to its cost tag, notifying at each threshold."""
+    tag_key, tag_value = args.cost_tag
+    return aws.budgets.Budget(
+        f"{name}-budget",
+        name=f"{pulumi.get_project()}-{pulumi.get_stack()}",
+        budget_type="COST",
+        limit_amount=f"{args.budget_usd:.2f}",
+        limit_unit="USD",
+        time_unit=args.budget_period,
+        # Only counts once the tag is activated as a cost allocation tag (docs/costs.md).
+        cost_filters=[
+            aws.budgets.BudgetCostFilterArgs(
+                name="TagKeyValue", values=[f"user:{tag_key}${tag_value}"]
+            )
+        ],
+        notifications=[
+            *(
+                _notification("ACTUAL", threshold, args, topic_arn)
+                for threshold in args.actual_thresholds_percent
+            ),
+            *(
+                _notification("FORECASTED", threshold, args, topic_arn)
+                for threshold in args.forecast_thresholds_percent
+            ),
+        ],
+        tags=tags,
+        # Budgets must be allowed to publish before its first notification goes out.
+        opts=pulumi.ResourceOptions(parent=component, depends_on=[topic_policy]),
+    )
 
 
 def _notification(

@@ -24,6 +24,25 @@ SSM_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
 EC2_PRINCIPAL = "ec2.amazonaws.com"
 
 
+@dataclass(frozen=True)
+class Account:
+    """Where a component's resources live, looked up through its own provider."""
+
+    partition: pulumi.Output[str]  # "aws", "aws-cn", "aws-us-gov"
+    region: pulumi.Output[str]
+    account_id: pulumi.Output[str]
+
+    @classmethod
+    def of(cls, component: pulumi.Resource) -> Account:
+        lookup = pulumi.InvokeOutputOptions(parent=component)
+        caller = aws.get_caller_identity_output(opts=lookup)
+        return cls(
+            partition=caller.arn.apply(lambda arn: arn.split(":")[1]),
+            region=aws.get_region_output(opts=lookup).region,
+            account_id=caller.account_id,
+        )
+
+
 def trust_policy(service: str, account: str | None = None) -> dict[str, Any]:
     """Only `service` may assume the role; with `account`, only while acting for this account
     (aws:SourceAccount guards against the confused deputy, IAM User Guide, "The confused
