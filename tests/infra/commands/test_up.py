@@ -89,6 +89,7 @@ def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
 
 
 def test_yes_flag_skips_the_question(stub_stack):
+    stub_stack.outputs_ = stack_outputs(["i-0abc"], spot=False)
     up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"), probes=READY)
     assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
 
