@@ -57,6 +57,7 @@ from infra.cluster.config import (
 )
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
+from infra.components.storage import Storage
 from infra.config.schema import S3Uri
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode
@@ -86,12 +87,9 @@ class ClusterArgs:
     plan: Plan  # resolved with a ParallelCluster release (plan.cluster)
     head_node: HeadNode
     subnet_id: pulumi.Input[str]
-    bucket_name: pulumi.Input[str]
-    bucket_arn: pulumi.Input[str]
-    checkpoint_uri: pulumi.Input[str]  # s3://bucket/prefix: each job mirrors under it
-    repository_arn: pulumi.Input[str]
+    # The stack's bucket (each job mirrors under its checkpoint_uri), repository, log group.
+    storage: Storage
     image_uri: pulumi.Input[str]
-    log_group_arn: pulumi.Input[str]
     region: pulumi.Input[str]
     tags: dict[str, str]
     spot: bool
@@ -203,16 +201,16 @@ def _node_scripts(
     """The node setup script and the job script, in the stack's bucket."""
     setup = aws.s3.BucketObjectv2(
         f"{name}-cluster-setup",
-        bucket=args.bucket_name,
+        bucket=args.storage.bucket_name,
         key=SETUP_SCRIPT_KEY,
         content=SETUP_SCRIPT.read_text(),
         opts=opts,
     )
     job = aws.s3.BucketObjectv2(
         f"{name}-cluster-job",
-        bucket=args.bucket_name,
+        bucket=args.storage.bucket_name,
         key=JOB_SCRIPT_KEY,
-        content=pulumi.Output.all(args.image_uri, args.checkpoint_uri).apply(
+        content=pulumi.Output.all(args.image_uri, args.storage.checkpoint_uri).apply(
             lambda values: job_script(args.plan, *values)
         ),
         opts=opts,
@@ -245,7 +243,7 @@ class SlurmCluster(pulumi.ComponentResource):
             path=NODE_POLICY_PATH,
             description=f"What {name}'s Slurm compute nodes reach: its bucket, image, logs",
             policy=pulumi.Output.all(
-                args.bucket_arn, args.repository_arn, args.log_group_arn
+                args.storage.bucket_arn, args.storage.repository_arn, args.storage.log_group_arn
             ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
             opts=child,
         )
@@ -256,7 +254,7 @@ class SlurmCluster(pulumi.ComponentResource):
             template_body=pulumi.Output.all(
                 region=args.region,
                 subnet_id=args.subnet_id,
-                bucket=args.bucket_name,
+                bucket=args.storage.bucket_name,
                 policy_arn=node_policy.arn,
                 image_uri=args.image_uri,
             ).apply(lambda values: _template_body(name, args, values)),
@@ -275,7 +273,7 @@ class SlurmCluster(pulumi.ComponentResource):
         self.head_node_id = stack.outputs.apply(lambda o: (o or {}).get("HeadNodeInstanceId", ""))
         self.head_node_ip = stack.outputs.apply(lambda o: (o or {}).get("HeadNodePrivateIp", ""))
         self.submit_command = pulumi.Output.all(
-            args.region, self.head_node_id, args.bucket_name
+            args.region, self.head_node_id, args.storage.bucket_name
         ).apply(lambda values: submit_command(*values[:2], f"s3://{values[2]}/{JOB_SCRIPT_KEY}"))
         self.log_group_prefix = log_group_prefix(name)
         self.queue = QUEUE

@@ -22,19 +22,14 @@ class ClusterStack(pulumi.ComponentResource):
         config, plan = args.config, args.plan
         parallelcluster = load_parallelcluster()
         base = foundation(self, name, args, parallelcluster.head_node)
-        storage = base.storage
         cluster = SlurmCluster(
             name,
             ClusterArgs(
                 plan=plan,
                 head_node=parallelcluster.head_node,
                 subnet_id=base.network.subnet_id,
-                bucket_name=storage.bucket_name,
-                bucket_arn=storage.bucket_arn,
-                checkpoint_uri=storage.checkpoint_uri,
-                repository_arn=storage.repository_arn,
+                storage=base.storage,
                 image_uri=base.image_uri,
-                log_group_arn=storage.log_group_arn,
                 region=base.region,
                 # ParallelCluster tags what it creates (the nodes too) with these.
                 tags=dict([base.tag]),

@@ -59,10 +59,9 @@ def trust_policy(service: str, account: str | None = None) -> dict[str, Any]:
 
 def service_role(
     name: str,
-    *,
     service: str,
-    account: pulumi.Output[str],
     description: str,
+    account: pulumi.Output[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
 ) -> aws.iam.Role:

@@ -51,6 +51,8 @@ RUNTIME = "python3.12"
 LOG_RETENTION_DAYS = 30
 LAMBDA_PRINCIPAL = "lambda.amazonaws.com"
 SCHEDULER_PRINCIPAL = "scheduler.amazonaws.com"
+GUARD_ROLE = "Lets the spend guard read EC2, keep its ledger, alert and stop the stack"
+SCHEDULE_ROLE = "Lets EventBridge Scheduler run the spend guard"
 
 
 @dataclass(frozen=True)
@@ -93,12 +95,7 @@ class SpendGuard(pulumi.ComponentResource):
             f"{name}-spend-guard", retention_in_days=LOG_RETENTION_DAYS, tags=tags, opts=child
         )
         role = service_role(
-            f"{name}-spend-guard",
-            service=LAMBDA_PRINCIPAL,
-            account=account,
-            description="Lets the spend guard read EC2, keep its ledger, alert and stop the stack",
-            tags=tags,
-            opts=child,
+            f"{name}-spend-guard", LAMBDA_PRINCIPAL, GUARD_ROLE, account, tags, child
         )
         role_policy = aws.iam.RolePolicy(
             f"{name}-spend-guard",
@@ -157,12 +154,7 @@ def _schedule(
     """EventBridge Scheduler runs the guard every period, through a role that may only invoke it."""
     child = pulumi.ResourceOptions(parent=guard)
     schedule_role = service_role(
-        f"{name}-spend-guard-schedule",
-        service=SCHEDULER_PRINCIPAL,
-        account=account,
-        description="Lets EventBridge Scheduler run the spend guard",
-        tags=tags,
-        opts=child,
+        f"{name}-spend-guard-schedule", SCHEDULER_PRINCIPAL, SCHEDULE_ROLE, account, tags, child
     )
     schedule_policy = aws.iam.RolePolicy(
         f"{name}-spend-guard-schedule",

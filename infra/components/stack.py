@@ -129,7 +129,7 @@ def foundation(
         opts=child,
     )
     # The budget, its alert topic and subscriptions exist before any node starts.
-    guardrails = Guardrails(name, GuardrailsArgs.from_settings(config.guardrails, tag), opts=child)
+    guardrails = Guardrails(name, GuardrailsArgs(config.guardrails, tag), opts=child)
     # Finds the instances by their tag (on a cluster, ParallelCluster's Tags put it on the
     # head node and every node Slurm starts), so it counts them from their launch whenever
     # it starts; it needs the guardrails' alert topic. The nodes wait for it too.
