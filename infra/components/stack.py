@@ -1,6 +1,6 @@
 """The foundation both kinds of training stack stand on: provider, network, storage, guardrails.
 
-`foundation(stack, name, config, plan, aws_settings)` builds, as children of the stack's
+`foundation(stack, name, args)` builds, as children of the stack's
 component (SingleNodeStack or ClusterStack), through its own AWS provider whose default tags
 put the stack's cost-allocation tag on everything that takes tags (budgets filter on that
 tag): the network, storage, the budget and alarms and the spend guard. Each kind then adds
@@ -49,7 +49,6 @@ class StackArgs:
 @dataclass(frozen=True)
 class Foundation:
     child: pulumi.ResourceOptions  # parent: the stack; AWS resources through its provider
-    provider: aws.Provider
     network: Network
     storage: Storage
     guardrails: Guardrails
@@ -151,7 +150,6 @@ def foundation(
     region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=stack, provider=provider))
     return Foundation(
         child=child,
-        provider=provider,
         network=network,
         storage=storage,
         guardrails=guardrails,
