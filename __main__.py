@@ -7,7 +7,9 @@ what would work. docs/stack.md lists the keys.
 
 import pulumi
 
-from infra.components.stack import TrainingStack
+from infra.components.cluster_stack import ClusterStack
+from infra.components.single_node import SingleNodeStack
+from infra.components.stack import StackArgs
 from infra.components.stack_config import namespace_config, provider_settings
 from infra.config.schema import load_stack_config, stack_region
 from infra.errors import ConfigError
@@ -17,9 +19,10 @@ from infra.preflight import quotas
 
 try:
     config = load_stack_config(namespace_config("gpu"))
-    plan = resolve_plan(config, stack_region(pulumi.Config("aws").get("region")))
-    check_plan(config, plan)
+    # The aws: settings, read once: the region here, all of them by the stack's provider.
     aws_settings = provider_settings(namespace_config("aws"))
+    plan = resolve_plan(config, stack_region(aws_settings.get("region")))
+    check_plan(config, plan)
     # Refuses a stack the account's vCPU quota cannot run, before any resource exists.
     checked = quotas.preflight_quota(
         quota_need(plan, config.market),
@@ -30,9 +33,13 @@ try:
         pulumi.log.info(checked)
     for warning in (*plan.warnings, *config.guardrails.warnings):
         pulumi.log.warn(warning)
-    stack = TrainingStack(f"{pulumi.get_project()}-{pulumi.get_stack()}", config, plan)
+    kind = ClusterStack if config.cluster is not None else SingleNodeStack
+    stack = kind(
+        f"{pulumi.get_project()}-{pulumi.get_stack()}", StackArgs(config, plan, aws_settings)
+    )
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None
 
-for key, value in stack.outputs.items():
-    pulumi.export(key, value)
+# One export per field of the outputs contract (infra/outputs.py) this kind of stack writes.
+for name, value in stack.outputs.present().items():
+    pulumi.export(name, value)

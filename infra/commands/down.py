@@ -67,12 +67,25 @@ def run(
     say = workspace.printer(out)
     name = workspace.stack_name(args)
     stack = workspace.open_stack(name)
-    outputs = {key: output.value for key, output in stack.outputs().items()}
+    values = stack.outputs()
+    if not values:
+        # Its first `up` stopped before the program wrote its outputs: no job runs and no
+        # bucket or repository is known to list; destroy what Pulumi made.
+        if not workspace.confirm(
+            f"Destroy stack {name} (its first `up` did not finish)?",
+            yes=args.yes,
+            ask=ask,
+            what=f"down {name}",
+        ):
+            return "nothing was destroyed"
+        stack.destroy(on_output=say, color="never")
+        return f"stack {name} is destroyed"
+    outputs = workspace.stack_outputs(name, values)
     region = workspace.stack_region(stack, name)
     deployed = workspace.Deployed(name, region, outputs)
     instance_ids = deployed.instance_ids
-    bucket = outputs.get("checkpoint_bucket")
-    repository = repository_name(outputs.get("image_uri"))
+    bucket = outputs.checkpoint_bucket
+    repository = repository_name(outputs.image_uri)
     data = " and ".join(
         part
         for part in (bucket and f"bucket {bucket}", repository and f"repository {repository}")
@@ -94,8 +107,7 @@ def run(
             asked = datetime.datetime.now(datetime.UTC)
             results = nodes.stop_job(workspace.aws("ssm", region), running, say=say, sleep=sleep)
             say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
-            if outputs.get("checkpoint_uri"):
-                say(stop_report(workspace.aws("s3", region), outputs["checkpoint_uri"], asked))
+            say(stop_report(workspace.aws("s3", region), outputs.checkpoint_uri, asked))
         cancelled = nodes.cancel_spot_requests(ec2, instance_ids)
         if cancelled:
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
@@ -104,7 +116,7 @@ def run(
     log_prefix = deployed.cluster_log_group_prefix
     cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
     cloudformation = workspace.aws("cloudformation", region) if log_prefix else None
-    checkpoint = last_checkpoint(s3, outputs.get("checkpoint_uri")) if s3 else None
+    checkpoint = last_checkpoint(s3, outputs.checkpoint_uri) if s3 else None
     stack.destroy(on_output=say, color="never")
     deleted = []
     if args.delete_data:
@@ -140,7 +152,7 @@ def run(
             f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"
             for shared in leftovers.parallelcluster_buckets(workspace.aws("s3", region))
         ]
-    unexpected = _unexpected(outputs.get("cost_tag"), region)
+    unexpected = _unexpected(outputs.cost_tag, region)
     lines = [f"stack {name} is destroyed" + "".join(f", {d}" for d in deleted)]
     if kept:
         lines += ["kept on purpose (it keeps costing storage):", *kept]

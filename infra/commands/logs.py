@@ -57,7 +57,7 @@ def run(
         raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {nodes - 1}")
     if args.since <= 0:
         raise ConfigError(f"--since {args.since:g}: give minutes above 0")
-    group = stack.outputs["log_group"]
+    group = stack.outputs.log_group
     streams = [f"node-{args.node}"] if args.node is not None else None
     logs = workspace.aws("logs", stack.region)
     start = int((now() - args.since * 60) * 1000)

@@ -22,8 +22,6 @@ from infra.errors import ConfigError
 from infra.report import format_table
 from training.contract import GOODPUT_FIELD, RUN_USD_FIELD, price_field, price_words
 
-LEDGER_OUTPUT = "spend_ledger_table"  # the spend guard's DynamoDB table (a stack output)
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     workspace.add_stack_argument(parser)
@@ -66,9 +64,8 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     out = stack.outputs
     ec2, s3 = workspace.aws("ec2", stack.region), workspace.aws("s3", stack.region)
     lines = [
-        f"stack       {stack.name} ({stack.region}): {out.get('nodes')} x "
-        f"{out.get('instance_type')}, {out.get('market')}, "
-        f"${out.get('hourly_cost_usd', 0):,.2f}/h while running",
+        f"stack       {stack.name} ({stack.region}): {out.nodes} x "
+        f"{out.instance_type}, {out.market}, ${out.hourly_cost_usd:,.2f}/h while running",
         "",
         format_table(
             ("NODE", "INSTANCE", "STATE", "SPOT REQUEST"),
@@ -81,7 +78,7 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     ]
     progress = job_status(s3, stack.checkpoint_uri)
     lines.append(f"job         {describe_job(progress, now)}")
-    rate = unit_cost(out.get("hourly_cost_usd"), progress)
+    rate = unit_cost(out.hourly_cost_usd, progress)
     if rate:
         lines.append(f"cost        {rate}")
     checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
@@ -95,10 +92,10 @@ def cluster_report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     out = stack.outputs
     found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
     lines = [
-        f"stack       {stack.name} ({stack.region}): Slurm cluster, queue {out.get('queue')} of "
-        f"up to {out.get('nodes')} x {out.get('instance_type')}, {out.get('market')}, "
-        f"${out.get('hourly_cost_usd', 0):,.2f}/h with every node running; "
-        f"${out.get('idle_usd_per_hour', 0):,.2f}/h idle (the head node and the NAT gateway)",
+        f"stack       {stack.name} ({stack.region}): Slurm cluster, queue {out.queue} of "
+        f"up to {out.nodes} x {out.instance_type}, {out.market}, "
+        f"${out.hourly_cost_usd:,.2f}/h with every node running; "
+        f"${out.idle_usd_per_hour or 0:,.2f}/h idle (the head node and the NAT gateway)",
         "",
         format_table(
             ("ROLE", "INSTANCE", "TYPE", "STATE", "MARKET"),
@@ -205,8 +202,8 @@ def _duration(seconds: float) -> str:
 
 
 def _spend(stack: workspace.Deployed, now: datetime.datetime) -> str:
-    budget = f"budget ${stack.outputs.get('monthly_budget_usd', 0):,.2f} a month"
-    table = stack.outputs.get(LEDGER_OUTPUT)
+    budget = f"budget ${stack.outputs.monthly_budget_usd:,.2f} a month"
+    table = stack.outputs.spend_ledger_table
     if not table:
         return f"{budget}; no spend ledger (the stack predates the spend guard: `up` adds it)"
     # The spend guard's own code (it imports boto3: not at start-up, see infra/commands).

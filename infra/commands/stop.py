@@ -62,7 +62,7 @@ def stop_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
     if state != "running":
         return f"the head node of {stack.name} is {state}: no job runs, nothing to stop"
     held = head_node.hold_queue(stack, say=say, sleep=sleep)
-    idle = stack.outputs.get("idle_usd_per_hour", 0)
+    idle = stack.outputs.idle_usd_per_hour or 0
     return (
         f"held {len(held)} job(s) of {stack.name}; the compute nodes end after "
         f"{SCALEDOWN_IDLE_MINUTES} idle minutes, and the head node keeps the queue "

@@ -134,18 +134,18 @@ def run(
     result = stack.up(
         on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
     )
-    outputs = {key: output.value for key, output in result.outputs.items()}
-    if outputs.get("cluster") == "slurm":
+    outputs = workspace.stack_outputs(name, result.outputs)
+    if outputs.is_cluster:
         nodes = (
-            f"Slurm cluster, head node {outputs.get('head_node')}; "
-            f"compute nodes start for each job. Submit: {outputs.get('submit_command')}"
+            f"Slurm cluster, head node {outputs.head_node}; "
+            f"compute nodes start for each job. Submit: {outputs.submit_command}"
         )
     else:
-        nodes = ", ".join(outputs.get("instance_ids", []))
+        nodes = ", ".join(outputs.instance_ids or [])
     return "\n".join(
         [
             f"stack {name} is up: {nodes}",
-            f"image it waits for: {outputs.get('image_uri')} (push it: docs/stack.md)",
+            f"image it waits for: {outputs.image_uri} (push it: docs/stack.md)",
             f"next: `python -m infra status {name}`, `python -m infra logs {name} --follow`",
         ]
     )

@@ -10,13 +10,15 @@ from __future__ import annotations
 import re
 import shutil
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
+from infra.functions.market import Market
 from infra.knowledge.profiles import load_profiles
+from infra.outputs import StackOutputs, read_outputs
 
 HOW_TO_INSTALL_PULUMI = (
     "install it with `curl -fsSL https://get.pulumi.com | sh` "
@@ -69,63 +71,60 @@ def open_stack(name: str, *, create: bool = False) -> Any:
 
 @dataclass(frozen=True)
 class Deployed:
-    """A stack that is up: its name, region and outputs (infra/components/stack.py)."""
+    """A stack that is up: its name, region and outputs (infra/outputs.py)."""
 
     name: str
     region: str
-    outputs: dict[str, Any]
+    outputs: StackOutputs
     budget_period: str = "MONTHLY"  # gpu:budgetPeriod, the spend ledger's period
 
     @property
     def instance_ids(self) -> list[str]:
         """The single-node stack's nodes in rank order (a cluster's come and go: none)."""
-        return list(self.outputs.get("instance_ids") or [])
+        return list(self.outputs.instance_ids or [])
 
     @property
     def is_cluster(self) -> bool:
-        """gpu:cluster: slurm, a ParallelCluster cluster (infra/components/stack.py)."""
-        return self.outputs.get("cluster") == "slurm"
+        return self.outputs.is_cluster
 
     @property
     def head_node(self) -> str | None:
-        return self.outputs.get("head_node")
+        return self.outputs.head_node
 
     @property
     def cluster_name(self) -> str | None:
-        """ParallelCluster's name for the stack's cluster (infra/components/stack.py)."""
-        return self.outputs.get("cluster_name")
+        return self.outputs.cluster_name
 
     @property
     def cluster_log_group_prefix(self) -> str | None:
-        """The start of the cluster's CloudWatch log group's name (infra/components/cluster.py)."""
-        return self.outputs.get("cluster_log_group_prefix")
+        return self.outputs.cluster_log_group_prefix
 
     @property
     def cost_tag(self) -> tuple[str, str]:
         """(key, value) of the tag on every instance of the stack."""
-        tag = self.outputs.get("cost_tag")
-        if not tag:
-            raise ConfigError(
-                f"stack {self.name} predates its cost_tag output: `python -m infra up "
-                f"{self.name}` adds it (no resource changes)"
-            )
-        key, _, value = tag.partition("=")
+        key, _, value = self.outputs.cost_tag.partition("=")
         return key, value
 
     @property
     def spot(self) -> bool:
-        return self.outputs.get("market") == "spot"
+        return self.outputs.market == Market.SPOT
 
     @property
-    def checkpoint_uri(self) -> str | None:
-        return self.outputs.get("checkpoint_uri")
+    def checkpoint_uri(self) -> str:
+        return self.outputs.checkpoint_uri
+
+
+def stack_outputs(name: str, values: Mapping[str, Any]) -> StackOutputs:
+    """Stack `name`'s outputs from the Automation API's (name -> OutputValue), checked."""
+    return read_outputs(name, {key: output.value for key, output in values.items()})
 
 
 def deployed(name: str, stack: Any | None = None) -> Deployed:
     """The outputs and region of stack `name`; ConfigError when it is not up."""
     stack = stack if stack is not None else open_stack(name)
-    outputs = {key: output.value for key, output in stack.outputs().items()}
-    if not outputs.get("instance_ids") and not outputs.get("head_node"):
+    values = stack.outputs()
+    outputs = stack_outputs(name, values) if values else None
+    if outputs is None or not (outputs.instance_ids or outputs.head_node):
         raise ConfigError(
             f"stack {name!r} has no instances (it is down or was never up): "
             f"`python -m infra up {name}` creates them"

@@ -56,6 +56,7 @@ from infra.cluster.config import (
 )
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
+from infra.components.storage import Storage
 from infra.config.schema import S3Uri
 from infra.functions.market import Market
 from infra.knowledge.allreduce import node_expectation
@@ -86,12 +87,9 @@ class ClusterArgs:
     plan: Plan  # resolved with a ParallelCluster release (plan.cluster)
     head_node: HeadNode
     subnet_id: pulumi.Input[str]
-    bucket_name: pulumi.Input[str]
-    bucket_arn: pulumi.Input[str]
-    checkpoint_uri: pulumi.Input[str]  # s3://bucket/prefix: each job mirrors under it
-    repository_arn: pulumi.Input[str]
+    # The stack's bucket (each job mirrors under its checkpoint_uri), repository, log group.
+    storage: Storage
     image_uri: pulumi.Input[str]
-    log_group_arn: pulumi.Input[str]
     region: pulumi.Input[str]
     tags: dict[str, str]
     market: Market
@@ -175,6 +173,51 @@ def log_group_prefix(cluster_name: str) -> str:
     return f"{LOG_GROUP_PREFIX}{cluster_name}-"
 
 
+def _template_body(name: str, args: ClusterArgs, values: dict) -> str:
+    """The CloudFormation template, once the values only the deploy knows are known."""
+    settings = ClusterSettings(
+        region=values["region"],
+        subnet_id=values["subnet_id"],
+        bucket=values["bucket"],
+        setup_script=f"s3://{values['bucket']}/{SETUP_SCRIPT_KEY}",
+        job_script=f"s3://{values['bucket']}/{JOB_SCRIPT_KEY}",
+        node_policy_arn=values["policy_arn"],
+        registry=values["image_uri"].split("/", 1)[0],
+        head_node=args.head_node,
+        ssh_allowed_cidr=args.ssh_allowed_cidr,
+        tags=args.tags,
+        market=args.market,
+        capacity_block_id=args.capacity_block_id,
+        log_retention_days=args.log_retention_days,
+        delete_logs_on_destroy=args.delete_data_on_destroy,
+    )
+    config = cluster_config(args.plan, settings)
+    return json.dumps(cloudformation_template(name, args.plan.cluster.version, config), indent=2)
+
+
+def _node_scripts(
+    name: str, args: ClusterArgs, opts: pulumi.ResourceOptions
+) -> list[aws.s3.BucketObjectv2]:
+    """The node setup script and the job script, in the stack's bucket."""
+    setup = aws.s3.BucketObjectv2(
+        f"{name}-cluster-setup",
+        bucket=args.storage.bucket_name,
+        key=SETUP_SCRIPT_KEY,
+        content=SETUP_SCRIPT.read_text(),
+        opts=opts,
+    )
+    job = aws.s3.BucketObjectv2(
+        f"{name}-cluster-job",
+        bucket=args.storage.bucket_name,
+        key=JOB_SCRIPT_KEY,
+        content=pulumi.Output.all(args.image_uri, args.storage.checkpoint_uri).apply(
+            lambda values: job_script(args.plan, *values)
+        ),
+        opts=opts,
+    )
+    return [setup, job]
+
+
 class SlurmCluster(pulumi.ComponentResource):
     """The ParallelCluster cluster (head node + one GPU queue) and what its nodes need."""
 
@@ -200,64 +243,28 @@ class SlurmCluster(pulumi.ComponentResource):
             path=NODE_POLICY_PATH,
             description=f"What {name}'s Slurm compute nodes reach: its bucket, image, logs",
             policy=pulumi.Output.all(
-                args.bucket_arn, args.repository_arn, args.log_group_arn
+                args.storage.bucket_arn, args.storage.repository_arn, args.storage.log_group_arn
             ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
             opts=child,
         )
-        setup = aws.s3.BucketObjectv2(
-            f"{name}-cluster-setup",
-            bucket=args.bucket_name,
-            key=SETUP_SCRIPT_KEY,
-            content=SETUP_SCRIPT.read_text(),
-            opts=child,
-        )
-        job = aws.s3.BucketObjectv2(
-            f"{name}-cluster-job",
-            bucket=args.bucket_name,
-            key=JOB_SCRIPT_KEY,
-            content=pulumi.Output.all(args.image_uri, args.checkpoint_uri).apply(
-                lambda values: job_script(plan, *values)
-            ),
-            opts=child,
-        )
-
-        def template(values: dict) -> str:
-            settings = ClusterSettings(
-                region=values["region"],
-                subnet_id=values["subnet_id"],
-                bucket=values["bucket"],
-                setup_script=f"s3://{values['bucket']}/{SETUP_SCRIPT_KEY}",
-                job_script=f"s3://{values['bucket']}/{JOB_SCRIPT_KEY}",
-                node_policy_arn=values["policy_arn"],
-                registry=values["image_uri"].split("/", 1)[0],
-                head_node=args.head_node,
-                ssh_allowed_cidr=args.ssh_allowed_cidr,
-                tags=args.tags,
-                market=args.market,
-                capacity_block_id=args.capacity_block_id,
-                log_retention_days=args.log_retention_days,
-                delete_logs_on_destroy=args.delete_data_on_destroy,
-            )
-            config = cluster_config(plan, settings)
-            return json.dumps(cloudformation_template(name, release.version, config), indent=2)
-
+        scripts = _node_scripts(name, args, child)
         stack = aws.cloudformation.Stack(
             f"{name}-cluster",
             name=f"{name}-cluster",
             template_body=pulumi.Output.all(
                 region=args.region,
                 subnet_id=args.subnet_id,
-                bucket=args.bucket_name,
+                bucket=args.storage.bucket_name,
                 policy_arn=node_policy.arn,
                 image_uri=args.image_uri,
-            ).apply(template),
+            ).apply(lambda values: _template_body(name, args, values)),
             capabilities=CAPABILITIES,
             timeout_in_minutes=CREATE_TIMEOUT_MINUTES,
             on_failure="DELETE",
             # The nodes run the scripts at boot: they must be in the bucket first.
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=[setup, job],
+                depends_on=scripts,
                 custom_timeouts=STACK_TIMEOUTS,
                 delete_before_replace=True,
             ),
@@ -266,7 +273,7 @@ class SlurmCluster(pulumi.ComponentResource):
         self.head_node_id = stack.outputs.apply(lambda o: (o or {}).get("HeadNodeInstanceId", ""))
         self.head_node_ip = stack.outputs.apply(lambda o: (o or {}).get("HeadNodePrivateIp", ""))
         self.submit_command = pulumi.Output.all(
-            args.region, self.head_node_id, args.bucket_name
+            args.region, self.head_node_id, args.storage.bucket_name
         ).apply(lambda values: submit_command(*values[:2], f"s3://{values[2]}/{JOB_SCRIPT_KEY}"))
         self.log_group_prefix = log_group_prefix(name)
         self.queue = QUEUE

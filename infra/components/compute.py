@@ -69,81 +69,8 @@ class Compute(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Compute", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        template = aws.ec2.LaunchTemplate(
-            f"{name}-node",
-            description=args.description,
-            image_id=args.image_id,
-            instance_type=args.instance_type,
-            iam_instance_profile={"arn": args.instance_profile_arn},
-            metadata_options={
-                "http_endpoint": "enabled",
-                "http_tokens": "required",  # IMDSv2 only
-                # 2 hops: containers on the docker bridge read spot notices from IMDS.
-                "http_put_response_hop_limit": 2,
-            },
-            block_device_mappings=[
-                {
-                    "device_name": args.root_device_name,
-                    "ebs": {
-                        "volume_size": args.root_volume_gib,
-                        "volume_type": "gp3",
-                        "iops": ROOT_VOLUME_IOPS,
-                        "throughput": ROOT_VOLUME_THROUGHPUT_MIBPS,
-                        "encrypted": "true",
-                        "delete_on_termination": "true",
-                    },
-                }
-            ],
-            network_interfaces=[
-                {
-                    "network_card_index": 0,
-                    "device_index": 0,
-                    "interface_type": None,  # a plain ENA interface
-                    "subnet_id": args.subnet_id,
-                    "security_groups": [args.security_group_id],
-                    "delete_on_termination": "true",
-                    "associate_public_ip_address": "true",
-                }
-            ],
-            placement={"availability_zone": args.availability_zone},
-            # Provider default tags reach the instance but not what it creates: volumes,
-            # interfaces and spot requests would escape the cost tag a budget filters on
-            # (hashicorp/terraform-provider-aws issue 19890; EC2 User Guide, "Tag your
-            # resources": tag on creation through the launch template's TagSpecifications).
-            tag_specifications=[
-                {"resource_type": kind, "tags": dict(args.cost_tags)}
-                for kind in ("instance", "volume", "network-interface", "spot-instances-request")
-            ],
-            update_default_version=True,
-            opts=child,
-        )
-
-        market = None
-        if args.spot:
-            market = {
-                "market_type": "spot",
-                "spot_options": {
-                    "spot_instance_type": "persistent",
-                    "instance_interruption_behavior": "stop",
-                },
-            }
-        elif args.capacity_block:
-            # A Capacity Block is launched into with market type "capacity-block" and its
-            # reservation as the target (EC2 User Guide, "Launch instances into a Capacity
-            # Block", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).
-            market = {"market_type": "capacity-block"}
-        # An On-Demand Capacity Reservation is targeted by id (EC2 User Guide, "Launch
-        # instances into an existing Capacity Reservation",
-        # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html).
-        reservation = (
-            {
-                "capacity_reservation_target": {
-                    "capacity_reservation_id": args.capacity_reservation_id
-                }
-            }
-            if args.capacity_reservation_id is not None
-            else None
-        )
+        template = _launch_template(f"{name}-node", args, child)
+        market, reservation = _market_options(args)
         self.instance_ids, self.private_ips, self.spot_request_ids = [], [], []
         # "-node-0" and rank 0, as when stacks could have more nodes: an existing stack
         # keeps its instance. Lists, as the command line reads them (instance_ids...).
@@ -190,3 +117,84 @@ class Compute(pulumi.ComponentResource):
                 "spot_request_ids": self.spot_request_ids,
             }
         )
+
+
+def _launch_template(
+    name: str, args: ComputeArgs, opts: pulumi.ResourceOptions
+) -> aws.ec2.LaunchTemplate:
+    """The node's template: IMDSv2, an encrypted gp3 root volume, one public ENA interface."""
+    return aws.ec2.LaunchTemplate(
+        name,
+        description=args.description,
+        image_id=args.image_id,
+        instance_type=args.instance_type,
+        iam_instance_profile={"arn": args.instance_profile_arn},
+        metadata_options={
+            "http_endpoint": "enabled",
+            "http_tokens": "required",  # IMDSv2 only
+            # 2 hops: containers on the docker bridge read spot notices from IMDS.
+            "http_put_response_hop_limit": 2,
+        },
+        block_device_mappings=[
+            {
+                "device_name": args.root_device_name,
+                "ebs": {
+                    "volume_size": args.root_volume_gib,
+                    "volume_type": "gp3",
+                    "iops": ROOT_VOLUME_IOPS,
+                    "throughput": ROOT_VOLUME_THROUGHPUT_MIBPS,
+                    "encrypted": "true",
+                    "delete_on_termination": "true",
+                },
+            }
+        ],
+        network_interfaces=[
+            {
+                "network_card_index": 0,
+                "device_index": 0,
+                "interface_type": None,  # a plain ENA interface
+                "subnet_id": args.subnet_id,
+                "security_groups": [args.security_group_id],
+                "delete_on_termination": "true",
+                "associate_public_ip_address": "true",
+            }
+        ],
+        placement={"availability_zone": args.availability_zone},
+        # Provider default tags reach the instance but not what it creates: volumes,
+        # interfaces and spot requests would escape the cost tag a budget filters on
+        # (hashicorp/terraform-provider-aws issue 19890; EC2 User Guide, "Tag your
+        # resources": tag on creation through the launch template's TagSpecifications).
+        tag_specifications=[
+            {"resource_type": kind, "tags": dict(args.cost_tags)}
+            for kind in ("instance", "volume", "network-interface", "spot-instances-request")
+        ],
+        update_default_version=True,
+        opts=opts,
+    )
+
+
+def _market_options(args: ComputeArgs) -> tuple[dict | None, dict | None]:
+    """The instance's market (spot, Capacity Block or on-demand) and capacity reservation."""
+    market = None
+    if args.spot:
+        market = {
+            "market_type": "spot",
+            "spot_options": {
+                "spot_instance_type": "persistent",
+                "instance_interruption_behavior": "stop",
+            },
+        }
+    elif args.capacity_block:
+        # A Capacity Block is launched into with market type "capacity-block" and its
+        # reservation as the target (EC2 User Guide, "Launch instances into a Capacity
+        # Block", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).
+        market = {"market_type": "capacity-block"}
+    # An On-Demand Capacity Reservation is targeted by id (EC2 User Guide, "Launch
+    # instances into an existing Capacity Reservation",
+    # https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-reservations-launch.html).
+    reservation = (
+        {"capacity_reservation_target": {"capacity_reservation_id": args.capacity_reservation_id}}
+        if args.capacity_reservation_id is not None
+        else None
+    )
+    return market, reservation

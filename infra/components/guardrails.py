@@ -21,6 +21,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.iam import Account, service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.node.agent import GPU_METRIC_DIMENSION, GPU_METRIC_NAMESPACE, GPU_UTILIZATION_METRIC
 
@@ -28,41 +29,13 @@ STOP_AT_PERCENT = 100.0  # the budget action fires at 100% of actual spend
 STOP_DOCUMENT = "AWS-StopEC2Instance"  # the AWS-owned SSM automation a STOP_EC2_INSTANCES runs
 BUDGETS_PRINCIPAL = "budgets.amazonaws.com"
 CLOUDWATCH_PRINCIPAL = "cloudwatch.amazonaws.com"
+BUDGET_ACTION_ROLE = "Lets AWS Budgets stop this stack's instances at the budget limit"
 
 
 @dataclass(frozen=True)
 class GuardrailsArgs:
-    """The stack's guardrail settings (checked: infra.config.guardrails) and its cost tag."""
-
-    budget_usd: float
-    budget_period: str  # "MONTHLY" or "DAILY"
-    alert_emails: Sequence[str]
-    actual_thresholds_percent: Sequence[float]
-    forecast_thresholds_percent: Sequence[float]
-    idle_gpu_percent: float
-    idle_minutes: int
-    idle_period_seconds: int
-    idle_evaluation_periods: int
-    max_runtime_hours: float | None
-    runtime_alarm_window: tuple[int, int] | None  # (period seconds, periods), or no alarm
+    settings: GuardrailConfig  # the stack's guardrail settings, checked (infra.config.guardrails)
     cost_tag: tuple[str, str]  # (key, value) every resource of the stack carries
-
-    @classmethod
-    def from_settings(cls, settings: GuardrailConfig, cost_tag: tuple[str, str]) -> GuardrailsArgs:
-        return cls(
-            budget_usd=settings.budget_usd,
-            budget_period=settings.budget_period,
-            alert_emails=settings.alert_emails,
-            actual_thresholds_percent=settings.actual_thresholds_percent,
-            forecast_thresholds_percent=settings.forecast_thresholds_percent,
-            idle_gpu_percent=settings.idle_gpu_percent,
-            idle_minutes=settings.idle_minutes,
-            idle_period_seconds=settings.idle_period_seconds,
-            idle_evaluation_periods=settings.idle_evaluation_periods,
-            max_runtime_hours=settings.max_runtime_hours,
-            runtime_alarm_window=settings.runtime_alarm_window,
-            cost_tag=cost_tag,
-        )
 
 
 class Guardrails(pulumi.ComponentResource):
@@ -81,14 +54,11 @@ class Guardrails(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:Guardrails", name, None, opts)
         self._name, self._args = name, args
-        tag_key, tag_value = args.cost_tag
-        self._tags = tags = {tag_key: tag_value}
+        self._tags = tags = dict([args.cost_tag])
         child = pulumi.ResourceOptions(parent=self)
-        lookup = pulumi.InvokeOutputOptions(parent=self)
-        self._region = aws.get_region_output(opts=lookup).region
-        caller = aws.get_caller_identity_output(opts=lookup)
-        self._account = account = caller.account_id
-        self._partition = caller.arn.apply(lambda arn: arn.split(":")[1])
+        where = Account.of(self)
+        self._partition, self._region = where.partition, where.region
+        self._account = account = where.account_id
 
         self.alert_topic = aws.sns.Topic(f"{name}-alerts", tags=tags, opts=child)
         topic_policy = aws.sns.TopicPolicy(
@@ -110,42 +80,12 @@ class Guardrails(pulumi.ComponentResource):
                 endpoint=email,
                 opts=child,
             )
-            for index, email in enumerate(args.alert_emails)
+            for index, email in enumerate(args.settings.alert_emails)
         ]
 
-        self.budget = aws.budgets.Budget(
-            f"{name}-budget",
-            name=f"{pulumi.get_project()}-{pulumi.get_stack()}",
-            budget_type="COST",
-            limit_amount=f"{args.budget_usd:.2f}",
-            limit_unit="USD",
-            time_unit=args.budget_period,
-            # Only counts once the tag is activated as a cost allocation tag (docs/costs.md).
-            cost_filters=[
-                aws.budgets.BudgetCostFilterArgs(
-                    name="TagKeyValue", values=[f"user:{tag_key}${tag_value}"]
-                )
-            ],
-            notifications=[
-                *(
-                    _notification("ACTUAL", threshold, args, self.alert_topic.arn)
-                    for threshold in args.actual_thresholds_percent
-                ),
-                *(
-                    _notification("FORECASTED", threshold, args, self.alert_topic.arn)
-                    for threshold in args.forecast_thresholds_percent
-                ),
-            ],
-            tags=tags,
-            # Budgets must be allowed to publish before its first notification goes out.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[topic_policy]),
-        )
-        self.budget_action_role = aws.iam.Role(
-            f"{name}-budget-action",
-            description="Lets AWS Budgets stop this stack's instances at the budget limit",
-            assume_role_policy=account.apply(lambda acct: json.dumps(_budgets_trust(acct))),
-            tags=tags,
-            opts=child,
+        self.budget = _budget(name, args, self.alert_topic.arn, topic_policy, tags, self)
+        self.budget_action_role = service_role(
+            f"{name}-budget-action", BUDGETS_PRINCIPAL, BUDGET_ACTION_ROLE, account, tags, child
         )
         # What the instances wait for: every way the stack reports and limits spend.
         self.ready: list[pulumi.Resource] = [
@@ -195,7 +135,7 @@ class Guardrails(pulumi.ComponentResource):
             subscribers=[
                 *(
                     aws.budgets.BudgetActionSubscriberArgs(address=email, subscription_type="EMAIL")
-                    for email in args.alert_emails
+                    for email in args.settings.alert_emails
                 ),
                 aws.budgets.BudgetActionSubscriberArgs(
                     address=self.alert_topic.arn, subscription_type="SNS"
@@ -208,28 +148,23 @@ class Guardrails(pulumi.ComponentResource):
 
         stop_action = pulumi.Output.concat("arn:", partition, ":automate:", region, ":ec2:stop")
         alarm_actions = [stop_action, self.alert_topic.arn]
-        self.idle_alarms = [
-            _idle_alarm(f"{name}-idle-{index}", instance_id, args, alarm_actions, tags, child)
-            for index, instance_id in enumerate(instance_ids)
-        ]
+        stopping = [_AlarmTarget(node, alarm_actions, tags, child) for node in instance_ids]
         # Missing GPU metrics on a running node notify, and never stop it.
+        notifying = [
+            _AlarmTarget(node, [self.alert_topic.arn], tags, child) for node in instance_ids
+        ]
+        self.idle_alarms = [
+            _idle_alarm(f"{name}-idle-{index}", args.settings, target)
+            for index, target in enumerate(stopping)
+        ]
         self.silent_agent_alarms = [
-            _silent_agent_alarm(
-                f"{name}-no-gpu-metrics-{index}",
-                instance_id,
-                args,
-                self.alert_topic.arn,
-                tags,
-                child,
-            )
-            for index, instance_id in enumerate(instance_ids)
+            _silent_agent_alarm(f"{name}-no-gpu-metrics-{index}", args.settings, target)
+            for index, target in enumerate(notifying)
         ]
         self.runtime_alarms = [
-            _runtime_alarm(
-                f"{name}-max-runtime-{index}", instance_id, args, alarm_actions, tags, child
-            )
-            for index, instance_id in enumerate(instance_ids)
-            if args.runtime_alarm_window is not None
+            _runtime_alarm(f"{name}-max-runtime-{index}", args.settings, target)
+            for index, target in enumerate(stopping)
+            if args.settings.runtime_alarm_window is not None
         ]
 
         self.register_outputs(
@@ -244,6 +179,45 @@ class Guardrails(pulumi.ComponentResource):
         )
 
 
+def _budget(
+    name: str,
+    args: GuardrailsArgs,
+    topic_arn: pulumi.Output[str],
+    topic_policy: aws.sns.TopicPolicy,
+    tags: dict[str, str],
+    component: Guardrails,
+) -> aws.budgets.Budget:
+    """The stack's budget, scoped to its cost tag, notifying at each threshold."""
+    tag_key, tag_value = args.cost_tag
+    return aws.budgets.Budget(
+        f"{name}-budget",
+        name=f"{pulumi.get_project()}-{pulumi.get_stack()}",
+        budget_type="COST",
+        limit_amount=f"{args.settings.budget_usd:.2f}",
+        limit_unit="USD",
+        time_unit=args.settings.budget_period,
+        # Only counts once the tag is activated as a cost allocation tag (docs/costs.md).
+        cost_filters=[
+            aws.budgets.BudgetCostFilterArgs(
+                name="TagKeyValue", values=[f"user:{tag_key}${tag_value}"]
+            )
+        ],
+        notifications=[
+            *(
+                _notification("ACTUAL", threshold, args, topic_arn)
+                for threshold in args.settings.actual_thresholds_percent
+            ),
+            *(
+                _notification("FORECASTED", threshold, args, topic_arn)
+                for threshold in args.settings.forecast_thresholds_percent
+            ),
+        ],
+        tags=tags,
+        # Budgets must be allowed to publish before its first notification goes out.
+        opts=pulumi.ResourceOptions(parent=component, depends_on=[topic_policy]),
+    )
+
+
 def _notification(
     kind: str, threshold: float, args: GuardrailsArgs, topic_arn: pulumi.Output[str]
 ) -> aws.budgets.BudgetNotificationArgs:
@@ -252,55 +226,63 @@ def _notification(
         comparison_operator="GREATER_THAN",
         threshold=threshold,
         threshold_type="PERCENTAGE",
-        subscriber_email_addresses=list(args.alert_emails) or None,
+        subscriber_email_addresses=list(args.settings.alert_emails) or None,
         subscriber_sns_topic_arns=[topic_arn],
     )
 
 
+@dataclass(frozen=True)
+class _AlarmTarget:
+    """The node an alarm watches, and what the alarm does and carries."""
+
+    instance_id: pulumi.Input[str]
+    actions: list[pulumi.Output[str]]
+    tags: dict[str, str]
+    opts: pulumi.ResourceOptions
+
+
+def _whole_window(periods: int, target: _AlarmTarget) -> dict[str, Any]:
+    """A node alarm's common settings: it fires only when every one of `periods` breaches,
+    and a period with no datapoint never breaches."""
+    return {
+        "evaluation_periods": periods,
+        "datapoints_to_alarm": periods,
+        "treat_missing_data": "notBreaching",
+        "alarm_actions": target.actions,
+        "tags": target.tags,
+        "opts": target.opts,
+    }
+
+
 def _idle_alarm(
-    name: str,
-    instance_id: pulumi.Input[str],
-    args: GuardrailsArgs,
-    actions: list[pulumi.Output[str]],
-    tags: dict[str, str],
-    opts: pulumi.ResourceOptions,
+    name: str, settings: GuardrailConfig, target: _AlarmTarget
 ) -> aws.cloudwatch.MetricAlarm:
-    periods = args.idle_evaluation_periods
+    periods = settings.idle_evaluation_periods
     return aws.cloudwatch.MetricAlarm(
         name,
         alarm_description=(
-            f"Stops the instance when no GPU rose above {args.idle_gpu_percent:g}% "
-            f"for {args.idle_minutes} minutes"
+            f"Stops the instance when no GPU rose above {settings.idle_gpu_percent:g}% "
+            f"for {settings.idle_minutes} minutes"
         ),
         namespace=GPU_METRIC_NAMESPACE,
         metric_name=GPU_UTILIZATION_METRIC,
-        dimensions={GPU_METRIC_DIMENSION: instance_id},
+        dimensions={GPU_METRIC_DIMENSION: target.instance_id},
         # Maximum over the instance's GPUs: one busy GPU (an evaluation, a single-GPU job)
         # keeps the instance running.
         statistic="Maximum",
-        period=args.idle_period_seconds,
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
+        period=settings.idle_period_seconds,
         comparison_operator="LessThanThreshold",
-        threshold=args.idle_gpu_percent,
+        threshold=settings.idle_gpu_percent,
         # No data means the agent is not publishing: the node is booting, syncing data, pulling
         # the image (the boot publishes only while the job runs), or stopped. Stopping it then
         # would cut a boot short for no saving; the no-GPU-metrics alarm notifies instead, and
         # the budget action and the runtime alarm (EC2's own metric) still cover the node.
-        treat_missing_data="notBreaching",
-        alarm_actions=actions,
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, target),
     )
 
 
 def _silent_agent_alarm(
-    name: str,
-    instance_id: pulumi.Input[str],
-    args: GuardrailsArgs,
-    topic_arn: pulumi.Output[str],
-    tags: dict[str, str],
-    opts: pulumi.ResourceOptions,
+    name: str, settings: GuardrailConfig, target: _AlarmTarget
 ) -> aws.cloudwatch.MetricAlarm:
     """Notifies (never stops) when a running node has published no GPU metric for as long as
     the idle alarm looks back: the job has not started (data sync, image not pushed yet) or the
@@ -311,12 +293,12 @@ def _silent_agent_alarm(
     runs silent, and has no datapoint where it is stopped (CloudWatch User Guide, "Using metric
     math": IF, FILL, https://docs.aws.amazon.com/AmazonCloudWatch/latest/monitoring/using-metric-math.html).
     """
-    period, periods = args.idle_period_seconds, args.idle_evaluation_periods
+    period, periods = settings.idle_period_seconds, settings.idle_evaluation_periods
     return aws.cloudwatch.MetricAlarm(
         name,
         alarm_description=(
-            f"The instance has run {args.idle_minutes} minutes without GPU metrics: its job has "
-            "not started (data sync, image not pushed yet) or the CloudWatch agent is down"
+            f"The instance has run {settings.idle_minutes} minutes without GPU metrics: its job "
+            "has not started (data sync, image not pushed yet) or the CloudWatch agent is down"
         ),
         metric_queries=[
             {
@@ -324,7 +306,7 @@ def _silent_agent_alarm(
                 "metric": {
                     "namespace": "AWS/EC2",
                     "metric_name": "CPUUtilization",
-                    "dimensions": {"InstanceId": instance_id},
+                    "dimensions": {"InstanceId": target.instance_id},
                     "stat": "SampleCount",
                     "period": period,
                 },
@@ -335,7 +317,7 @@ def _silent_agent_alarm(
                 "metric": {
                     "namespace": GPU_METRIC_NAMESPACE,
                     "metric_name": GPU_UTILIZATION_METRIC,
-                    "dimensions": {GPU_METRIC_DIMENSION: instance_id},
+                    "dimensions": {GPU_METRIC_DIMENSION: target.instance_id},
                     "stat": "SampleCount",
                     "period": period,
                 },
@@ -348,25 +330,15 @@ def _silent_agent_alarm(
                 "return_data": True,
             },
         ],
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
         comparison_operator="GreaterThanOrEqualToThreshold",
         threshold=1,
         # A stopped node has no datapoint at all: not a problem.
-        treat_missing_data="notBreaching",
-        alarm_actions=[topic_arn],
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, target),
     )
 
 
 def _runtime_alarm(
-    name: str,
-    instance_id: pulumi.Input[str],
-    args: GuardrailsArgs,
-    actions: list[pulumi.Output[str]],
-    tags: dict[str, str],
-    opts: pulumi.ResourceOptions,
+    name: str, settings: GuardrailConfig, target: _AlarmTarget
 ) -> aws.cloudwatch.MetricAlarm:
     """Stops an instance that has run `max_runtime_hours` without a break.
 
@@ -375,25 +347,22 @@ def _runtime_alarm(
     run the whole window. No agent, no extra role and no clock at deploy time: a restarted
     instance gets a fresh window, where a one-shot schedule fixed at `pulumi up` would not.
     """
-    period, periods = args.runtime_alarm_window
+    period, periods = settings.runtime_alarm_window
     return aws.cloudwatch.MetricAlarm(
         name,
-        alarm_description=f"Stops the instance after {args.max_runtime_hours:g} hours of running",
+        alarm_description=(
+            f"Stops the instance after {settings.max_runtime_hours:g} hours of running"
+        ),
         namespace="AWS/EC2",
         metric_name="CPUUtilization",
-        dimensions={"InstanceId": instance_id},
+        dimensions={"InstanceId": target.instance_id},
         statistic="SampleCount",
         period=period,
-        evaluation_periods=periods,
-        datapoints_to_alarm=periods,
         comparison_operator="GreaterThanOrEqualToThreshold",
         threshold=1,
         # A stopped instance publishes nothing: missing periods must not count as running, so a
         # stop (or a gap) restarts the window.
-        treat_missing_data="notBreaching",
-        alarm_actions=actions,
-        tags=tags,
-        opts=opts,
+        **_whole_window(periods, target),
     )
 
 
@@ -414,21 +383,6 @@ def _topic_policy(topic_arn: str, account: str) -> dict[str, Any]:
                 ("BudgetsPublish", BUDGETS_PRINCIPAL),
                 ("CloudWatchAlarmsPublish", CLOUDWATCH_PRINCIPAL),
             )
-        ],
-    }
-
-
-def _budgets_trust(account: str) -> dict[str, Any]:
-    """Only AWS Budgets, acting for this account, may assume the action's role."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": BUDGETS_PRINCIPAL},
-                "Action": "sts:AssumeRole",
-                "Condition": {"StringEquals": {"aws:SourceAccount": account}},
-            }
         ],
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pulumi
 import pulumi_aws as aws
@@ -20,6 +21,58 @@ from infra.config.schema import S3Uri
 from infra.node.agent import agent_policy_statement
 
 SSM_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
+EC2_PRINCIPAL = "ec2.amazonaws.com"
+
+
+@dataclass(frozen=True)
+class Account:
+    """Where a component's resources live, looked up through its own provider."""
+
+    partition: pulumi.Output[str]  # "aws", "aws-cn", "aws-us-gov"
+    region: pulumi.Output[str]
+    account_id: pulumi.Output[str]
+
+    @classmethod
+    def of(cls, component: pulumi.Resource) -> Account:
+        lookup = pulumi.InvokeOutputOptions(parent=component)
+        caller = aws.get_caller_identity_output(opts=lookup)
+        return cls(
+            partition=caller.arn.apply(lambda arn: arn.split(":")[1]),
+            region=aws.get_region_output(opts=lookup).region,
+            account_id=caller.account_id,
+        )
+
+
+def trust_policy(service: str, account: str | None = None) -> dict[str, Any]:
+    """Only `service` may assume the role; with `account`, only while acting for this account
+    (aws:SourceAccount guards against the confused deputy, IAM User Guide, "The confused
+    deputy problem": https://docs.aws.amazon.com/IAM/latest/UserGuide/confused-deputy.html)."""
+    statement: dict[str, Any] = {
+        "Effect": "Allow",
+        "Principal": {"Service": service},
+        "Action": "sts:AssumeRole",
+    }
+    if account is not None:
+        statement["Condition"] = {"StringEquals": {"aws:SourceAccount": account}}
+    return {"Version": "2012-10-17", "Statement": [statement]}
+
+
+def service_role(
+    name: str,
+    service: str,
+    description: str,
+    account: pulumi.Output[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.iam.Role:
+    """A role only `service`, acting for `account`, may assume."""
+    return aws.iam.Role(
+        name,
+        description=description,
+        assume_role_policy=account.apply(lambda acct: json.dumps(trust_policy(service, acct))),
+        tags=tags,
+        opts=opts,
+    )
 
 
 def instance_policy(
@@ -137,18 +190,7 @@ class InstanceRole(pulumi.ComponentResource):
         role = aws.iam.Role(
             f"{name}-node",
             description="GPU training nodes: own bucket, own repository, own log group, SSM",
-            assume_role_policy=json.dumps(
-                {
-                    "Version": "2012-10-17",
-                    "Statement": [
-                        {
-                            "Effect": "Allow",
-                            "Principal": {"Service": "ec2.amazonaws.com"},
-                            "Action": "sts:AssumeRole",
-                        }
-                    ],
-                }
-            ),
+            assume_role_policy=json.dumps(trust_policy(EC2_PRINCIPAL)),
             opts=child,
         )
         aws.iam.RolePolicy(

@@ -35,6 +35,7 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.iam import Account, service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.functions import fleet
 from infra.functions.ledger import PERIOD_KEY
@@ -50,6 +51,8 @@ RUNTIME = "python3.12"
 LOG_RETENTION_DAYS = 30
 LAMBDA_PRINCIPAL = "lambda.amazonaws.com"
 SCHEDULER_PRINCIPAL = "scheduler.amazonaws.com"
+GUARD_ROLE = "Lets the spend guard read EC2, keep its ledger, alert and stop the stack"
+SCHEDULE_ROLE = "Lets EventBridge Scheduler run the spend guard"
 
 
 @dataclass(frozen=True)
@@ -75,11 +78,8 @@ class SpendGuard(pulumi.ComponentResource):
     ) -> None:
         super().__init__("gpu:infra:SpendGuard", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        lookup = pulumi.InvokeOutputOptions(parent=self)
-        region = aws.get_region_output(opts=lookup).region
-        caller = aws.get_caller_identity_output(opts=lookup)
-        account = caller.account_id
-        partition = caller.arn.apply(lambda arn: arn.split(":")[1])
+        where = Account.of(self)
+        partition, region, account = where.partition, where.region, where.account_id
         tags = dict([args.cost_tag])
 
         self.ledger = aws.dynamodb.Table(
@@ -94,14 +94,8 @@ class SpendGuard(pulumi.ComponentResource):
         log_group = aws.cloudwatch.LogGroup(
             f"{name}-spend-guard", retention_in_days=LOG_RETENTION_DAYS, tags=tags, opts=child
         )
-        role = aws.iam.Role(
-            f"{name}-spend-guard",
-            description="Lets the spend guard read EC2, keep its ledger, alert and stop the stack",
-            assume_role_policy=account.apply(
-                lambda acct: json.dumps(_trust(LAMBDA_PRINCIPAL, acct))
-            ),
-            tags=tags,
-            opts=child,
+        role = service_role(
+            f"{name}-spend-guard", LAMBDA_PRINCIPAL, GUARD_ROLE, account, tags, child
         )
         role_policy = aws.iam.RolePolicy(
             f"{name}-spend-guard",
@@ -120,27 +114,7 @@ class SpendGuard(pulumi.ComponentResource):
             ),
             opts=child,
         )
-        prices = {
-            instance_type: price.by_market()
-            for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
-        }
-        if args.head_node is not None:
-            head_node = args.head_node.price_in(args.plan.price.region)
-            prices[args.head_node.instance_type] = {"on-demand": head_node.on_demand_usd_per_hour}
-        environment = pulumi.Output.all(self.ledger.name, args.alert_topic_arn).apply(
-            lambda values: GuardSettings(
-                table=values[0],
-                topic_arn=values[1],
-                cost_tag=args.cost_tag,
-                budget_usd=args.guardrails.budget_usd,
-                budget_period=args.guardrails.budget_period,
-                thresholds_percent=args.guardrails.actual_thresholds_percent,
-                region=args.plan.price.region,
-                prices=prices,
-                cluster_name=args.cluster_name,
-                capacity_block_id=args.capacity_block_id,
-            ).to_environment()
-        )
+        environment = _environment(args, self.ledger.name)
         self.function = aws.lambda_.Function(
             f"{name}-spend-guard",
             description="Counts the stack's EC2 spend and stops it at the budget",
@@ -158,46 +132,7 @@ class SpendGuard(pulumi.ComponentResource):
             # Its first run must be able to read, write and stop.
             opts=pulumi.ResourceOptions(parent=self, depends_on=[role_policy]),
         )
-        schedule_role = aws.iam.Role(
-            f"{name}-spend-guard-schedule",
-            description="Lets EventBridge Scheduler run the spend guard",
-            assume_role_policy=account.apply(
-                lambda acct: json.dumps(_trust(SCHEDULER_PRINCIPAL, acct))
-            ),
-            tags=tags,
-            opts=child,
-        )
-        schedule_policy = aws.iam.RolePolicy(
-            f"{name}-spend-guard-schedule",
-            role=schedule_role.id,
-            policy=self.function.arn.apply(
-                lambda arn: json.dumps(
-                    {
-                        "Version": "2012-10-17",
-                        "Statement": [
-                            {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": arn}
-                        ],
-                    }
-                )
-            ),
-            opts=child,
-        )
-        self.schedule = aws.scheduler.Schedule(
-            f"{name}-spend-guard",
-            description=f"Runs the spend guard every {SPEND_GUARD_PERIOD_MINUTES} minutes",
-            schedule_expression=f"rate({SPEND_GUARD_PERIOD_MINUTES} minutes)",
-            flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
-            target=aws.scheduler.ScheduleTargetArgs(
-                arn=self.function.arn,
-                role_arn=schedule_role.arn,
-                # A run older than one period is superseded by the next one.
-                retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(
-                    maximum_event_age_in_seconds=SPEND_GUARD_PERIOD_MINUTES * 60,
-                    maximum_retry_attempts=2,
-                ),
-            ),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[schedule_policy]),
-        )
+        self.schedule = _schedule(self, name, self.function.arn, account, tags)
 
         self.ledger_table_name = self.ledger.name
         self.register_outputs(
@@ -207,6 +142,77 @@ class SpendGuard(pulumi.ComponentResource):
                 "scheduleName": self.schedule.name,
             }
         )
+
+
+def _schedule(
+    guard: SpendGuard,
+    name: str,
+    function_arn: pulumi.Output[str],
+    account: pulumi.Output[str],
+    tags: dict[str, str],
+) -> aws.scheduler.Schedule:
+    """EventBridge Scheduler runs the guard every period, through a role that may only invoke it."""
+    child = pulumi.ResourceOptions(parent=guard)
+    schedule_role = service_role(
+        f"{name}-spend-guard-schedule", SCHEDULER_PRINCIPAL, SCHEDULE_ROLE, account, tags, child
+    )
+    schedule_policy = aws.iam.RolePolicy(
+        f"{name}-spend-guard-schedule",
+        role=schedule_role.id,
+        policy=function_arn.apply(
+            lambda arn: json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {"Effect": "Allow", "Action": "lambda:InvokeFunction", "Resource": arn}
+                    ],
+                }
+            )
+        ),
+        opts=child,
+    )
+    return aws.scheduler.Schedule(
+        f"{name}-spend-guard",
+        description=f"Runs the spend guard every {SPEND_GUARD_PERIOD_MINUTES} minutes",
+        schedule_expression=f"rate({SPEND_GUARD_PERIOD_MINUTES} minutes)",
+        flexible_time_window=aws.scheduler.ScheduleFlexibleTimeWindowArgs(mode="OFF"),
+        target=aws.scheduler.ScheduleTargetArgs(
+            arn=function_arn,
+            role_arn=schedule_role.arn,
+            # A run older than one period is superseded by the next one.
+            retry_policy=aws.scheduler.ScheduleTargetRetryPolicyArgs(
+                maximum_event_age_in_seconds=SPEND_GUARD_PERIOD_MINUTES * 60,
+                maximum_retry_attempts=2,
+            ),
+        ),
+        opts=pulumi.ResourceOptions(parent=guard, depends_on=[schedule_policy]),
+    )
+
+
+def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulumi.Output[dict]:
+    """The guard's settings (infra/functions/settings.py) as its Lambda environment, with the
+    price of every instance type it may find carrying the stack's tag."""
+    prices = {
+        instance_type: price.by_market()
+        for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
+    }
+    if args.head_node is not None:
+        head_node = args.head_node.price_in(args.plan.price.region)
+        prices[args.head_node.instance_type] = {"on-demand": head_node.on_demand_usd_per_hour}
+    return pulumi.Output.all(ledger_name, args.alert_topic_arn).apply(
+        lambda values: GuardSettings(
+            table=values[0],
+            topic_arn=values[1],
+            cost_tag=args.cost_tag,
+            budget_usd=args.guardrails.budget_usd,
+            budget_period=args.guardrails.budget_period,
+            thresholds_percent=args.guardrails.actual_thresholds_percent,
+            region=args.plan.price.region,
+            prices=prices,
+            cluster_name=args.cluster_name,
+            capacity_block_id=args.capacity_block_id,
+        ).to_environment()
+    )
 
 
 def function_archive() -> pulumi.AssetArchive:
@@ -298,20 +304,5 @@ def guard_policy(
                 "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
                 "Resource": f"{log_group_arn}:*",
             },
-        ],
-    }
-
-
-def _trust(service: str, account: str) -> dict[str, Any]:
-    """Only `service`, acting for this account, may assume the role."""
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Effect": "Allow",
-                "Principal": {"Service": service},
-                "Action": "sts:AssumeRole",
-                "Condition": {"StringEquals": {"aws:SourceAccount": account}},
-            }
         ],
     }

@@ -15,11 +15,13 @@ import pulumi_aws as aws
 def namespace_config(namespace: str) -> dict[str, Any]:
     """Every key set in the stack's config under `namespace` ("gpu", "aws"), without the prefix.
 
-    pulumi.Config only answers for keys one asks about; to refuse unknown keys we
-    read the whole map the language host passes in (PULUMI_CONFIG), plus any key
-    set in-process (pulumi.runtime.set_config, used by the tests and the offline plan).
+    pulumi.Config only answers for keys one asks about; to refuse unknown keys we read the
+    whole map, which the Python language host hands the program in the PULUMI_CONFIG
+    environment variable (pulumi/pulumi, sdk/python/cmd/pulumi-language-python/main.go,
+    `pulumiConfigVar`), through the SDK's public `pulumi.runtime.get_config_env`. The
+    offline plan hands its config over the same way (infra/dryrun/runner.py).
     """
-    settings = {**pulumi.runtime.get_config_env(), **pulumi.runtime.config.CONFIG.get()}
+    settings = pulumi.runtime.get_config_env()
     prefix = f"{namespace}:"
     return {
         key.removeprefix(prefix): value for key, value in settings.items() if key.startswith(prefix)

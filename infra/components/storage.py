@@ -72,56 +72,7 @@ class Storage(pulumi.ComponentResource):
         delete_data = args.delete_data_on_destroy
         data = pulumi.ResourceOptions(parent=self, retain_on_delete=not delete_data)
 
-        bucket = aws.s3.Bucket(f"{name}-checkpoints", force_destroy=delete_data, opts=data)
-        aws.s3.BucketPublicAccessBlock(
-            f"{name}-checkpoints",
-            bucket=bucket.id,
-            block_public_acls=True,
-            block_public_policy=True,
-            ignore_public_acls=True,
-            restrict_public_buckets=True,
-            opts=data,
-        )
-        aws.s3.BucketServerSideEncryptionConfiguration(
-            f"{name}-checkpoints",
-            bucket=bucket.id,
-            rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
-            opts=data,
-        )
-        versioning = aws.s3.BucketVersioning(
-            f"{name}-checkpoints",
-            bucket=bucket.id,
-            versioning_configuration={"status": "Enabled"},
-            opts=data,
-        )
-        aws.s3.BucketLifecycleConfiguration(
-            f"{name}-checkpoints",
-            bucket=bucket.id,
-            rules=[
-                {
-                    "id": "expire-old-checkpoint-versions",
-                    "status": "Enabled",
-                    "filter": {},
-                    "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_VERSION_DAYS},
-                    "abort_incomplete_multipart_upload": {
-                        "days_after_initiation": ABORT_MULTIPART_DAYS
-                    },
-                }
-            ],
-            # S3 wants versioning configured before a noncurrent-version rule.
-            opts=pulumi.ResourceOptions.merge(
-                data, pulumi.ResourceOptions(depends_on=[versioning])
-            ),
-        )
-        # TLS only: deny every request that does not use HTTPS (S3 User Guide, "Security best
-        # practices for Amazon S3": aws:SecureTransport,
-        # https://docs.aws.amazon.com/AmazonS3/latest/userguide/security-best-practices.html).
-        aws.s3.BucketPolicy(
-            f"{name}-checkpoints",
-            bucket=bucket.id,
-            policy=bucket.arn.apply(lambda arn: json.dumps(tls_only_policy(arn))),
-            opts=data,
-        )
+        bucket = _checkpoint_bucket(f"{name}-checkpoints", delete_data, data)
 
         repository = aws.ecr.Repository(
             f"{name}-images",
@@ -154,3 +105,56 @@ class Storage(pulumi.ComponentResource):
                 "log_group_name": self.log_group_name,
             }
         )
+
+
+def _checkpoint_bucket(name: str, delete_data: bool, data: pulumi.ResourceOptions) -> aws.s3.Bucket:
+    """Private, encrypted, versioned, TLS only; old checkpoint versions expire."""
+    bucket = aws.s3.Bucket(name, force_destroy=delete_data, opts=data)
+    aws.s3.BucketPublicAccessBlock(
+        name,
+        bucket=bucket.id,
+        block_public_acls=True,
+        block_public_policy=True,
+        ignore_public_acls=True,
+        restrict_public_buckets=True,
+        opts=data,
+    )
+    aws.s3.BucketServerSideEncryptionConfiguration(
+        name,
+        bucket=bucket.id,
+        rules=[{"apply_server_side_encryption_by_default": {"sse_algorithm": "AES256"}}],
+        opts=data,
+    )
+    versioning = aws.s3.BucketVersioning(
+        name,
+        bucket=bucket.id,
+        versioning_configuration={"status": "Enabled"},
+        opts=data,
+    )
+    aws.s3.BucketLifecycleConfiguration(
+        name,
+        bucket=bucket.id,
+        rules=[
+            {
+                "id": "expire-old-checkpoint-versions",
+                "status": "Enabled",
+                "filter": {},
+                "noncurrent_version_expiration": {"noncurrent_days": NONCURRENT_VERSION_DAYS},
+                "abort_incomplete_multipart_upload": {
+                    "days_after_initiation": ABORT_MULTIPART_DAYS
+                },
+            }
+        ],
+        # S3 wants versioning configured before a noncurrent-version rule.
+        opts=pulumi.ResourceOptions.merge(data, pulumi.ResourceOptions(depends_on=[versioning])),
+    )
+    # TLS only: deny every request that does not use HTTPS (S3 User Guide, "Security best
+    # practices for Amazon S3": aws:SecureTransport,
+    # https://docs.aws.amazon.com/AmazonS3/latest/userguide/security-best-practices.html).
+    aws.s3.BucketPolicy(
+        name,
+        bucket=bucket.id,
+        policy=bucket.arn.apply(lambda arn: json.dumps(tls_only_policy(arn))),
+        opts=data,
+    )
+    return bucket

@@ -9,6 +9,7 @@ assert on these recordings; `python -m infra plan --resources` prints them (infr
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import runpy
@@ -55,7 +56,8 @@ def run_under_mocks(
     """Run `program` under `mocks` with `config` (full keys, e.g. "gpu:nodes") until every
     resource it started is registered: (the run, the program's return value)."""
     os.environ[OFFLINE_ENV] = "1"  # the program makes no AWS call of its own (preflight)
-    pulumi.runtime.set_all_config(dict(config))
+    # As the Pulumi language host hands a program its config (infra/components/stack_config.py).
+    os.environ["PULUMI_CONFIG"] = json.dumps(dict(config))
     pulumi.runtime.reset_options(project=PROJECT, stack=stack, preview=False)
     pulumi.runtime.set_mocks(
         mocks, project=PROJECT, stack=stack, preview=False, logger=_QUIET_ENGINE

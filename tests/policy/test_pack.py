@@ -182,7 +182,7 @@ def test_the_guardrails_component_satisfies_the_budget_policy():
             metadata_options={"http_tokens": "required"},
         )
         config = GuardrailConfig(budget_usd=500, alert_emails=("ml@example.com",))
-        Guardrails("gpu", GuardrailsArgs.from_settings(config, ("k", "v"))).watch([node.id])
+        Guardrails("gpu", GuardrailsArgs(config, ("k", "v"))).watch([node.id])
 
     mocks, _ = run_under_mocks(guarded)
     assert evaluate(mocks.resources) == []

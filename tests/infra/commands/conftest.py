@@ -131,21 +131,45 @@ def launch_nodes(ec2, count: int, *, spot: bool) -> list[str]:
     return ids
 
 
-def stack_outputs(instance_ids: list[str], *, spot: bool, **extra) -> dict[str, Any]:
-    """The outputs infra/components/stack.py exports, for a l4x1 stack in moto."""
+def shared_outputs(**extra) -> dict[str, Any]:
+    """The outputs both kinds of stack write (infra/outputs.py), for a stack in moto."""
     return {
         "instance_type": "p3.2xlarge",
-        "nodes": len(instance_ids),
-        "market": "spot" if spot else "on-demand",
-        "instance_ids": instance_ids,
+        "nodes": 1,
+        "market": "on-demand",
+        "cost_tag": "gpu-stack=gpu-training-stack-l4x1",
         "image_uri": f"123456789012.dkr.ecr.{REGION}.amazonaws.com/{REPOSITORY}:0.1.0-cu128",
         "checkpoint_bucket": BUCKET,
         "checkpoint_uri": f"s3://{BUCKET}/checkpoints",
-        "log_group": LOG_GROUP,
-        "hourly_cost_usd": 0.75 if spot else 3.06,
+        "on_demand_usd_per_hour": 3.06,
+        "spot_usd_per_hour": 0.75,
+        "hourly_cost_usd": 3.06,
         "monthly_budget_usd": 100.0,
+        "budget_name": "gpu-training-stack-l4x1-budget",
+        "alert_topic_arn": f"arn:aws:sns:{REGION}:123456789012:gpu-training-stack-l4x1-alerts",
+        "warnings": [],
+        "kept_on_destroy": [f"s3://{BUCKET}"],
         **extra,
     }
+
+
+def stack_outputs(instance_ids: list[str], *, spot: bool, **extra) -> dict[str, Any]:
+    """The outputs the single-node stack writes, for a l4x1 stack in moto."""
+    return shared_outputs(
+        **{
+            "nodes": len(instance_ids),
+            "market": "spot" if spot else "on-demand",
+            "instance_ids": instance_ids,
+            "log_group": LOG_GROUP,
+            "hourly_cost_usd": 0.75 if spot else 3.06,
+            **extra,
+        }
+    )
+
+
+def cluster_outputs(**extra) -> dict[str, Any]:
+    """The outputs the cluster stack writes (its own fields in `extra`)."""
+    return shared_outputs(**{"cluster": "slurm", **extra})
 
 
 def checkpoint_bucket(s3, tags: list[str]) -> None:

@@ -15,7 +15,7 @@ from infra.cluster.control import LOG_PIECE_BYTES
 from infra.commands import down, logs, start, status, stop, workspace
 from infra.errors import ConfigError
 from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
-from tests.infra.commands.conftest import BUCKET, log_args
+from tests.infra.commands.conftest import BUCKET, cluster_outputs, log_args
 from tests.support.head_node import HeadNodeSSM
 
 pytestmark = pytest.mark.slow
@@ -57,20 +57,19 @@ class Cluster:
         ec2.terminate_instances(InstanceIds=[ended])  # scaled down: not a node any more
         _instance(ec2, image, "p4d.24xlarge", {TAG[0]: "gpu-training-stack-other"})
         aws.client("s3").create_bucket(Bucket=BUCKET)
-        stub_stack.outputs_ = {
-            "cluster": "slurm",
-            "cost_tag": "=".join(TAG),
-            "instance_type": "g6e.12xlarge",
-            "nodes": 2,
-            "market": "spot",
-            "queue": "gpu",
-            "head_node": self.head,
-            "checkpoint_bucket": BUCKET,
-            "checkpoint_uri": f"s3://{BUCKET}/checkpoints",
-            "hourly_cost_usd": 9.42,
-            "idle_usd_per_hour": 0.096,
-            "monthly_budget_usd": 500.0,
-        }
+        stub_stack.outputs_ = cluster_outputs(
+            cost_tag="=".join(TAG),
+            instance_type="g6e.12xlarge",
+            nodes=2,
+            market="spot",
+            queue="gpu",
+            head_node=self.head,
+            checkpoint_bucket=BUCKET,
+            checkpoint_uri=f"s3://{BUCKET}/checkpoints",
+            hourly_cost_usd=9.42,
+            idle_usd_per_hour=0.096,
+            monthly_budget_usd=500.0,
+        )
         self.ssm = HeadNodeSSM(slurm, self.head)
         to_moto = workspace.aws
         monkeypatch.setattr(

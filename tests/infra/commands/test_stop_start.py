@@ -9,7 +9,13 @@ import pytest
 
 from infra.commands import start, stop
 from infra.errors import ConfigError
-from tests.infra.commands.conftest import checkpoint_bucket, launch_nodes, stack_outputs
+from infra.outputs import read_outputs
+from tests.infra.commands.conftest import (
+    checkpoint_bucket,
+    cluster_outputs,
+    launch_nodes,
+    stack_outputs,
+)
 
 
 def _states(ec2, ids):
@@ -83,9 +89,8 @@ def _cluster(status_after_naps: list[str], dynamodb):
     """The cluster stack, and a sleep that plays clustermgtd: each nap moves the fleet on."""
     from infra.commands import workspace
 
-    stack = workspace.Deployed(
-        "a100x8", "us-east-1", {"cluster": "slurm", "head_node": "i-0", "cluster_name": CLUSTER}
-    )
+    outputs = cluster_outputs(head_node="i-0", cluster_name=CLUSTER)
+    stack = workspace.Deployed("a100x8", "us-east-1", read_outputs("a100x8", outputs))
 
     def nap(seconds: float) -> None:
         status = status_after_naps.pop(0)

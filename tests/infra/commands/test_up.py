@@ -19,6 +19,7 @@ from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 from infra.planning import resolve_plan
+from tests.infra.commands.conftest import cluster_outputs, stack_outputs
 
 STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.l4x1.yaml").read_text())["config"]
 PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
@@ -75,7 +76,7 @@ def test_a_capacity_block_stack_is_described_in_its_market_at_the_blocks_price()
 
 
 def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
-    stub_stack.outputs_ = {"instance_ids": ["i-0abc"], "image_uri": "r/repo:tag"}
+    stub_stack.outputs_ = stack_outputs(["i-0abc"], spot=False, image_uri="r/repo:tag")
     out = io.StringIO()
     result = up.run(_args(), out=out, ask=lambda q: "y", probes=READY)
     assert stub_stack.opened == [("l4x1", True)]
@@ -90,18 +91,18 @@ def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
 
 
 def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
-    stub_stack.outputs_ = {
-        "cluster": "slurm",
-        "head_node": "i-0head",
-        "submit_command": "aws ssm start-session --target i-0head, then: sbatch ...",
-        "image_uri": "r/repo:tag",
-    }
+    stub_stack.outputs_ = cluster_outputs(
+        head_node="i-0head",
+        submit_command="aws ssm start-session --target i-0head, then: sbatch ...",
+        image_uri="r/repo:tag",
+    )
     result = up.run(_args(), out=io.StringIO(), ask=lambda q: "y", probes=READY)
     assert "stack l4x1 is up: Slurm cluster, head node i-0head" in result
     assert "Submit: aws ssm start-session --target i-0head, then: sbatch" in result
 
 
 def test_yes_flag_skips_the_question(stub_stack):
+    stub_stack.outputs_ = stack_outputs(["i-0abc"], spot=False)
     up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"), probes=READY)
     assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
 

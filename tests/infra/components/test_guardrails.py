@@ -41,7 +41,7 @@ def guarded_stack(plan, config):
             for rank in range(plan.nodes)
         ]
         instance_ids = [node.id for node in nodes]
-        guardrails = Guardrails("gpu", GuardrailsArgs.from_settings(config, COST_TAG))
+        guardrails = Guardrails("gpu", GuardrailsArgs(config, COST_TAG))
         guardrails.watch(instance_ids)
         return guardrails, instance_ids
 
