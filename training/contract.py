@@ -96,11 +96,15 @@ ENV = {
     "TRAIN_SPOT_ENDPOINT": "spot-notice endpoint to poll; empty turns polling off",
     "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
     "TRAIN_USD_PER_HOUR": "the job's price per hour, all nodes: the end-of-run summary's cost",
+    "TRAIN_CODE_URI": "the job's own code (run --code): an s3:// .tar.gz or a local folder",
     "TRAIN_EXPECT_GPUS": "GPUs the health gate expects on this node (the catalog's count)",
     "TRAIN_EXPECT_GPU_MODEL": "GPU model the health gate expects, e.g. A100 (in NVML's name)",
     "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
+
+# The job's own code, put on sys.path before the builders are imported (training/code.py).
+CODE_URI_ENV = "TRAIN_CODE_URI"
 
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
