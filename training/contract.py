@@ -103,9 +103,6 @@ ENV = {
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
 
-# The job's own code, put on sys.path before the builders are imported (training/code.py).
-CODE_URI_ENV = "TRAIN_CODE_URI"
-
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
 HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"

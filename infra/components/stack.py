@@ -12,6 +12,7 @@ import pulumi_aws as aws
 
 from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.compute import Compute, ComputeArgs
+from infra.components.default_job import default_job
 from infra.components.guardrails import Guardrails, GuardrailsArgs
 from infra.components.iam import InstanceRole, InstanceRoleArgs
 from infra.components.network import VPC_CIDR, Network, NetworkArgs
@@ -164,14 +165,20 @@ class TrainingStack(pulumi.ComponentResource):
                     min_driver=plan.variant.min_driver,
                     instance_store_drives=plan.instance.instance_store_nvme,
                     data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
-                    train_config=config.train_config_text,
-                    usd_per_hour=hourly_usd(plan, config.market),
                     # One node attaches no EFA interface (compute.py).
                     expectation=node_expectation(plan.instance, efa_attached=False),
                 )
             )
         )
 
+        if config.train_config is not None:
+            default_job(
+                name,
+                storage.bucket_name,
+                config.train_config_text,
+                hourly_usd(plan, config.market),
+                opts=child,
+            )
         compute = Compute(
             name,
             ComputeArgs(

@@ -35,7 +35,7 @@ from infra.knowledge.costs import hourly_usd
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, MAX_NODES, Plan, resolve
-from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
+from infra.node.boot import job_path_overrides
 from infra.project import find_project_root
 from training.spec.config import ConfigError as TrainConfigError
 from training.spec.config import load_config, validate
@@ -323,12 +323,6 @@ class StackConfig(BaseModel):
             tomllib.loads(text)
         except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"not valid TOML ({exc})") from None
-        size = largest_user_data_bytes(text)
-        if size > MAX_USER_DATA_BYTES:
-            raise ValueError(
-                f"{len(text.encode())} bytes, which makes the user data {size} bytes, over "
-                f"EC2's {MAX_USER_DATA_BYTES}: keep large settings in the image or in S3"
-            )
         return path
 
     @property

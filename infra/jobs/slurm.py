@@ -25,7 +25,7 @@ from infra.cluster.config import DEFAULT_USER, QUEUE
 from infra.cluster.control import STOP_WAIT_S
 from infra.jobs.spool import CODE_NAME, JobSpec, job_key
 from infra.jobs.target import JobTarget
-from training.contract import CODE_URI_ENV
+from training.code import CODE_URI_ENV
 
 SUBMIT_TIMEOUT_S = 120
 # The job's config on the cluster: in the default user's home, which every node mounts.

@@ -17,6 +17,7 @@ SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+BUCKET_OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
