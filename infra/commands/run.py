@@ -141,9 +141,12 @@ def _submit_to_slurm(target: JobTarget, spec: JobSpec, archive: bytes | None) ->
         )
     # The code travels through the spool on a cluster too: the container fetches it.
     spool.submit(s3, target.bucket, spec, archive)
+    code_uri = f"s3://{target.bucket}/{spool.job_key(spec.name, spool.CODE_NAME)}"
     job_id = head_node.on_head_node(
         target.stack,
-        slurm.submit_script(target, spec),
+        slurm.submit_script(
+            slurm.cluster_site(target.bucket), spec, code_uri if spec.has_code else None
+        ),
         what=f"submit job {spec.name}",
         timeout_s=slurm.SUBMIT_TIMEOUT_S,
     ).strip()

@@ -20,52 +20,70 @@ from __future__ import annotations
 
 import base64
 import shlex
+from dataclasses import dataclass
 
 from infra.cluster.config import DEFAULT_USER, QUEUE
 from infra.cluster.control import STOP_WAIT_S
-from infra.jobs.spool import CODE_NAME, JobSpec, job_key
-from infra.jobs.target import JobTarget
+from infra.jobs.spool import JobSpec
 from training.code import CODE_URI_ENV
 
 SUBMIT_TIMEOUT_S = 120
-# The job's config on the cluster: in the default user's home, which every node mounts.
-JOBS_DIR = f"/home/{DEFAULT_USER}/jobs"
 
 
-def config_path(name: str) -> str:
-    return f"{JOBS_DIR}/{name}.toml"
+@dataclass(frozen=True)
+class SubmitSite:
+    """Where the head node keeps the job script and the jobs' configs, and who submits."""
+
+    job_script: str  # the batch script (infra/cluster/templates/train.sbatch, rendered)
+    jobs_dir: str  # each job's config, in a folder every node mounts
+    job_script_uri: str | None = None  # refreshed from here first; None: used as it is
+    user: str | None = None  # sbatch as this user, in a login shell; None: as the caller
 
 
-def submit_script(target: JobTarget, spec: JobSpec) -> str:
-    """Submit `spec` as the cluster's user; prints the Slurm job id."""
+def cluster_site(bucket: str) -> SubmitSite:
+    """The stack's head node: the job script from the bucket, submitted as the default user
+    from a folder in their home, which every node mounts."""
     # Here, not at the top: the component imports Pulumi, which the offline commands
     # that share this command line never load (tests/infra/test_cli.py).
     from infra.components.cluster import JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE
 
-    config = config_path(spec.name)
-    export = "ALL"
-    if spec.has_code:
-        export += f",{CODE_URI_ENV}=s3://{target.bucket}/{job_key(spec.name, CODE_NAME)}"
+    return SubmitSite(
+        job_script=JOB_SCRIPT_ON_HEAD_NODE,
+        jobs_dir=f"/home/{DEFAULT_USER}/jobs",
+        job_script_uri=f"s3://{bucket}/{JOB_SCRIPT_KEY}",
+        user=DEFAULT_USER,
+    )
+
+
+def submit_script(site: SubmitSite, spec: JobSpec, code_uri: str | None) -> str:
+    """Submit `spec` on the head node; prints the Slurm job id."""
+    config = f"{site.jobs_dir}/{spec.name}.toml"
+    export = f"ALL,{CODE_URI_ENV}={code_uri}" if code_uri else "ALL"
     sbatch = [
         "sbatch",
         "--parsable",
         f"--job-name={spec.name}",
-        f"--chdir={JOBS_DIR}",
+        f"--chdir={site.jobs_dir}",
         f"--export={export}",
-        JOB_SCRIPT_ON_HEAD_NODE,
+        site.job_script,
         "--config",
         config,
         *(part for override in spec.overrides for part in ("--set", override)),
     ]
+    lines = ["set -eu"]
+    if site.job_script_uri:
+        lines.append(f"aws s3 cp --only-show-errors {site.job_script_uri} {site.job_script}")
     # The config travels base64-encoded: no quote or newline in it can end the script.
     encoded = base64.b64encode(spec.config_toml.encode()).decode()
-    return f"""set -eu
-aws s3 cp --only-show-errors s3://{target.bucket}/{JOB_SCRIPT_KEY} {JOB_SCRIPT_ON_HEAD_NODE}
-install -d -o {DEFAULT_USER} -g {DEFAULT_USER} {JOBS_DIR}
-echo {encoded} | base64 -d > {config}
-chown {DEFAULT_USER}: {config}
-sudo -iu {DEFAULT_USER} {shlex.join(sbatch)}
-"""
+    lines += [f"mkdir -p {site.jobs_dir}", f"echo {encoded} | base64 -d > {config}"]
+    if site.user:
+        lines += [
+            f"chown {site.user}: {site.jobs_dir} {config}",
+            f"sudo -iu {site.user} {shlex.join(sbatch)}",
+        ]
+    else:
+        lines.append(f'PATH="/opt/slurm/bin:$PATH" {shlex.join(sbatch)}')
+    return "\n".join(lines) + "\n"
 
 
 def cancel_script(name: str, wait_s: int = STOP_WAIT_S) -> str:
