@@ -7,7 +7,8 @@ stack's bucket (the checkpoint bucket, which the node's role may already read an
     jobs/<name>/job.json      JobSpec: the training TOML, overrides, price, code archive
     jobs/<name>/code.tar.gz   the `run --code DIR` folder, when there is one
     jobs/<name>/cancel        a cancel request: the node stops the job with a checkpoint
-    jobs/<name>/state         the node's word on the job: one of JobState
+    jobs/<name>/state         the node's word on the job: one of JobState; a job.json
+                              newer than it makes the job queued again
 
 `python -m infra run|jobs|cancel` write and read it; the node's watcher
 (infra/node/templates/run-training.sh) reads the same keys, rendered from the names below
@@ -121,7 +122,9 @@ def spool_jobs(s3: Any, bucket: str) -> list[SpooledJob]:
             continue  # a job being submitted: its code is there, its job.json not yet
         parsed = JobSpec.model_validate_json(spec["Body"].read())
         state = _get(s3, bucket, job_key(name, STATE_NAME))
-        if state is None:
+        # A job.json newer than the node's word is a job sent again (`up` with a changed
+        # gpu:trainConfig rewrites the default job's): queued, as the watcher sees it.
+        if state is None or state["LastModified"] < spec["LastModified"]:
             jobs.append(SpooledJob(parsed, JobState.QUEUED, parsed.submitted_at))
         else:
             word = state["Body"].read().decode().strip()

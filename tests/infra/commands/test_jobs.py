@@ -7,6 +7,7 @@ import argparse
 import io
 import json
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,14 @@ def test_the_spec_refuses_unknown_fields():
             '{"name": "a", "config_toml": "", "usd_per_hour": 1, "submitted_at": '
             '"2026-01-01T00:00:00Z", "gpus": 8}'
         )
+
+
+def test_a_job_json_newer_than_the_nodes_word_is_queued_again(stack, tmp_path):
+    """`up` with a changed gpu:trainConfig rewrites the default job's job.json in place."""
+    run_job.run(run_args(write(tmp_path, "default.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/default/state", Body=b"done")
+    assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[1] == "done"
+    time.sleep(1.1)  # S3 keeps LastModified to the second
+    spec = stack.get_object(Bucket=BUCKET, Key="jobs/default/job.json")["Body"].read()
+    stack.put_object(Bucket=BUCKET, Key="jobs/default/job.json", Body=spec)
+    assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[1] == "queued"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -563,3 +564,20 @@ def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
     documented = set(re.findall(r"^\| `(TRAIN_[A-Z0-9_]+)` \|", section, flags=re.MULTILINE))
     assert documented == trainer_variables()
     assert set(contract.ENV) == trainer_variables()
+
+
+def test_a_boot_script_comment_changes_no_byte_of_the_user_data(tmp_path, monkeypatch):
+    """Whole-line comments never reach the node: rewording one replaces no instance."""
+    before = render_user_data(node())
+    templates = tmp_path / "templates"
+    shutil.copytree(userdata.TEMPLATES, templates)
+    for name in ("run-training.sh", "watch-jobs.py", userdata.UNIT_NAME):
+        path = templates / name
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join([lines[0], "# a reworded explanation\n", *lines[1:]]))
+    monkeypatch.setattr(userdata, "TEMPLATES", templates)
+    assert render_user_data(node()) == before
+    (templates / "run-training.sh").write_text(
+        (templates / "run-training.sh").read_text() + "true\n"
+    )
+    assert render_user_data(node()) != before  # a real change still reaches it
