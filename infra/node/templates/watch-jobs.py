@@ -101,7 +101,13 @@ def start(name):
 def main():
     current, container, ending, idle = None, None, None, time.monotonic()
     while True:
-        jobs = spool()
+        try:
+            jobs = spool()
+        except subprocess.CalledProcessError as error:
+            # S3 out of reach a moment: the running job goes on; ask again next poll.
+            log(f"could not read the job spool: {error.stderr.strip()}")
+            time.sleep(POLL_S)
+            continue
         for name, (state, _, cancel) in jobs.items():
             if cancel and state in (QUEUED, YIELDED, RUNNING) and name != current:
                 set_state(name, CANCELLED)

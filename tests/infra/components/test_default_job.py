@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import yaml
 
 from infra.components import stack
 from infra.jobs.spool import JobSpec
@@ -23,6 +24,7 @@ from tests.support.stack_runs import (
     boot_env,
     nodes_in_rank_order,
     run_stack,
+    written_content,
 )
 
 JOB = "[train]\nsteps = 300\nglobal_batch_size = 64\n\n[optimizer]\nlr = 3e-4\n"
@@ -34,13 +36,17 @@ def default_job(run) -> JobSpec:
 
 
 def user_data(run) -> list[str]:
-    """Each node's user data, the mocks' made-up resource numbers blanked: they number
-    resources in the order of registration (infra/dryrun/mocks.py), which Pulumi's
-    asynchronous registration does not fix; in AWS a resource keeps its name across updates."""
-    return [
-        re.sub(r"-[0-9a-f]{7}\b", "-NUMBER", node.inputs["userData"])
-        for node in nodes_in_rank_order(run)
-    ]
+    """Each node's user data, its compressed file decoded, the mocks' made-up resource
+    numbers blanked: they number resources in the order of registration
+    (infra/dryrun/mocks.py), which Pulumi's asynchronous registration does not fix; in AWS
+    a resource keeps its name, and the same files are the same bytes (no gzip timestamp)."""
+    texts = []
+    for node in nodes_in_rank_order(run):
+        document = yaml.safe_load(node.inputs["userData"])
+        for item in document["write_files"]:
+            item["content"] = written_content(item)
+        texts.append(re.sub(r"-[0-9a-f]{7}\b", "-NUMBER", yaml.safe_dump(document)))
+    return texts
 
 
 @pytest.mark.parametrize(("profile", "spot"), [("l4x1", True), ("a100x8", False)])

@@ -405,3 +405,25 @@ def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
         S3Mirror.from_uri(env["TRAIN_S3_URI"]).uri == "s3://stack-checkpoints/checkpoints/lr-sweep"
     )
     assert env["TRAIN_USD_PER_HOUR"] == "32.7700"
+
+
+def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    aws = Path(host.env["PATH"].split(":")[0]) / "aws"
+    real = aws.read_text()
+    # For its first three calls to S3, the aws CLI fails as it does without a network.
+    aws.write_text(
+        real.replace(
+            'tool=$(basename "$0")\n',
+            'tool=$(basename "$0")\n'
+            'if [ "$1" = s3 ] && [ "$(grep -c "^aws s3" "$CALLS")" -lt 3 ]; then\n'
+            '  echo "aws s3 $*" >> "$CALLS"\n'
+            '  echo "Could not connect to the endpoint URL" >&2; exit 255\n'
+            "fi\n",
+        )
+    )
+    host.submit("after-outage", seconds=0)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("could not read the job spool: Could not connect") == 3
+    assert containers(host) == ["after-outage"] and host.state("after-outage") == "done"
