@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from botocore.exceptions import ClientError
 from pydantic import BaseModel, ConfigDict
 
 from infra.errors import ConfigError
@@ -141,3 +142,21 @@ def _get(s3: Any, bucket: str, key: str) -> dict | None:
         return s3.get_object(Bucket=bucket, Key=key)
     except s3.exceptions.NoSuchKey:
         return None
+
+
+def current_run_uri(s3: Any, checkpoint_uri: str | None) -> str | None:
+    """Where a single-node stack's current job keeps its checkpoints and status.json: the
+    running job's prefix, else the one whose state changed last; the stack's checkpoint URI
+    itself when the spool is empty or unreadable (a stack from before the spool)."""
+    if not checkpoint_uri:
+        return None
+    bucket = checkpoint_uri.removeprefix("s3://").split("/", 1)[0]
+    try:
+        jobs = spool_jobs(s3, bucket)
+    except ClientError:
+        return checkpoint_uri
+    if not jobs:
+        return checkpoint_uri
+    running = [job for job in jobs if job.state == JobState.RUNNING]
+    current = (running or sorted(jobs, key=lambda job: job.since))[-1]
+    return f"{checkpoint_uri.rstrip('/')}/{current.spec.name}"

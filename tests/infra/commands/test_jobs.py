@@ -15,7 +15,7 @@ import pytest
 from infra.commands import cancel, jobs
 from infra.commands import run as run_job
 from infra.errors import ConfigError
-from infra.jobs.spool import JobSpec
+from infra.jobs.spool import JobSpec, current_run_uri
 from tests.infra.commands.conftest import BUCKET, stack_outputs
 
 # Pulumi.a100x8.yaml: one p4d.24xlarge, 8 GPUs of compute capability 8.0.
@@ -185,3 +185,17 @@ def test_a_job_json_newer_than_the_nodes_word_is_queued_again(stack, tmp_path):
     spec = stack.get_object(Bucket=BUCKET, Key="jobs/default/job.json")["Body"].read()
     stack.put_object(Bucket=BUCKET, Key="jobs/default/job.json", Body=spec)
     assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[1] == "queued"
+
+
+def test_status_stop_and_start_follow_the_spools_current_job(stack, tmp_path):
+    root = f"s3://{BUCKET}/checkpoints"
+    assert current_run_uri(stack, root) == root  # no spool: a stack from before it
+    run_job.run(run_args(write(tmp_path, "older.toml", GOOD_JOB)))
+    run_job.run(run_args(write(tmp_path, "newer.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/newer/state", Body=b"done")
+    stack.put_object(Bucket=BUCKET, Key="jobs/older/state", Body=b"running")
+    assert current_run_uri(stack, root) == f"{root}/older"
+    stack.put_object(Bucket=BUCKET, Key="jobs/older/state", Body=b"yielded")
+    time.sleep(1.1)  # S3 keeps LastModified to the second
+    stack.put_object(Bucket=BUCKET, Key="jobs/newer/state", Body=b"done")
+    assert current_run_uri(stack, root) == f"{root}/newer"  # the last to change
