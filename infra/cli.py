@@ -1,6 +1,6 @@
 """Command line for a stack's whole life: `python -m infra COMMAND ...`.
 
-offers -> plan -> up -> status / logs -> stop / start -> down; doctor before renting.
+offers -> plan -> up -> run / jobs / logs / cancel / status -> stop / start -> down; doctor first.
 Installed (`pip install ".[infra]"`), the same commands are the `gpu-stack` script, which
 also runs the trainer's: `gpu-stack train|estimate|export ...` (with the `train` extra).
 
@@ -20,7 +20,21 @@ from pathlib import Path
 
 from common.pipes import run_until_pipe_closes
 from images.matrix import MatrixError
-from infra.commands import doctor, down, logs, offers, plan, prices, start, status, stop, up
+from infra.commands import (
+    cancel,
+    doctor,
+    down,
+    jobs,
+    logs,
+    offers,
+    plan,
+    prices,
+    start,
+    status,
+    stop,
+    up,
+)
+from infra.commands import run as run_job
 from infra.commands.outcome import Outcome
 from infra.errors import ConfigError
 
@@ -46,6 +60,9 @@ COMMANDS: dict[str, Command] = {
     "prices": (prices.add_arguments, prices.run),
     "preview": (up.add_preview_arguments, up.run_preview),
     "up": (up.add_arguments, up.run),
+    "run": (run_job.add_arguments, run_job.run),
+    "jobs": (jobs.add_arguments, jobs.run),
+    "cancel": (cancel.add_arguments, cancel.run),
     "status": (status.add_arguments, status.run),
     "logs": (logs.add_arguments, logs.run),
     "stop": (stop.add_arguments, stop.run),

@@ -4,7 +4,7 @@ The `gpu:` models (infra/config) only parse and validate values. Here the config
 the catalog, the ParallelCluster releases and the files it names: `resolve_plan` prices the
 profile and its overrides for a region, `check_plan` runs the refusals that need the plan
 (guardrails, the trainer's own checks on gpu:trainConfig), `train_config_text` reads the
-training TOML shipped in user data. Each raises ConfigError with one sentence naming the key.
+training TOML, the stack's default job (infra/components/default_job.py). Each raises ConfigError with one sentence naming the key.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from infra.knowledge.costs import hourly_usd
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import AUTO, Plan, resolve
-from infra.node.boot import MAX_USER_DATA_BYTES, job_path_overrides, largest_user_data_bytes
+from infra.node.boot import job_path_overrides
 from infra.project import find_project_root
 from training.spec.config import ConfigError as TrainConfigError
 from training.spec.config import load_config, validate
@@ -105,8 +105,8 @@ def check_plan(config: StackConfig, plan: Plan) -> None:
 
 
 def train_config_text(config: StackConfig) -> str | None:
-    """gpu:trainConfig's TOML text, refused unless it parses and fits in every node's user
-    data; None when the key is unset (the image's default job)."""
+    """gpu:trainConfig's TOML text, refused unless it parses; None when the key is unset
+    (the image's default job)."""
     if config.train_config is None:
         return None
     # Relative to Pulumi.yaml, where the Pulumi CLI runs the program, whatever folder the
@@ -121,13 +121,6 @@ def train_config_text(config: StackConfig) -> str | None:
         tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         _refuse_train_config(config, f"not valid TOML ({exc})")
-    size = largest_user_data_bytes(text)
-    if size > MAX_USER_DATA_BYTES:
-        _refuse_train_config(
-            config,
-            f"{len(text.encode())} bytes, which makes the user data {size} bytes, over EC2's "
-            f"{MAX_USER_DATA_BYTES}: keep large settings in the image or in S3",
-        )
     return text
 
 
@@ -143,7 +136,7 @@ def _check_train_config(config: StackConfig, plan: Plan) -> None:
     builder ("package.module:function") is checked for its form only: its package is in the
     image, not in this venv, so the node checks it imports.
     """
-    train_config_text(config)  # readable, TOML, fits in user data
+    train_config_text(config)  # readable, TOML
     paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
     try:
         job = load_config(find_project_root() / config.train_config, env=paths)

@@ -23,6 +23,7 @@ import torch
 
 from training import logs, startup
 from training.checkpoint.resume_check import check_resumable
+from training.code import use_job_code
 from training.components import preflight
 from training.contract import ExitCode
 from training.ds_config import build_ds_config
@@ -104,6 +105,7 @@ def _launcher(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         check_environment(os.environ)
         topo = topology_from_env(os.environ)
+        use_job_code(os.environ)  # before the builders import: they may live in it
         config, batch = _load(args, topo.world_size)
         preflight(config)
         check_driver(os.environ.get("TRAIN_MIN_DRIVER"), installed_driver())

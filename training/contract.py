@@ -96,6 +96,7 @@ ENV = {
     "TRAIN_SPOT_ENDPOINT": "spot-notice endpoint to poll; empty turns polling off",
     "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
     "TRAIN_USD_PER_HOUR": "the job's price per hour, all nodes: the end-of-run summary's cost",
+    "TRAIN_CODE_URI": "the job's own code (run --code): an s3:// .tar.gz or a local folder",
     "TRAIN_EXPECT_GPUS": "GPUs the health gate expects on this node (the catalog's count)",
     "TRAIN_EXPECT_GPU_MODEL": "GPU model the health gate expects, e.g. A100 (in NVML's name)",
     "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",

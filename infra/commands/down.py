@@ -33,6 +33,7 @@ from typing import Any
 from infra.commands import head_node, leftovers, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
 from infra.commands.outcome import Outcome
+from infra.jobs.spool import current_run_uri
 
 EXIT_LEFTOVERS = 1  # something still carries the stack's cost tag after the destroy
 
@@ -107,7 +108,9 @@ def run(
             asked = datetime.datetime.now(datetime.UTC)
             results = nodes.stop_job(workspace.aws("ssm", region), running, say=say, sleep=sleep)
             say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
-            say(stop_report(workspace.aws("s3", region), outputs.checkpoint_uri, asked))
+            s3 = workspace.aws("s3", region)
+            run_uri = current_run_uri(s3, outputs.checkpoint_uri)  # the spool's job
+            say(stop_report(s3, run_uri, asked))
         cancelled = nodes.cancel_spot_requests(ec2, instance_ids)
         if cancelled:
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
@@ -116,7 +119,7 @@ def run(
     log_prefix = deployed.cluster_log_group_prefix
     cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
     cloudformation = workspace.aws("cloudformation", region) if log_prefix else None
-    checkpoint = last_checkpoint(s3, outputs.checkpoint_uri) if s3 else None
+    checkpoint = last_checkpoint(s3, current_run_uri(s3, outputs.checkpoint_uri)) if s3 else None
     stack.destroy(on_output=say, color="never")
     deleted = []
     if args.delete_data:

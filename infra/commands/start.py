@@ -21,6 +21,7 @@ from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint
 from infra.errors import ConfigError
 from infra.functions import fleet
+from infra.jobs.spool import current_run_uri
 
 # How long `start` waits for clustermgtd, on a head node just started, to finish a stop the
 # spend guard requested (STOP_REQUESTED -> STOPPING -> STOPPED) before it may start the fleet.
@@ -44,7 +45,8 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
             f"no node of {stack.name} is stopped: nothing to start (see `python -m infra status`)"
         )
     ec2.start_instances(InstanceIds=stopped)
-    checkpoint = last_checkpoint(workspace.aws("s3", stack.region), stack.checkpoint_uri)
+    s3 = workspace.aws("s3", stack.region)
+    checkpoint = last_checkpoint(s3, current_run_uri(s3, stack.checkpoint_uri))
     return (
         f"starting {len(stopped)} node(s) of {stack.name}; the job resumes from "
         f"{checkpoint.describe() if checkpoint else 'step 0 (no checkpoint in S3 yet)'}. "

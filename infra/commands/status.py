@@ -19,6 +19,7 @@ from infra.cluster.control import QueuedJob
 from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
+from infra.jobs.spool import current_run_uri
 from infra.report import format_table
 from training.contract import GOODPUT_FIELD, RUN_USD_FIELD, price_field, price_words
 
@@ -76,12 +77,13 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
         ),
         "",
     ]
-    progress = job_status(s3, stack.checkpoint_uri)
+    run_uri = current_run_uri(s3, stack.checkpoint_uri)  # the spool's current job
+    progress = job_status(s3, run_uri)
     lines.append(f"job         {describe_job(progress, now)}")
     rate = unit_cost(out.hourly_cost_usd, progress)
     if rate:
         lines.append(f"cost        {rate}")
-    checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
+    checkpoint = last_checkpoint(s3, run_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
     lines.append(f"spend       {_spend(stack, now)}")
     return "\n".join(lines)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from infra.cluster.config import SCALEDOWN_IDLE_MINUTES
 from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
+from infra.jobs.spool import current_run_uri
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,13 +44,14 @@ def run(args: argparse.Namespace, *, out=None, sleep: Callable[[float], None] = 
             "its last committed checkpoint"
         )
     s3 = workspace.aws("s3", stack.region)
-    say(stop_report(s3, stack.checkpoint_uri, asked))
+    run_uri = current_run_uri(s3, stack.checkpoint_uri)  # the spool's current job
+    say(stop_report(s3, run_uri, asked))
     # A user stop of a persistent spot instance disables its request until start (EC2 docs).
     ec2.stop_instances(InstanceIds=running)
     ec2.get_waiter("instance_stopped").wait(
         InstanceIds=running, WaiterConfig={"Delay": 5, "MaxAttempts": 120}
     )
-    checkpoint = last_checkpoint(s3, stack.checkpoint_uri)
+    checkpoint = last_checkpoint(s3, run_uri)
     return (
         f"stopped {len(running)} node(s) of {stack.name}; last checkpoint "
         f"{checkpoint.describe() if checkpoint else 'none in S3'}. "

@@ -82,6 +82,14 @@ def describe(name: str, config: StackConfig, plan: Plan) -> str:
     return "\n".join(lines)
 
 
+# Only these reach a node's user data or launch settings: a job, new code or a price travel
+# through the job spool (infra/jobs/spool.py) and replace nothing.
+REPLACE_NOTE = (
+    "a replaced node is a new instance (its instance type, AMI, image or boot scripts "
+    "changed), which loses its root volume's local checkpoints"
+)
+
+
 def run_preview(args: argparse.Namespace, *, out=None) -> str:
     """What `up` would change, from Pulumi's own preview (nothing is created)."""
     out = out or sys.stdout
@@ -98,7 +106,10 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
         for op, count in result.change_summary.items()
         if getattr(op, "value", op) != "same"
     )
-    return f"preview of {name}: {changes or 'no changes'}"
+    line = f"preview of {name}: {changes or 'no changes'}"
+    if any(getattr(op, "value", op) == "replace" for op in result.change_summary):
+        line += f"; {REPLACE_NOTE}"
+    return line
 
 
 def _ready_to_rent(name: str, config: StackConfig, plan: Plan, probes: Probes, out) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pulumi
 
 from infra.components.compute import Compute, ComputeArgs
+from infra.components.default_job import default_job
 from infra.components.iam import InstanceRole, InstanceRoleArgs
 from infra.components.stack import STACK_TYPE, Foundation, StackArgs, foundation
 from infra.config.schema import StackConfig
@@ -37,6 +38,14 @@ class SingleNodeStack(pulumi.ComponentResource):
             ),
             opts=base.child,
         )
+        if config.train_config is not None:
+            default_job(
+                name,
+                storage.bucket_name,
+                train_config_text(config),
+                hourly_usd(plan, config.market),
+                opts=base.child,
+            )
         compute = Compute(
             name,
             ComputeArgs(
@@ -103,8 +112,6 @@ def _user_data(base: Foundation, config: StackConfig, plan: Plan) -> pulumi.Outp
                 min_driver=plan.variant.min_driver,
                 instance_store_drives=plan.instance.instance_store_nvme,
                 data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
-                train_config=train_config_text(config),
-                usd_per_hour=hourly_usd(plan, config.market),
                 # One node attaches no EFA interface (compute.py).
                 expectation=node_expectation(plan.instance, efa_attached=False),
             )

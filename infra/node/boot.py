@@ -1,10 +1,15 @@
-"""Each node's user data: a `#cloud-config` document that installs and starts the job.
+"""Each node's user data: a `#cloud-config` document that prepares the node and starts its
+job watcher.
 
-cloud-init writes the boot scripts (infra/node/templates/*.sh, linted by shellcheck),
-the job's environment file and a systemd unit, then enables the unit. The unit,
-not cloud-init, starts the container, so it starts again on every boot: after a
-spot interruption the persistent request restarts the stopped node and the job
+cloud-init writes the boot scripts (infra/node/templates/*.sh, linted by shellcheck), the
+job watcher (watch-jobs.py), the node's environment file and a systemd unit, then enables
+the unit. The unit, not cloud-init, starts the watcher, so it starts again on every boot:
+after a spot interruption the persistent request restarts the stopped node and the job
 resumes from its last checkpoint without anyone logging in.
+
+The user data says only how to find the jobs: the job spool in the stack's bucket
+(infra/jobs/spool.py). What to train and the price travel there, so a new job, a new
+price or a changed gpu:trainConfig leaves the user data, and the instance, as they are.
 
 Pure Python: the Pulumi program calls `render_user_data` inside an apply once the
 image URI and bucket are known; the tests call it directly.
@@ -12,6 +17,8 @@ image URI and bucket are known; the tests call it directly.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import re
 import string
 from dataclasses import dataclass, field
@@ -19,7 +26,10 @@ from pathlib import Path
 
 import yaml
 
+from infra.jobs import spool
+from infra.jobs.spool import JobState
 from infra.node.agent import cloudwatch_agent_config
+from training.code import CODE_URI_ENV
 from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, UNHEALTHY_PREFIX, ExitCode
 from training.health.expectation import NodeExpectation
 
@@ -31,11 +41,13 @@ ETC_DIR = "/etc/gpu-stack"
 STATE_DIR = "/var/lib/gpu-stack"  # root EBS volume: survives stop/start
 SCRATCH_DIR = "/scratch"  # instance-store RAID0 where the type has it: wiped on stop
 ENV_FILE = f"{ETC_DIR}/training.env"
-TRAIN_CONFIG_FILE = f"{ETC_DIR}/train.toml"
 AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
 DATA_DIR = f"{SCRATCH_DIR}/data"
-DONE_MARKER = f"{STATE_DIR}/job-done"
+JOBS_DIR = f"{STATE_DIR}/jobs"  # each job's config and env file, as the watcher wrote them
 GPU_METRICS_SCRIPT = f"{BIN_DIR}/gpu-metrics.sh"
+JOB_WATCHER = f"{BIN_DIR}/watch-jobs.py"
+# With no job to run for this long, the watcher stops the node (`start`, then `run`).
+IDLE_STOP_S = 15 * 60
 # Where the Deep Learning AMIs' dlami-nvme.service mounts the instance store (LVM over the
 # NVMe drives) before user data runs: DLAMI release notes, "nvme_location /opt/dlami/nvme"
 # (Base OSS Nvidia Driver GPU AMI, Ubuntu 22.04,
@@ -69,8 +81,6 @@ class NodeBoot:
     checkpoint_s3_uri: str
     instance_store_drives: int
     data_s3_uri: str | None = None
-    train_config: str | None = None  # the TOML text shipped to the node
-    usd_per_hour: float | None = None  # the whole stack's price: the trainer's summary cost
     alert_topic_arn: str = ""  # where a failed health gate is reported; "": nowhere
     # The catalog's figures for the node's type, for the health gate.
     expectation: NodeExpectation = field(default_factory=NodeExpectation)
@@ -79,19 +89,22 @@ class NodeBoot:
     def registry(self) -> str:
         return self.image_uri.split("/", 1)[0]
 
+    @property
+    def spool_uri(self) -> str:
+        """The job spool: under the checkpoint bucket, which the node's role reads and writes."""
+        bucket = self.checkpoint_s3_uri.removeprefix("s3://").split("/", 1)[0]
+        return f"s3://{bucket}/{spool.SPOOL_PREFIX}"
+
     def environment(self) -> dict[str, str]:
-        """The container's environment (docs/contracts.md section 3)."""
+        """The container's environment every job shares (docs/contracts.md section 3); the
+        watcher adds each job's own (config, checkpoint folder and prefix, price)."""
         env = {
-            **job_path_overrides(data_from_s3=bool(self.data_s3_uri)),
-            "TRAIN_S3_URI": self.checkpoint_s3_uri,
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
             **self.expectation.to_env(),
         }
-        if self.train_config is not None:
-            env["TRAIN_CONFIG"] = TRAIN_CONFIG_FILE
-        if self.usd_per_hour is not None:
-            env["TRAIN_USD_PER_HOUR"] = f"{self.usd_per_hour:.4f}"
+        if self.data_s3_uri:
+            env["TRAIN_DATA_PATH"] = DATA_DIR
         return env
 
 
@@ -121,23 +134,21 @@ def render_template(name: str, values: dict[str, object]) -> str:
 
 
 def _without_comment_lines(text: str) -> str:
-    """The template without its whole-line comments (the shebang stays): they explain the
-    templates in this repository, and EC2 caps user data at 16 KB."""
+    """The template without its whole-line comments (the shebang stays) and blank lines: they
+    explain the templates in this repository, and EC2 caps user data at 16 KB."""
     lines = text.splitlines(keepends=True)
     return "".join(
         line
         for index, line in enumerate(lines)
-        if not line.lstrip().startswith("#") or (index == 0 and line.startswith("#!"))
+        if line.strip()
+        and (not line.lstrip().startswith("#") or (index == 0 and line.startswith("#!")))
     )
 
 
 def render_files(node: NodeBoot) -> dict[str, str]:
     """Path on the node → content, for every file the boot writes."""
-    common = {
-        "scratch_dir": SCRATCH_DIR,
-        "state_dir": STATE_DIR,
-        "done_marker": DONE_MARKER,
-    }
+    common = {"scratch_dir": SCRATCH_DIR, "state_dir": STATE_DIR}
+    job_paths = job_path_overrides(data_from_s3=False)
     files = {
         f"{BIN_DIR}/prepare-scratch.sh": render_template(
             "prepare-scratch.sh",
@@ -159,18 +170,47 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "data_s3_uri": node.data_s3_uri or "",
                 "data_dir": DATA_DIR,
                 "env_file": ENV_FILE,
-                "train_config_file": TRAIN_CONFIG_FILE if node.train_config is not None else "",
+                "job_watcher": JOB_WATCHER,
                 "gpu_metrics": GPU_METRICS_SCRIPT,
                 "alert_topic_arn": node.alert_topic_arn,
                 "exit_node_unhealthy": int(ExitCode.NODE_UNHEALTHY),
                 "unhealthy_prefix": UNHEALTHY_PREFIX,
             },
         ),
+        JOB_WATCHER: render_template(
+            "watch-jobs.py",
+            {
+                "spool_uri": node.spool_uri,
+                "checkpoint_uri": node.checkpoint_s3_uri.rstrip("/"),
+                "region": node.region,
+                "jobs_dir": JOBS_DIR,
+                "checkpoint_root": job_paths["TRAIN_CHECKPOINT_DIR"],
+                "output_root": job_paths["TRAIN_OUTPUT_DIR"],
+                "poll_s": spool.POLL_S,
+                "idle_stop_s": IDLE_STOP_S,
+                "spool_names": " ".join(
+                    (spool.SPEC_NAME, spool.CANCEL_NAME, spool.STATE_NAME, spool.CODE_NAME)
+                ),
+                "job_states": " ".join(
+                    state.value
+                    for state in (
+                        JobState.QUEUED,
+                        JobState.RUNNING,
+                        JobState.YIELDED,
+                        JobState.DONE,
+                        JobState.CANCELLED,
+                        JobState.FAILED,
+                    )
+                ),
+                "exit_bad_config": int(ExitCode.BAD_CONFIG),
+                "exit_interrupted": int(ExitCode.INTERRUPTED),
+                "code_uri_env": CODE_URI_ENV,
+            },
+        ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
             UNIT_NAME,
             {
                 "bin_dir": BIN_DIR,
-                "done_marker": DONE_MARKER,
                 "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
                 "start_limit_burst": CRASH_RESTARTS + 1,
                 "crash_window_s": CRASH_WINDOW_S,
@@ -182,8 +222,6 @@ def render_files(node: NodeBoot) -> dict[str, str]:
         # The idle alarm reads the metric this agent config publishes.
         AGENT_CONFIG_FILE: cloudwatch_agent_config(),
     }
-    if node.train_config is not None:
-        files[TRAIN_CONFIG_FILE] = node.train_config
     return files
 
 
@@ -194,7 +232,7 @@ def render_user_data(node: NodeBoot) -> str:
     if size > MAX_USER_DATA_BYTES:
         raise ValueError(
             f"the node's user data is {size} bytes, over EC2's "
-            f"{MAX_USER_DATA_BYTES}: shorten gpu:trainConfig"
+            f"{MAX_USER_DATA_BYTES}: shorten the boot scripts"
         )
     return text
 
@@ -206,8 +244,8 @@ def _cloud_config(node: NodeBoot) -> str:
             {
                 "path": path,
                 "owner": "root:root",
-                "permissions": "0755" if path.endswith(".sh") else "0644",
-                "content": content,
+                "permissions": "0755" if path.endswith((".sh", ".py")) else "0644",
+                **_written(path, content),
             }
             for path, content in files.items()
         ],
@@ -223,13 +261,21 @@ def _cloud_config(node: NodeBoot) -> str:
     )
 
 
-def largest_user_data_bytes(train_config: str | None) -> int:
-    """Size of the largest user data any node could get with this training config.
+def _written(path: str, content: str) -> dict[str, str]:
+    """The watcher goes compressed (cloud-init's write_files `encoding: gz+b64`,
+    https://cloudinit.readthedocs.io/en/latest/reference/modules.html#write-files): it is
+    the largest file and EC2 caps user data at 16 KB. No timestamp in the gzip header, so
+    the same script is the same bytes, and no new node."""
+    if path != JOB_WATCHER:
+        return {"content": content}
+    packed = gzip.compress(content.encode(), mtime=0)
+    return {"encoding": "gz+b64", "content": base64.b64encode(packed).decode()}
 
-    Renders a node with every option on and the longest values the config allows
-    (ECR URI with a 128-character tag, a long S3 data URI), so the config check can
-    refuse a training TOML that would push some node past EC2's 16 KB.
-    """
+
+def largest_user_data_bytes() -> int:
+    """Size of the largest user data any node could get: a node with every option on and
+    the longest values the config allows (ECR URI with a 128-character tag, a long S3 data
+    URI); a test keeps it under EC2's 16 KB."""
     longest = NodeBoot(
         image_uri=f"123456789012.dkr.ecr.ap-southeast-2.amazonaws.com/{'r' * 64}:{'t' * 128}",
         region="ap-southeast-2",
@@ -238,7 +284,6 @@ def largest_user_data_bytes(train_config: str | None) -> int:
         checkpoint_s3_uri=f"s3://{'b' * 63}/checkpoints",
         instance_store_drives=99,
         data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
-        train_config=train_config,
         alert_topic_arn=f"arn:aws:sns:ap-southeast-2:123456789012:{'a' * 256}",
         expectation=NodeExpectation(gpus=8, gpu_model="H200", busbw_gbps=999.5, efa_devices=32),
     )

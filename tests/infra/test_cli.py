@@ -12,6 +12,7 @@ from tests.support.infra import run_cli
 REPO = Path(__file__).resolve().parents[2]
 LIFE_CYCLE = (
     "offers", "plan", "up", "preview", "status", "logs", "stop", "start", "down", "doctor",
+    "run", "jobs", "cancel",
 )  # fmt: skip
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 from typing import Any
 
@@ -17,6 +19,7 @@ SECURITY_GROUP = "aws:ec2/securityGroup:SecurityGroup"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 PLACEMENT_GROUP = "aws:ec2/placementGroup:PlacementGroup"
 LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+BUCKET_OBJECT = "aws:s3/bucketObjectv2:BucketObjectv2"
 
 # Guardrail keys every test stack needs: someone to alert, and a budget above an hour of 2 nodes.
 BASE_CONFIG = {"alertEmails": ["ml-team@example.com"], "budgetUsd": 1000}
@@ -42,7 +45,14 @@ def boot_files(instance: Recorded) -> dict[str, str]:
     user_data = instance.inputs["userData"]
     assert user_data.startswith("#cloud-config\n")
     document = yaml.safe_load(user_data)
-    return {item["path"]: item["content"] for item in document["write_files"]}
+    return {item["path"]: written_content(item) for item in document["write_files"]}
+
+
+def written_content(item: dict) -> str:
+    """A write_files entry's file as cloud-init writes it (plain, or gz+b64)."""
+    if item.get("encoding") == "gz+b64":
+        return gzip.decompress(base64.b64decode(item["content"])).decode()
+    return item["content"]
 
 
 def boot_env(instance: Recorded) -> dict[str, str]:

@@ -1,10 +1,12 @@
 #!/bin/bash
-# Start, or resume, the training container on this node. The gpu-training systemd
-# unit runs this on every boot and again after a failure. Exit codes are the
-# trainer's (docs/contracts.md section 3): 0 done (the node then stops itself), 2 bad
-# configuration (systemd does not retry), 75 interrupted and checkpointed (systemd
-# starts it again), 69 the node failed its health gate (the node stops itself). GPU metrics are published only while the container runs, so boot,
-# data sync and image pull never count as idle.
+# Prepare this node for training, then hand it to the job watcher (watch-jobs.py), which
+# runs the jobs of the stack's job spool in the training container. The gpu-training
+# systemd unit runs this on every boot and again after a failure. Exit codes are the
+# trainer's (docs/contracts.md section 3): 0 no job left (the node then stops itself), 2
+# bad configuration (systemd does not retry), 75 interrupted and checkpointed (systemd
+# starts it again), 69 the node failed its health gate (the node stops itself). GPU
+# metrics are published only once the node is ready, so boot, data sync and image pull
+# never count as idle.
 # Rendered by infra/node/boot.py, which fills in the placeholders.
 set -euo pipefail
 
@@ -18,8 +20,7 @@ readonly DATA_DIR="@@data_dir@@"
 readonly SCRATCH_DIR="@@scratch_dir@@"
 readonly STATE_DIR="@@state_dir@@"
 readonly ENV_FILE="@@env_file@@"
-readonly TRAIN_CONFIG_FILE="@@train_config_file@@"
-readonly DONE_MARKER="@@done_marker@@"
+readonly JOB_WATCHER="@@job_watcher@@"
 readonly GPU_METRICS="@@gpu_metrics@@"
 readonly ALERT_TOPIC_ARN="@@alert_topic_arn@@"
 readonly EXIT_NODE_UNHEALTHY="@@exit_node_unhealthy@@"
@@ -92,9 +93,6 @@ docker_args=(
   --volume "$SCRATCH_DIR:$SCRATCH_DIR"
   --volume "$STATE_DIR:$STATE_DIR"
 )
-if [ -n "$TRAIN_CONFIG_FILE" ]; then
-  docker_args+=(--volume "$TRAIN_CONFIG_FILE:$TRAIN_CONFIG_FILE:ro")
-fi
 
 # The health gate (python -m training health, in the image): GPUs, memory errors, XIDs,
 # all-reduce bandwidth against the catalog's figures in the env file. A node that fails it
@@ -124,17 +122,5 @@ fi
 
 # Metrics failing must not stop training: the alarm on missing metrics reports it.
 "$GPU_METRICS" start || log "could not start the CloudWatch agent: the idle alarm sees no data"
-log "starting $IMAGE_URI"
-status=0
-docker run "${docker_args[@]}" "$IMAGE_URI" || status=$?
-log "training container exited with status $status"
-if [ "$status" -eq 0 ]; then
-  # Finished: later boots leave the job alone (the unit checks this marker), and the node
-  # stops now rather than idling until the idle alarm. An OS shutdown stops an EBS-backed
-  # instance (its default instance-initiated shutdown behaviour: EC2 User Guide, "Change
-  # the instance initiated shutdown behavior"); the minute lets the logs reach CloudWatch.
-  touch "$DONE_MARKER"
-  log "job finished: stopping this node in a minute"
-  shutdown -h +1 "gpu-stack: training finished" || log "could not schedule the stop (see above)"
-fi
-exit "$status"
+log "ready: running the jobs of the spool in $IMAGE_URI"
+exec python3 "$JOB_WATCHER" "$IMAGE_URI" "${docker_args[@]}"

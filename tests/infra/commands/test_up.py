@@ -10,6 +10,7 @@ import tomllib
 
 import pytest
 import yaml
+from pulumi import automation as auto
 
 from infra import cli
 from infra.commands import up, workspace
@@ -182,4 +183,17 @@ def test_a_stack_name_pulumi_would_refuse_is_one_line(capsys):
     assert capsys.readouterr().err == (
         "error: stack name '../l4x1': a stack name is 1 to 100 letters, digits, '-', '_' or '.' "
         "(one of the profiles: l4x1, l40sx4, a100x8-80g, a100x8)\n"
+    )
+
+
+def test_preview_says_in_one_line_when_a_node_is_replaced(stub_stack, monkeypatch):
+    def preview(**options):
+        summary = {auto.OpType.REPLACE: 1, auto.OpType.UPDATE: 2, auto.OpType.SAME: 30}
+        return auto.PreviewResult(stdout="", stderr="", change_summary=summary)
+
+    monkeypatch.setattr(stub_stack, "preview", preview)
+    assert up.run_preview(_args(), out=io.StringIO()) == (
+        "preview of l4x1: 1 to replace, 2 to update; a replaced node is a new instance (its "
+        "instance type, AMI, image or boot scripts changed), which loses its root volume's "
+        "local checkpoints"
     )

@@ -50,16 +50,6 @@ def test_a_node_is_replaced_delete_first_when_its_user_data_changes(spot):
     assert f"{node.type} {node.name}" in run.delete_before_replace
 
 
-def test_a_changed_training_config_changes_the_nodes_user_data(tmp_path):
-    """With replace-on-change, different user data is a new node that boots the new job."""
-    job = tmp_path / "job.toml"
-    job.write_text("[train]\nglobal_batch_size = 64\n")
-    first = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
-    job.write_text("[train]\nglobal_batch_size = 128\n")
-    second = one(run_stack(trainConfig=str(job)), INSTANCE).inputs["userData"]
-    assert first != second and "global_batch_size = 128" in second
-
-
 BLOCK = "cr-0123456789abcdef0"
 
 

@@ -139,8 +139,11 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case)
         rendezvous = ("TRAIN_NNODES", "TRAIN_NODE_RANK", "TRAIN_MASTER_ADDR", "TRAIN_MASTER_PORT")
         assert not set(rendezvous) & set(env)
         assert "FI_PROVIDER" not in env
-        assert env["TRAIN_S3_URI"] == run.outputs["checkpoint_uri"]
-        assert env["TRAIN_CHECKPOINT_DIR"] == "/var/lib/gpu-stack/checkpoints"
+        # Each job's checkpoints: a prefix and a folder per job name, set by the job watcher.
+        watcher = files["/opt/gpu-stack/watch-jobs.py"]
+        assert f'CHECKPOINT_URI = "{run.outputs["checkpoint_uri"]}"' in watcher
+        assert f'SPOOL_URI = "s3://{run.outputs["checkpoint_bucket"]}/jobs"' in watcher
+        assert '"/var/lib/gpu-stack/checkpoints"' in watcher
         unit = files["/etc/systemd/system/gpu-training.service"]
         assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
         # The health gate's figures: the catalog's GPUs; no EFA on a single node.
@@ -220,15 +223,6 @@ def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     assert outputs["runway_hours"] == pytest.approx(min(budget / hourly, 730.0), abs=0.05)
 
 
-def test_every_node_gets_the_stacks_price_for_the_trainers_summary(case):
-    plan, spot, run = case
-    catalog_price = data_file_prices(plan.instance.type)  # us-east-1, the mocks' region
-    per_node = catalog_price.spot_usd_per_hour if spot else catalog_price.on_demand_usd_per_hour
-    price = per_node * plan.nodes
-    for node in nodes_in_rank_order(run):
-        assert float(boot_env(node)["TRAIN_USD_PER_HOUR"]) == pytest.approx(price, abs=1e-4)
-
-
 def test_cost_outputs_turn_a_daily_budget_into_a_monthly_one():
     outputs = run_stack(profile="l4x1", spot=True, budgetUsd=5, budgetPeriod="DAILY").outputs
     spot_price = data_file_prices("g6.2xlarge").spot_usd_per_hour
@@ -247,15 +241,6 @@ def test_training_data_is_synced_from_s3_into_scratch(tmp_path):
     assert boot_env(node)["TRAIN_DATA_PATH"] == "/scratch/data"
     script = boot_files(node)["/opt/gpu-stack/run-training.sh"]
     assert 'readonly DATA_S3_URI="s3://corpus/tokens/v2"' in script
-
-
-def test_training_config_is_shipped_and_named_in_the_env(tmp_path):
-    toml = tmp_path / "job.toml"
-    toml.write_text("[optimizer]\nlr = 3e-4\n")
-    run = run_stack(trainConfig=str(toml))
-    (node,) = nodes_in_rank_order(run)
-    assert boot_files(node)["/etc/gpu-stack/train.toml"] == toml.read_text()
-    assert boot_env(node)["TRAIN_CONFIG"] == "/etc/gpu-stack/train.toml"
 
 
 def test_instance_store_count_reaches_the_scratch_script():

@@ -11,9 +11,10 @@ import pytest
 from infra.config.stack_file import REPO_ROOT, stack_file_config
 from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import run_program, run_stack_file
+from infra.jobs.spool import JobSpec
 from infra.knowledge.profiles import load_profiles
 from tests.support.mock_runs import of_type
-from tests.support.stack_runs import INSTANCE, boot_files
+from tests.support.stack_runs import BUCKET_OBJECT, INSTANCE
 
 PROFILES = tuple(load_profiles().profiles)
 
@@ -30,10 +31,15 @@ def test_each_stack_file_names_its_profiles_job_and_ships_it(profile):
     assert stack_file_config(path)["gpu:trainConfig"] == f"jobs/{profile}.toml"
     run = run_stack_file(path)  # the program under mocks: preview, checks included
     job = (REPO_ROOT / "jobs" / f"{profile}.toml").read_text()
+    # Shipped as the first job of the stack's job spool, never in a node's user data.
+    (default,) = [
+        r for r in of_type(run, BUCKET_OBJECT) if r.inputs["key"] == "jobs/default/job.json"
+    ]
+    assert JobSpec.model_validate_json(default.inputs["content"]).config_toml == job
     instances = of_type(run, INSTANCE)
     assert instances
     for instance in instances:
-        assert job in boot_files(instance).values()
+        assert job not in instance.inputs["userData"]
 
 
 def test_the_jobs_are_the_workloads_their_profiles_describe():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import re
+import shutil
 import stat
 import subprocess
 from pathlib import Path
@@ -22,10 +23,7 @@ from infra.node import boot as userdata
 from infra.node.boot import NodeBoot, largest_user_data_bytes, render_files, render_user_data
 from tests.support.tools import require_tool
 from training import contract
-from training.checkpoint.s3 import S3Mirror
-from training.contract import DEFAULT_MASTER_PORT, ExitCode
-from training.launcher import topology_from_env
-from training.spec.config import load_config
+from training.contract import ExitCode
 from training.spec.selfcheck import SelfCheckError, check_driver
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
@@ -40,18 +38,13 @@ def node(**overrides) -> NodeBoot:
         "checkpoint_s3_uri": "s3://stack-checkpoints/checkpoints",
         "instance_store_drives": 8,
         "data_s3_uri": "s3://corpus/tokens",
-        "train_config": "[optimizer]\nlr = 3e-4\n",
     }
     return NodeBoot(**{**values, **overrides})
 
 
 SHAPES = {
     "data-config": node(),
-    "single-node-plain": node(
-        data_s3_uri=None,
-        train_config=None,
-        instance_store_drives=0,
-    ),
+    "single-node-plain": node(data_s3_uri=None, instance_store_drives=0),
 }
 
 
@@ -98,7 +91,7 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
     document = yaml.safe_load(render_user_data(node()))
     paths = [item["path"] for item in document["write_files"]]
     assert "/etc/systemd/system/gpu-training.service" in paths
-    assert "/etc/gpu-stack/train.toml" in paths
+    assert "/opt/gpu-stack/watch-jobs.py" in paths
     assert ["systemctl", "enable", "--now", "--no-block", "gpu-training.service"] in document[
         "runcmd"
     ]
@@ -109,7 +102,6 @@ def test_cloud_config_writes_the_unit_and_enables_it_for_every_boot():
         "WantedBy=multi-user.target",
         "ExecStartPre=-/opt/gpu-stack/prepare-scratch.sh",  # "-": scratch never stops the job
         "ExecStart=/opt/gpu-stack/run-training.sh",
-        "ConditionPathExists=!/var/lib/gpu-stack/job-done",
     ):
         assert line in unit.splitlines()
 
@@ -145,18 +137,14 @@ def test_no_secret_reaches_user_data():
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_the_size_check_bounds_every_real_node(shape):
-    # The config check uses largest_user_data_bytes; a real node must never be bigger.
-    toml = "".join(f"key_{i} = {i}\n" for i in range(200))
-    boot = SHAPES[shape]
-    real = render_user_data(NodeBoot(**{**boot.__dict__, "train_config": toml}))
-    assert len(real.encode()) <= largest_user_data_bytes(toml)
+def test_the_largest_node_bounds_every_real_node_and_fits_ec2(shape):
+    real = render_user_data(SHAPES[shape])
+    assert len(real.encode()) <= largest_user_data_bytes() <= 16 * 1024
 
 
 def test_user_data_over_16_kb_is_refused():
-    toml = "".join(f"key_{i} = {i}\n" for i in range(900))
     with pytest.raises(ValueError, match="over EC2's 16384"):
-        render_user_data(node(train_config=toml))
+        render_user_data(node(log_group="/gpu-training/" + "g" * 9000))
 
 
 def test_values_that_could_break_out_of_quotes_are_refused():
@@ -196,6 +184,13 @@ if [ "$1" = run ]; then exit "$FAKE_EXIT"; fi
 FAKE_RECORDER = """#!/bin/bash
 echo "$(basename "$0") $*" >> "$CALLS/host"
 """
+# The job watcher run-training.sh hands the node to (tested on its own in
+# test_simulated_boot.py): here it runs the image once with the options it was given.
+FAKE_WATCHER = """import os, subprocess, sys
+with open(os.path.join(os.environ["CALLS"], "watcher"), "w") as calls:
+    calls.write("\\n".join(sys.argv[1:]))
+sys.exit(subprocess.run(["docker", "run", *sys.argv[2:], sys.argv[1]]).returncode)
+"""
 FAKE_INSTALL = """#!/bin/bash
 echo "$*" >> "$CALLS/install"
 for arg in "$@"; do case "$arg" in /*) mkdir -p "$arg" ;; esac; done
@@ -227,6 +222,7 @@ def run_training_script(
     metrics.parent.mkdir(parents=True)
     metrics.write_text(FAKE_RECORDER)
     metrics.chmod(stat.S_IRWXU)
+    (root / userdata.JOB_WATCHER.lstrip("/")).write_text(FAKE_WATCHER)
     path = tmp_path / "run-training.sh"
     path.write_text(script)
     bin_dir, calls = tmp_path / "bin", tmp_path / "calls"
@@ -349,7 +345,6 @@ def test_job_gets_gpus_logs_config_and_data(tmp_path):
         "awslogs-group=/gpu-training/stack",
         "awslogs-stream=node-0",
         f"{root}/etc/gpu-stack/training.env",
-        f"{root}/etc/gpu-stack/train.toml:{root}/etc/gpu-stack/train.toml:ro",
     ):
         assert flag in args, flag
     assert args[-1] == IMAGE
@@ -413,21 +408,17 @@ def test_state_directories_belong_to_the_images_user(tmp_path, image_user):
     )
 
 
-def test_interrupted_job_passes_75_to_systemd_and_is_not_marked_done(tmp_path):
-    result, _, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=75)
-    assert result.returncode == 75  # Restart=on-failure starts it again, from its checkpoint
-    assert not (root / "var/lib/gpu-stack/job-done").exists()
+def test_the_node_is_handed_to_the_job_watcher_with_the_image_and_its_options(tmp_path):
+    result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07")
+    assert result.returncode == 0, result.stdout + result.stderr
+    watcher = (calls / "watcher").read_text().splitlines()
+    assert watcher[0] == IMAGE
+    assert watcher[1:4] == ["--name", "gpu-training", "--rm"]
+    assert f"{root}/etc/gpu-stack/training.env" in watcher
 
 
 def host_calls(calls: Path) -> list[str]:
     return (calls / "host").read_text().splitlines() if (calls / "host").exists() else []
-
-
-def test_finished_job_is_marked_done_and_stops_the_node(tmp_path):
-    result, calls, root = run_training_script(tmp_path, node(), driver="595.91.07", exit_code=0)
-    assert result.returncode == 0
-    assert (root / "var/lib/gpu-stack/job-done").exists()
-    assert "shutdown -h +1 gpu-stack: training finished" in host_calls(calls)
 
 
 @pytest.mark.parametrize("exit_code", [1, 2, 75])
@@ -575,21 +566,18 @@ def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
     assert set(contract.ENV) == trainer_variables()
 
 
-def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
-    boot = node()
-    env = boot_environment(boot)
-    topology = topology_from_env(env)
-    # One node, rendezvous on itself: the trainer's defaults (more nodes run under Slurm).
-    assert (topology.nnodes, topology.node_rank) == (1, 0)
-    assert (topology.master_addr, topology.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
-    # The training config the stack ships is the one the container loads, and the
-    # directories the environment names are the bind-mounted host paths.
-    train_config = tmp_path / "train.toml"
-    train_config.write_text(render_files(boot)[env["TRAIN_CONFIG"]])
-    config = load_config(str(train_config), env=env)
-    assert config.optimizer.lr == 3e-4
-    assert config.checkpoint_dir == Path(f"{userdata.STATE_DIR}/checkpoints")
-    assert config.data.path == userdata.DATA_DIR
-    assert Path(config.output_dir).is_relative_to(userdata.STATE_DIR)
-    mirror = S3Mirror.from_uri(env["TRAIN_S3_URI"])
-    assert mirror.uri == boot.checkpoint_s3_uri
+def test_a_boot_script_comment_changes_no_byte_of_the_user_data(tmp_path, monkeypatch):
+    """Whole-line comments never reach the node: rewording one replaces no instance."""
+    before = render_user_data(node())
+    templates = tmp_path / "templates"
+    shutil.copytree(userdata.TEMPLATES, templates)
+    for name in ("run-training.sh", "watch-jobs.py", userdata.UNIT_NAME):
+        path = templates / name
+        lines = path.read_text().splitlines(keepends=True)
+        path.write_text("".join([lines[0], "# a reworded explanation\n", *lines[1:]]))
+    monkeypatch.setattr(userdata, "TEMPLATES", templates)
+    assert render_user_data(node()) == before
+    (templates / "run-training.sh").write_text(
+        (templates / "run-training.sh").read_text() + "true\n"
+    )
+    assert render_user_data(node()) != before  # a real change still reaches it

@@ -9,15 +9,28 @@ has already mounted the instance store at /opt/dlami/nvme (there `mdadm --create
 
 from __future__ import annotations
 
+import datetime
 import re
 import shlex
 import stat
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from infra.jobs.spool import (
+    CANCEL_NAME,
+    DEFAULT_JOB,
+    POLL_S,
+    SPEC_NAME,
+    STATE_NAME,
+    JobSpec,
+    job_key,
+)
 from infra.node import boot as userdata
 from infra.node.boot import NodeBoot, render_files
+from training.checkpoint.s3 import S3Mirror
+from training.spec.config import load_config
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
 
@@ -27,9 +40,47 @@ tool=$(basename "$0")
 echo "$tool $*" >> "$CALLS"
 case "$tool" in
   nvidia-smi) for _ in 1 2 3 4 5 6 7 8; do echo 595.91.07; done ;;
-  aws) if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi ;;
+  aws)
+    # The S3 calls the job watcher makes, served from the folder $S3_ROOT (bucket/key).
+    args=()
+    while [ $# -gt 0 ]; do
+      if [ "$1" = --region ]; then shift 2; else args+=("$1"); shift; fi
+    done
+    set -- "${args[@]}"
+    if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
+    if [ "$1 $2" = "s3 ls" ]; then
+      prefix=${3#s3://}
+      if [ -d "$S3_ROOT/$prefix" ]; then
+        find "$S3_ROOT/$prefix" -type f -printf "%TY-%Tm-%Td %TT %s ${prefix#*/}%P\n"
+      fi
+    fi
+    if [ "$1 $2" = "s3 cp" ]; then
+      [ "$3" = --only-show-errors ] && shift
+      if [ "$3" = - ]; then
+        mkdir -p "$(dirname "$S3_ROOT/${4#s3://}")" && cat > "$S3_ROOT/${4#s3://}"
+      elif [ "$4" = - ]; then cat "$S3_ROOT/${3#s3://}"; fi
+    fi
+    ;;
   docker)
     if [ "$1" = login ]; then cat > /dev/null; fi
+    if [ "$1" = stop ]; then kill -TERM "$(cat "$CONTAINER_PID")"; fi
+    if [ "$1" = run ] && [ "$3" = gpu-training ]; then
+      # A job: it trains for the seconds its config names, or a second once it has a
+      # checkpoint; SIGTERM checkpoints it and ends it with 75, as the trainer does.
+      for arg in "$@"; do
+        [ "${previous:-}" = --env-file ] && job_env=$arg
+        previous=$arg
+      done
+      set -a; . "$job_env"; set +a
+      echo "$$" > "$CONTAINER_PID"
+      echo "container start $(basename "$(dirname "$job_env")")" >> "$CALLS"
+      seconds=$(sed -n 's/^# seconds = //p' "$TRAIN_CONFIG")
+      [ -f "$TRAIN_CHECKPOINT_DIR/checkpoint" ] && seconds=1
+      checkpoint() { mkdir -p "$TRAIN_CHECKPOINT_DIR" && touch "$TRAIN_CHECKPOINT_DIR/checkpoint"; }
+      trap 'checkpoint; exit 75' TERM
+      for _ in $(seq "$((seconds * 10))"); do sleep 0.1; done
+      exit 0
+    fi
     if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then echo 1000:1000; fi
     if [ "${*: -3}" = "-m training health" ]; then
       echo "health: gpus: ${GATE_GPUS:-ok: 8 x NVIDIA A100-SXM4-40GB} (threshold: 8 x A100)"
@@ -70,8 +121,30 @@ class Host:
     def called(self) -> list[str]:
         return self.calls.read_text().splitlines() if self.calls.exists() else []
 
+    def spool(self, name: str, leaf: str) -> Path:
+        """An object of the job spool in the stack's bucket (s3://stack-checkpoints/jobs)."""
+        return Path(self.env["S3_ROOT"]) / "stack-checkpoints" / job_key(name, leaf)
 
-def simulated_host(tmp_path: Path, boot: NodeBoot, *, drives: int = 0, **env: str) -> Host:
+    def submit(self, name: str, seconds: int) -> None:
+        """Put a job in the spool as `python -m infra run` does: a job that trains `seconds`."""
+        spec = JobSpec(
+            name=name,
+            config_toml=f"# seconds = {seconds}\n[train]\nsteps = 100\n",
+            usd_per_hour=32.77,
+            submitted_at=datetime.datetime.now(datetime.UTC),
+        )
+        path = self.spool(name, SPEC_NAME)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(spec.model_dump_json())
+
+    def state(self, name: str) -> str | None:
+        path = self.spool(name, STATE_NAME)
+        return path.read_text().strip() if path.exists() else None
+
+
+def simulated_host(
+    tmp_path: Path, boot: NodeBoot, *, drives: int = 0, default_job: bool = True, **env: str
+) -> Host:
     """Write the node's files under tmp_path/root, with the node's paths moved there."""
     root, bin_dir = tmp_path / "root", tmp_path / "bin"
     moved = (
@@ -86,6 +159,9 @@ def simulated_host(tmp_path: Path, boot: NodeBoot, *, drives: int = 0, **env: st
             content = re.sub(rf"(?<![\w/]){re.escape(directory)}", f"{root}{directory}", content)
         content = content.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={root}/sys/block")
         content = content.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
+        # The watcher polls every second, and stops the node after 2 s without a job.
+        content = content.replace(f'float("{POLL_S}")', 'float("1")')
+        content = content.replace(f'float("{userdata.IDLE_STOP_S}")', 'float("2")')
         target = root / node_path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
@@ -102,7 +178,21 @@ def simulated_host(tmp_path: Path, boot: NodeBoot, *, drives: int = 0, **env: st
     # The metrics script is the node's own: the stand-in replaces it in the node's bin dir.
     (root / userdata.GPU_METRICS_SCRIPT.lstrip("/")).write_text(FAKE_TOOL)
     calls = tmp_path / "calls"
-    return Host(root, calls, {"PATH": f"{bin_dir}:/usr/bin:/bin", "CALLS": str(calls), **env})
+    (tmp_path / "s3").mkdir()
+    host = Host(
+        root,
+        calls,
+        {
+            "PATH": f"{bin_dir}:/usr/bin:/bin",
+            "CALLS": str(calls),
+            "S3_ROOT": str(tmp_path / "s3"),
+            "CONTAINER_PID": str(tmp_path / "container.pid"),
+            **env,
+        },
+    )
+    if default_job:
+        host.submit(DEFAULT_JOB, seconds=0)  # the stack's gpu:trainConfig, as `up` writes it
+    return host
 
 
 def start_unit(host: Host) -> subprocess.CompletedProcess:
@@ -216,3 +306,124 @@ def test_a_node_failing_the_gate_alerts_and_stops_without_training(tmp_path):
     # systemd does not start it again (the node is stopping anyway).
     unit = host.path(f"/etc/systemd/system/{userdata.UNIT_NAME}").read_text()
     assert "RestartPreventExitStatus=2 69" in unit
+
+
+# --- the job watcher: jobs sent to a running node ---------------------------------------
+
+
+def start_unit_in_background(host: Host) -> subprocess.Popen:
+    """The unit as systemd starts it, its ExecStart left running."""
+    unit = host.path(f"/etc/systemd/system/{userdata.UNIT_NAME}").read_text().splitlines()
+    steps = [
+        line.split("=", 1) for line in unit if line.startswith(("ExecStartPre=", "ExecStart="))
+    ]
+    for _, command in steps[:-1]:
+        subprocess.run(shlex.split(command.removeprefix("-")), env=host.env, timeout=60)
+    return subprocess.Popen(
+        shlex.split(steps[-1][1]),
+        env=host.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for(condition, timeout_s: float) -> float:
+    """Seconds until `condition()` held; fails after `timeout_s`."""
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, f"not within {timeout_s} s"
+        time.sleep(0.1)
+    return time.monotonic() - started
+
+
+def containers(host: Host) -> list[str]:
+    return [line.split()[-1] for line in host.called() if line.startswith("container start")]
+
+
+def test_a_job_sent_while_another_runs_takes_the_node_within_30_s_and_both_finish(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.submit("first", seconds=120)
+    unit = start_unit_in_background(host)
+    try:
+        wait_for(lambda: containers(host) == ["first"], timeout_s=30)
+        assert host.state("first") == "running"
+        host.submit("second", seconds=1)
+        took = wait_for(lambda: "second" in containers(host), timeout_s=30)
+        assert took < 30
+        # The first checkpointed (SIGTERM, exit 75) and yielded before the second started.
+        assert host.state("first") == "yielded"
+        checkpoint = host.path(f"{userdata.STATE_DIR}/checkpoints/first/checkpoint")
+        assert checkpoint.exists()
+        output, _ = unit.communicate(timeout=60)
+    finally:
+        unit.kill()
+    assert unit.returncode == 0, output
+    # Then the first resumed from its checkpoint (a 1 s run) and both finished.
+    assert containers(host) == ["first", "second", "first"]
+    assert (host.state("first"), host.state("second")) == ("done", "done")
+    assert "gpu-stack: job first: checkpoint and stop (yielded)" in output
+    # The same host all along: one boot (one health gate), no reboot; it stops once idle.
+    calls = host.called()
+    assert sum(line.endswith("python -m training health") for line in calls) == 1
+    assert [line for line in calls if line.startswith("shutdown")] == [
+        "shutdown -h +1 gpu-stack: no job"
+    ]
+
+
+def test_cancel_stops_a_running_job_with_a_checkpoint_and_skips_a_queued_one(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.submit("long", seconds=120)
+    unit = start_unit_in_background(host)
+    try:
+        wait_for(lambda: containers(host) == ["long"], timeout_s=30)
+        host.spool("long", CANCEL_NAME).write_text("")
+        wait_for(lambda: host.state("long") == "cancelled", timeout_s=30)
+        output, _ = unit.communicate(timeout=60)
+    finally:
+        unit.kill()
+    assert unit.returncode == 0, output
+    assert host.path(f"{userdata.STATE_DIR}/checkpoints/long/checkpoint").exists()
+    assert containers(host) == ["long"]  # never started again
+
+
+def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
+    boot = NodeBoot(**{**p4d_node().__dict__, "data_s3_uri": "s3://corpus/tokens"})
+    host = simulated_host(tmp_path, boot, default_job=False)
+    host.submit("lr-sweep", seconds=0)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    job_env = host.path(f"{userdata.JOBS_DIR}/lr-sweep/job.env").read_text().splitlines()
+    env = dict(line.split("=", 1) for line in host.path(userdata.ENV_FILE).read_text().splitlines())
+    env |= dict(line.split("=", 1) for line in job_env)
+    config = load_config(env["TRAIN_CONFIG"], env=env)
+    assert config.train.steps == 100
+    assert config.checkpoint_dir == host.path(f"{userdata.STATE_DIR}/checkpoints/lr-sweep")
+    assert Path(config.output_dir) == host.path(f"{userdata.STATE_DIR}/output/lr-sweep")
+    assert config.data.path == str(host.path(userdata.DATA_DIR))
+    assert (
+        S3Mirror.from_uri(env["TRAIN_S3_URI"]).uri == "s3://stack-checkpoints/checkpoints/lr-sweep"
+    )
+    assert env["TRAIN_USD_PER_HOUR"] == "32.7700"
+
+
+def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    aws = Path(host.env["PATH"].split(":")[0]) / "aws"
+    real = aws.read_text()
+    # For its first three calls to S3, the aws CLI fails as it does without a network.
+    aws.write_text(
+        real.replace(
+            'tool=$(basename "$0")\n',
+            'tool=$(basename "$0")\n'
+            'if [ "$1" = s3 ] && [ "$(grep -c "^aws s3" "$CALLS")" -lt 3 ]; then\n'
+            '  echo "aws s3 $*" >> "$CALLS"\n'
+            '  echo "Could not connect to the endpoint URL" >&2; exit 255\n'
+            "fi\n",
+        )
+    )
+    host.submit("after-outage", seconds=0)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("could not read the job spool: Could not connect") == 3
+    assert containers(host) == ["after-outage"] and host.state("after-outage") == "done"

@@ -1,0 +1,159 @@
+"""`run STACK --config JOB.toml [--code DIR] [--name NAME] [--set k=v ...]`: a job on a
+running stack, without replacing a node.
+
+The job is checked first, by the trainer's own start-up checks against the stack's GPUs
+(as `preview` checks gpu:trainConfig), so a job the trainer would refuse never reaches a
+node. On a single-node stack it goes into the job spool in the stack's bucket
+(infra/jobs/spool.py), where the node's watcher finds it within seconds; a running job
+checkpoints and yields to it (exit 75), then resumes once it ends (docs/stack.md, "Jobs").
+On a Slurm cluster it is submitted with sbatch as the cluster's user, on the head node
+through SSM (infra/jobs/slurm.py). A name already used resumes that job from its
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import io
+import tarfile
+from pathlib import Path
+
+from infra.commands import head_node, workspace
+from infra.config.schema import stack_region
+from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
+from infra.errors import ConfigError
+from infra.jobs import slurm, spool
+from infra.jobs.spool import JobSpec, JobState
+from infra.jobs.target import JobTarget, job_target
+from infra.planning import check_plan, resolve_plan
+
+# Left out of a --code archive: caches and version control, never the job's code.
+_NOT_CODE = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
+# A spool object, not user data, carries the code; still, a folder this large is a data
+# set or a virtual environment by mistake.
+MAX_CODE_BYTES = 50 * 1024 * 1024
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    workspace.add_stack_argument(parser)
+    parser.add_argument("--config", required=True, type=Path, help="the job's training TOML")
+    parser.add_argument(
+        "--code",
+        type=Path,
+        metavar="DIR",
+        help="a folder shipped with the job and importable in the container "
+        "(package.module:function builders; its requirements.txt is installed at start)",
+    )
+    parser.add_argument("--name", help="the job's name (default: the config file's name)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a training setting over the config's, as `python -m training --set` takes it",
+    )
+
+
+def run(args: argparse.Namespace) -> str:
+    """Start a job on a running stack: the node picks it up, no new node (--code DIR)."""
+    name = spool.check_name(args.name or args.config.stem)
+    stack_name = workspace.stack_name(args)
+    check_job(stack_name, args.config)
+    archive = code_archive(args.code) if args.code is not None else None
+    target = job_target(stack_name)
+    spec = JobSpec(
+        name=name,
+        config_toml=args.config.read_text(),
+        overrides=tuple(args.overrides),
+        usd_per_hour=target.usd_per_hour,
+        has_code=archive is not None,
+        submitted_at=datetime.datetime.now(datetime.UTC),
+    )
+    if target.is_cluster:
+        return _submit_to_slurm(target, spec, archive)
+    return _submit_to_spool(target, spec, archive)
+
+
+def check_job(stack_name: str, config: Path) -> None:
+    """The trainer's start-up checks on `config` against the stack's GPUs, as `preview`
+    runs them on gpu:trainConfig (infra.planning.check_plan)."""
+    if not config.is_file():
+        raise ConfigError(f"--config {config}: not a file (give the path of a training TOML)")
+    path = stack_file_path(stack_name)
+    stack_config = load_stack_file(path)
+    plan = resolve_plan(stack_config, stack_region(stack_file_region(path)))
+    try:
+        check_plan(stack_config.model_copy(update={"train_config": config.resolve()}), plan)
+    except ConfigError as exc:
+        raise ConfigError(f"--config {config}: {exc}") from None
+
+
+def code_archive(folder: Path) -> bytes:
+    """The folder as a gzipped tar, its files at the archive's top, caches left out."""
+    if not folder.is_dir():
+        raise ConfigError(f"--code {folder}: not a folder (give the folder holding your package)")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for path in sorted(folder.rglob("*")):
+            relative = path.relative_to(folder)
+            if _NOT_CODE.intersection(relative.parts) or not path.is_file():
+                continue
+            archive.add(path, arcname=str(relative), recursive=False)
+    size = buffer.tell()
+    if size > MAX_CODE_BYTES:
+        raise ConfigError(
+            f"--code {folder}: {size / 2**20:.0f} MiB compressed, over "
+            f"{MAX_CODE_BYTES // 2**20} MiB: ship code only; put data in S3 (gpu:dataS3Uri)"
+        )
+    return buffer.getvalue()
+
+
+def _submit_to_spool(target: JobTarget, spec: JobSpec, archive: bytes | None) -> str:
+    s3 = workspace.aws("s3", target.stack.region)
+    found = spool.find_job(s3, target.bucket, spec.name)
+    if found is not None and found.state in (JobState.QUEUED, JobState.RUNNING):
+        raise ConfigError(
+            f"--name {spec.name}: that job is {found.state} on {target.stack.name}; cancel it "
+            f"first (`python -m infra cancel {target.stack.name} {spec.name}`) or pick another"
+        )
+    spool.submit(s3, target.bucket, spec, archive)
+    resumed = (
+        f"job {spec.name} was {found.state}: it resumes from its last checkpoint"
+        if found is not None
+        else f"job {spec.name} queued"
+    )
+    return (
+        f"{resumed} on {target.stack.name}; the node starts it within "
+        f"{spool.POLL_S} s (a running job checkpoints and resumes after it).\n"
+        f"follow it: python -m infra jobs {target.stack.name}; "
+        f"python -m infra logs {target.stack.name} --job {spec.name}"
+    )
+
+
+def _submit_to_slurm(target: JobTarget, spec: JobSpec, archive: bytes | None) -> str:
+    s3 = workspace.aws("s3", target.stack.region)
+    in_queue = [job for job in head_node.queue(target.stack) if job.name == spec.name]
+    if in_queue:
+        raise ConfigError(
+            f"--name {spec.name}: that job is in {target.stack.name}'s queue (job "
+            f"{in_queue[0].id}, {in_queue[0].state.lower()}); cancel it first or pick another"
+        )
+    # The code travels through the spool on a cluster too: the container fetches it.
+    spool.submit(s3, target.bucket, spec, archive)
+    code_uri = f"s3://{target.bucket}/{spool.job_key(spec.name, spool.CODE_NAME)}"
+    job_id = head_node.on_head_node(
+        target.stack,
+        slurm.submit_script(
+            slurm.cluster_site(target.bucket), spec, code_uri if spec.has_code else None
+        ),
+        what=f"submit job {spec.name}",
+        timeout_s=slurm.SUBMIT_TIMEOUT_S,
+    ).strip()
+    return (
+        f"job {spec.name} submitted to {target.stack.name}'s Slurm queue as job {job_id} "
+        f"(a name run before resumes from its checkpoints).\n"
+        f"follow it: python -m infra jobs {target.stack.name}; "
+        f"python -m infra logs {target.stack.name} --job {job_id}"
+    )

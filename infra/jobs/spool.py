@@ -1,0 +1,162 @@
+"""The job spool: how jobs travel from the command line to a running stack's node.
+
+A node's user data says only where the spool is; what to train travels here, so a new
+job, a new price or new code replaces no node (docs/stack.md, "Jobs"). Layout, under the
+stack's bucket (the checkpoint bucket, which the node's role may already read and write):
+
+    jobs/<name>/job.json      JobSpec: the training TOML, overrides, price, code archive
+    jobs/<name>/code.tar.gz   the `run --code DIR` folder, when there is one
+    jobs/<name>/cancel        a cancel request: the node stops the job with a checkpoint
+    jobs/<name>/state         the node's word on the job: one of JobState; a job.json
+                              newer than it makes the job queued again
+
+`python -m infra run|jobs|cancel` write and read it; the node's watcher
+(infra/node/templates/run-training.sh) reads the same keys, rendered from the names below
+by infra/node/boot.py. A job name is also the prefix of its checkpoints under the
+stack's checkpoint URI, so running a name again resumes that job.
+"""
+
+from __future__ import annotations
+
+import datetime
+import enum
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from botocore.exceptions import ClientError
+from pydantic import BaseModel, ConfigDict
+
+from infra.errors import ConfigError
+
+SPOOL_PREFIX = "jobs"
+SPEC_NAME = "job.json"
+CODE_NAME = "code.tar.gz"
+CANCEL_NAME = "cancel"
+STATE_NAME = "state"
+# How often the node's watcher reads the spool: a new job starts within about this long.
+POLL_S = 10
+# The stack's gpu:trainConfig, written by `up`: the first job in the spool.
+DEFAULT_JOB = "default"
+
+# Letters, digits, - and _: a job name is an S3 prefix, a folder on the node and a Slurm
+# job name, and lands in shell strings on the node.
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+
+
+class JobState(enum.StrEnum):
+    """What the node says about a job (its `state` object)."""
+
+    QUEUED = "queued"  # no node has started it yet (no state object)
+    RUNNING = "running"
+    YIELDED = "yielded"  # checkpointed (exit 75) for a newer job; resumes after it
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+class JobSpec(BaseModel):
+    """One job as `run` submits it: what the node's container needs beyond the image."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    config_toml: str  # the training TOML, shipped whole: the node writes it to a file
+    overrides: tuple[str, ...] = ()  # `--set k=v` arguments for `python -m training`
+    usd_per_hour: float  # the stack's price when submitted: the trainer's summary cost
+    has_code: bool = False  # a code.tar.gz sits beside job.json
+    submitted_at: datetime.datetime
+
+
+def check_name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ConfigError(
+            f"--name {name!r}: a job name is 1 to 63 letters, digits, - or _, starting with "
+            "a letter or digit"
+        )
+    return name
+
+
+def job_key(name: str, leaf: str) -> str:
+    return f"{SPOOL_PREFIX}/{name}/{leaf}"
+
+
+def submit(s3: Any, bucket: str, spec: JobSpec, code_archive: bytes | None = None) -> None:
+    """Put a job in the spool: its code first, so a node that sees job.json finds both.
+
+    A job submitted again under its name starts over as queued: its old state and cancel
+    request go, its checkpoints stay (so it resumes)."""
+    if code_archive is not None:
+        s3.put_object(Bucket=bucket, Key=job_key(spec.name, CODE_NAME), Body=code_archive)
+    for leaf in (STATE_NAME, CANCEL_NAME):
+        s3.delete_object(Bucket=bucket, Key=job_key(spec.name, leaf))
+    s3.put_object(
+        Bucket=bucket,
+        Key=job_key(spec.name, SPEC_NAME),
+        Body=spec.model_dump_json().encode(),
+        ContentType="application/json",
+    )
+
+
+def request_cancel(s3: Any, bucket: str, name: str) -> None:
+    s3.put_object(Bucket=bucket, Key=job_key(name, CANCEL_NAME), Body=b"")
+
+
+@dataclass(frozen=True)
+class SpooledJob:
+    spec: JobSpec
+    state: JobState
+    since: datetime.datetime  # when the node last set its state (submitted, while queued)
+
+
+def spool_jobs(s3: Any, bucket: str) -> list[SpooledJob]:
+    """Every job in the spool with its state, oldest submission first."""
+    names = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{SPOOL_PREFIX}/", Delimiter="/"
+    ):
+        names += [p["Prefix"].split("/")[1] for p in page.get("CommonPrefixes", [])]
+    jobs = []
+    for name in names:
+        spec = _get(s3, bucket, job_key(name, SPEC_NAME))
+        if spec is None:
+            continue  # a job being submitted: its code is there, its job.json not yet
+        parsed = JobSpec.model_validate_json(spec["Body"].read())
+        state = _get(s3, bucket, job_key(name, STATE_NAME))
+        # A job.json newer than the node's word is a job sent again (`up` with a changed
+        # gpu:trainConfig rewrites the default job's): queued, as the watcher sees it.
+        if state is None or state["LastModified"] < spec["LastModified"]:
+            jobs.append(SpooledJob(parsed, JobState.QUEUED, parsed.submitted_at))
+        else:
+            word = state["Body"].read().decode().strip()
+            jobs.append(SpooledJob(parsed, JobState(word), state["LastModified"]))
+    return sorted(jobs, key=lambda job: job.spec.submitted_at)
+
+
+def find_job(s3: Any, bucket: str, name: str) -> SpooledJob | None:
+    return next((job for job in spool_jobs(s3, bucket) if job.spec.name == name), None)
+
+
+def _get(s3: Any, bucket: str, key: str) -> dict | None:
+    try:
+        return s3.get_object(Bucket=bucket, Key=key)
+    except s3.exceptions.NoSuchKey:
+        return None
+
+
+def current_run_uri(s3: Any, checkpoint_uri: str | None) -> str | None:
+    """Where a single-node stack's current job keeps its checkpoints and status.json: the
+    running job's prefix, else the one whose state changed last; the stack's checkpoint URI
+    itself when the spool is empty or unreadable (a stack from before the spool)."""
+    if not checkpoint_uri:
+        return None
+    bucket = checkpoint_uri.removeprefix("s3://").split("/", 1)[0]
+    try:
+        jobs = spool_jobs(s3, bucket)
+    except ClientError:
+        return checkpoint_uri
+    if not jobs:
+        return checkpoint_uri
+    running = [job for job in jobs if job.state == JobState.RUNNING]
+    current = (running or sorted(jobs, key=lambda job: job.since))[-1]
+    return f"{checkpoint_uri.rstrip('/')}/{current.spec.name}"

@@ -1,0 +1,102 @@
+"""run, jobs and cancel on a Slurm cluster stack: the head node played by this host over the
+real loopback two-node Slurm cluster (tests/support/head_node.py), the spool and the
+checkpoints in moto's S3, a real training job on both nodes.
+
+The head node's site differs from the stack's only where this host is no cluster node:
+the batch script is rendered with the host's interpreter (Launch.host, as the other
+cluster tests do) in a folder here, and sbatch runs as this user, not through
+`sudo -iu ubuntu`; the script run submits, lists and cancels with is the stack's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import pytest
+
+from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
+from infra.commands import cancel, jobs
+from infra.commands import run as run_job
+from infra.jobs import slurm as slurm_jobs
+from infra.jobs.slurm import SubmitSite
+from tests.infra.cluster.jobs import DONE_STATES, JOB, JOB_TIMEOUT_S, STEPS
+from tests.infra.commands.conftest import BUCKET
+from tests.infra.commands.test_cluster_stack import STACK, Cluster
+from tests.training.jobs import read_metrics
+from tests.training.multirank import free_port
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def cluster(aws, stub_stack, slurm, monkeypatch, tmp_path):
+    stack = Cluster(aws, stub_stack, slurm, monkeypatch)
+    head = tmp_path / "head"
+    head.mkdir()
+    script = head / "train.sbatch"
+    script.write_text(
+        render_sbatch(
+            BatchJob(
+                nodes=2,
+                launch=Launch.host(sys.executable),
+                checkpoint_root=str(head / "ckpt"),
+                s3_root=f"s3://{BUCKET}/checkpoints",
+            )
+        )
+    )
+    site = SubmitSite(job_script=str(script), jobs_dir=str(head / "jobs"))
+    monkeypatch.setattr(slurm_jobs, "cluster_site", lambda bucket: site)
+    # What the loopback cluster's jobs need in the submitting environment (sbatch
+    # --export=ALL): one rank per node, a free port, no spot-notice endpoint.
+    monkeypatch.setenv("TRAIN_NPROC_PER_NODE", "1")
+    monkeypatch.setenv("TRAIN_MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("TRAIN_SPOT_ENDPOINT", "")
+    stack.jobs_dir = head / "jobs"
+    return stack
+
+
+def wait_for(condition, timeout_s: float = JOB_TIMEOUT_S):
+    deadline = time.monotonic() + timeout_s
+    while not (found := condition()):
+        assert time.monotonic() < deadline, f"not within {timeout_s} s"
+        time.sleep(0.5)
+    return found
+
+
+def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
+    cluster, slurm, tmp_path
+):
+    config = tmp_path / "tiny.toml"
+    config.write_text(f"[train]\nsteps = {STEPS}\n")
+    args = argparse.Namespace(stack=STACK, config=config, code=None, name="tiny", overrides=JOB)
+    said = run_job.run(args)
+    assert said.startswith("job tiny submitted to l40sx4's Slurm queue as job ")
+    first_id = said.split("as job ")[1].split()[0]
+    metrics = cluster.jobs_dir / "runs" / "tiny"
+    wait_for(lambda: len(read_metrics(metrics)) >= 3)
+
+    listed = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert listed[1].split()[:4] == ["tiny", "running", "(slurm", f"{first_id},"]
+
+    said = cancel.run(argparse.Namespace(stack=STACK, job="tiny"))
+    assert said.startswith(f"job tiny (slurm {first_id}) cancelled: the job stopped at step ")
+    assert "(interrupted); step_" in said  # the checkpoint it committed, read from S3
+    assert slurm.job(first_id)["JobState"] == "CANCELLED"
+    assert jobs.run(argparse.Namespace(stack=STACK)).startswith("no job on l40sx4")
+    before = [record["step"] for record in read_metrics(metrics)]
+    assert before[0] == 1 and before[-1] < STEPS
+
+    said = run_job.run(args)
+    second_id = said.split("as job ")[1].split()[0]
+    assert second_id != first_id
+    state = wait_for(
+        lambda: (s := slurm.job(second_id)["JobState"]) in DONE_STATES and s,
+        timeout_s=JOB_TIMEOUT_S,
+    )
+    assert state == "COMPLETED"
+    # metrics.jsonl is appended to: the second run's records follow the first's, and they go
+    # on from the checkpoint instead of starting at step 1 again.
+    after = [record["step"] for record in read_metrics(metrics)][len(before) :]
+    assert 1 < after[0] <= before[-1] + 1 and after[-1] == STEPS

@@ -1,0 +1,201 @@
+"""run, jobs and cancel on a single-node stack, against moto's S3: the job spool as the node
+sees it, the trainer's checks refusing a bad job before anything is uploaded."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.commands import cancel, jobs
+from infra.commands import run as run_job
+from infra.errors import ConfigError
+from infra.jobs.spool import JobSpec, current_run_uri
+from tests.infra.commands.conftest import BUCKET, stack_outputs
+
+# Pulumi.a100x8.yaml: one p4d.24xlarge, 8 GPUs of compute capability 8.0.
+STACK = "a100x8"
+GOOD_JOB = """[train]
+steps = 200
+global_batch_size = 16
+micro_batch_size = 1
+"""
+# 12 sequences cannot be split over 8 GPUs: the trainer refuses it at start.
+BAD_JOB = GOOD_JOB.replace("global_batch_size = 16", "global_batch_size = 12")
+
+
+@pytest.fixture
+def stack(aws, stub_stack):
+    stub_stack.outputs_ = stack_outputs(["i-0"], spot=False)
+    s3 = aws.client("s3")
+    s3.create_bucket(Bucket=BUCKET)
+    return s3
+
+
+def run_args(config: Path, **values) -> argparse.Namespace:
+    return argparse.Namespace(
+        stack=STACK,
+        config=config,
+        code=values.get("code"),
+        name=values.get("name"),
+        overrides=values.get("overrides", []),
+    )
+
+
+def spool_keys(s3) -> list[str]:
+    return sorted(o["Key"] for o in s3.list_objects_v2(Bucket=BUCKET).get("Contents", []))
+
+
+def write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_run_puts_the_job_and_its_code_in_the_spool(stack, tmp_path):
+    config = write(tmp_path, "lr-sweep.toml", GOOD_JOB)
+    code = tmp_path / "mycode"
+    (code / "mymodels" / "__pycache__").mkdir(parents=True)
+    (code / "mymodels" / "__init__.py").write_text("")
+    (code / "mymodels" / "tiny.py").write_text("def build(config): ...\n")
+    (code / "mymodels" / "__pycache__" / "tiny.cpython-312.pyc").write_bytes(b"\0")
+    said = run_job.run(run_args(config, code=code, overrides=["optimizer.lr=1e-4"]))
+    assert "job lr-sweep queued on a100x8" in said
+    assert spool_keys(stack) == ["jobs/lr-sweep/code.tar.gz", "jobs/lr-sweep/job.json"]
+    spec = json.loads(stack.get_object(Bucket=BUCKET, Key="jobs/lr-sweep/job.json")["Body"].read())
+    assert spec["name"] == "lr-sweep" and spec["config_toml"] == GOOD_JOB
+    assert spec["overrides"] == ["optimizer.lr=1e-4"] and spec["has_code"] is True
+    assert spec["usd_per_hour"] == 3.06  # stack_outputs' hourly_cost_usd, on demand
+    body = stack.get_object(Bucket=BUCKET, Key="jobs/lr-sweep/code.tar.gz")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as archive:
+        assert sorted(archive.getnames()) == ["mymodels/__init__.py", "mymodels/tiny.py"]
+
+
+def test_a_job_the_trainer_would_refuse_never_reaches_the_spool(stack, tmp_path):
+    with pytest.raises(ConfigError) as refused:
+        run_job.run(run_args(write(tmp_path, "bad.toml", BAD_JOB)))
+    message = str(refused.value)
+    assert "world size 8" in message and "12" in message and "\n" not in message
+    assert spool_keys(stack) == []
+
+
+@pytest.mark.parametrize("name", ["../x", "a b", "-lead", "x" * 64])
+def test_a_job_name_that_is_no_prefix_is_refused(stack, tmp_path, name):
+    with pytest.raises(ConfigError, match="a job name is 1 to 63 letters"):
+        run_job.run(run_args(write(tmp_path, "j.toml", GOOD_JOB), name=name))
+
+
+def test_a_running_job_name_is_refused_and_a_cancelled_one_resumes(stack, tmp_path):
+    config = write(tmp_path, "j.toml", GOOD_JOB)
+    run_job.run(run_args(config, name="sweep"))
+    stack.put_object(Bucket=BUCKET, Key="jobs/sweep/state", Body=b"running")
+    with pytest.raises(ConfigError, match="that job is running on a100x8; cancel it first"):
+        run_job.run(run_args(config, name="sweep"))
+    stack.put_object(Bucket=BUCKET, Key="jobs/sweep/state", Body=b"cancelled")
+    stack.put_object(Bucket=BUCKET, Key="jobs/sweep/cancel", Body=b"")
+    said = run_job.run(run_args(config, name="sweep"))
+    assert "job sweep was cancelled: it resumes from its last checkpoint" in said
+    # Queued again: the node's old word and the old cancel request are gone.
+    assert spool_keys(stack) == ["jobs/sweep/job.json"]
+
+
+def test_jobs_lists_each_job_with_the_trainers_progress(stack, tmp_path):
+    run_job.run(run_args(write(tmp_path, "first.toml", GOOD_JOB)))
+    run_job.run(run_args(write(tmp_path, "second.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/first/state", Body=b"yielded")
+    stack.put_object(Bucket=BUCKET, Key="jobs/second/state", Body=b"running")
+    status = {
+        "state": "training", "step": 120, "total_steps": 200, "loss": 2.71828,
+        "tokens_per_s": 51234.4, "unit": "tokens", "gpu_hours": 1.25, "usd": 3.825,
+    }  # fmt: skip
+    stack.put_object(
+        Bucket=BUCKET, Key="checkpoints/second/status.json", Body=json.dumps(status).encode()
+    )
+    lines = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert lines[0].split() == [
+        "JOB", "STATE", "STEP", "LOSS", "RATE", "SINCE", "GPU-HOURS", "COST",
+    ]  # fmt: skip
+    first, second = (line.split() for line in lines[1:])
+    assert first[:5] == ["first", "yielded", "-", "-", "-"]
+    assert second[:6] == ["second", "running", "120/200", "2.7183", "51,234", "tokens/s"]
+    assert second[-2:] == ["1.25", "$3.83"]
+
+
+def test_jobs_on_an_empty_spool_says_how_to_start_one(stack):
+    said = jobs.run(argparse.Namespace(stack=STACK))
+    assert said == "no job on a100x8: start one with `python -m infra run a100x8 --config JOB.toml`"
+
+
+def test_cancel_asks_the_node_and_waits_for_its_checkpoint(stack, tmp_path):
+    run_job.run(run_args(write(tmp_path, "long.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/long/state", Body=b"running")
+    polls = []
+
+    def node_stops_the_job(seconds):
+        """The node's watcher: it saw the cancel request; the trainer checkpointed."""
+        polls.append(seconds)
+        assert stack.get_object(Bucket=BUCKET, Key="jobs/long/cancel")
+        status = {
+            "state": "interrupted", "step": 140, "total_steps": 200, "loss": 3.5,
+            "tokens_per_s": 100.0, "updated_at": "2099-01-01T00:00:00+00:00",
+        }  # fmt: skip
+        stack.put_object(
+            Bucket=BUCKET, Key="checkpoints/long/status.json", Body=json.dumps(status).encode()
+        )
+        stack.put_object(Bucket=BUCKET, Key="checkpoints/long/latest_committed", Body=b"step140")
+        stack.put_object(Bucket=BUCKET, Key="jobs/long/state", Body=b"cancelled")
+
+    said = cancel.run(argparse.Namespace(stack=STACK, job="long"), sleep=node_stops_the_job)
+    assert polls == [5.0]
+    assert said.startswith("job long cancelled: the job stopped at step 140 (interrupted); step140")
+    assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[:3] == [
+        "long", "cancelled", "140/200",
+    ]  # fmt: skip
+
+
+def test_cancel_of_an_unknown_or_ended_job(stack, tmp_path):
+    with pytest.raises(ConfigError, match="no job 'nope' on a100x8"):
+        cancel.run(argparse.Namespace(stack=STACK, job="nope"))
+    run_job.run(run_args(write(tmp_path, "over.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/over/state", Body=b"done")
+    assert cancel.run(argparse.Namespace(stack=STACK, job="over")) == (
+        "job over is already done: nothing to cancel"
+    )
+
+
+def test_the_spec_refuses_unknown_fields():
+    with pytest.raises(ValueError, match="extra"):
+        JobSpec.model_validate_json(
+            '{"name": "a", "config_toml": "", "usd_per_hour": 1, "submitted_at": '
+            '"2026-01-01T00:00:00Z", "gpus": 8}'
+        )
+
+
+def test_a_job_json_newer_than_the_nodes_word_is_queued_again(stack, tmp_path):
+    """`up` with a changed gpu:trainConfig rewrites the default job's job.json in place."""
+    run_job.run(run_args(write(tmp_path, "default.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/default/state", Body=b"done")
+    assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[1] == "done"
+    time.sleep(1.1)  # S3 keeps LastModified to the second
+    spec = stack.get_object(Bucket=BUCKET, Key="jobs/default/job.json")["Body"].read()
+    stack.put_object(Bucket=BUCKET, Key="jobs/default/job.json", Body=spec)
+    assert jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()[1] == "queued"
+
+
+def test_status_stop_and_start_follow_the_spools_current_job(stack, tmp_path):
+    root = f"s3://{BUCKET}/checkpoints"
+    assert current_run_uri(stack, root) == root  # no spool: a stack from before it
+    run_job.run(run_args(write(tmp_path, "older.toml", GOOD_JOB)))
+    run_job.run(run_args(write(tmp_path, "newer.toml", GOOD_JOB)))
+    stack.put_object(Bucket=BUCKET, Key="jobs/newer/state", Body=b"done")
+    stack.put_object(Bucket=BUCKET, Key="jobs/older/state", Body=b"running")
+    assert current_run_uri(stack, root) == f"{root}/older"
+    stack.put_object(Bucket=BUCKET, Key="jobs/older/state", Body=b"yielded")
+    time.sleep(1.1)  # S3 keeps LastModified to the second
+    stack.put_object(Bucket=BUCKET, Key="jobs/newer/state", Body=b"done")
+    assert current_run_uri(stack, root) == f"{root}/newer"  # the last to change
