@@ -4,7 +4,8 @@ The `gpu:` models (infra/config) only parse and validate values. Here the config
 the catalog, the ParallelCluster releases and the files it names: `resolve_plan` prices the
 profile and its overrides for a region, `check_plan` runs the refusals that need the plan
 (guardrails, the trainer's own checks on gpu:trainConfig), `train_config_text` reads the
-training TOML, the stack's default job (infra/components/default_job.py). Each raises ConfigError with one sentence naming the key.
+training TOML, the stack's default job (infra/components/default_job.py). Each raises
+ConfigError with one sentence naming the key.
 """
 
 from __future__ import annotations
