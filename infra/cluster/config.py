@@ -32,6 +32,9 @@ OS = "ubuntu2204"
 # Jobs are submitted as this user: Slurm runs a job as its submitter on the compute
 # nodes, where SSM's ssm-user does not exist.
 DEFAULT_USER = "ubuntu"
+# The batch script every job runs: in the stack's bucket, and copied to the head node.
+JOB_SCRIPT_KEY = "cluster/train.sbatch"
+JOB_SCRIPT_ON_HEAD_NODE = "/opt/gpu-stack/train.sbatch"
 # Slurm requeues a batch job that exits with one of these (slurm.conf(5), RequeueExit,
 # https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).

@@ -3,7 +3,7 @@
 On a single-node stack the request is a `cancel` object in the job spool: the node's
 watcher stops the container (the trainer checkpoints on SIGTERM and exits 75) and marks
 the job cancelled; a job not started yet is marked cancelled at once. On a Slurm cluster,
-`scancel --full` on the head node (infra/jobs/slurm.py). Either way this waits for the
+`scancel --full` on the head node (infra/cluster/jobs.py). Either way this waits for the
 stop and prints the step and checkpoint the trainer reported. `run` with the same name
 later resumes from that checkpoint.
 """
@@ -15,13 +15,14 @@ import datetime
 import time
 from collections.abc import Callable
 
+from infra.cluster import jobs as slurm
 from infra.cluster.control import STOP_WAIT_S
 from infra.commands import head_node, workspace
 from infra.commands.checkpoints import stop_report
+from infra.commands.job_target import job_target
 from infra.errors import ConfigError
-from infra.jobs import slurm, spool
+from infra.jobs import spool
 from infra.jobs.spool import JobState
-from infra.jobs.target import job_target
 
 # The watcher's poll, then the trainer's checkpoint and exit (the unit's docker stop
 # grace is 100 s: infra/node/templates/gpu-training.service).

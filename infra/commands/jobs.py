@@ -12,8 +12,8 @@ import datetime
 
 from infra.commands import head_node, workspace
 from infra.commands.checkpoints import job_status
+from infra.commands.job_target import job_target
 from infra.jobs import spool
-from infra.jobs.target import job_target
 from infra.report import format_table
 
 # SINCE: when the job took its state (started, yielded, ended; submitted while queued).

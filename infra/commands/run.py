@@ -7,7 +7,7 @@ node. On a single-node stack it goes into the job spool in the stack's bucket
 (infra/jobs/spool.py), where the node's watcher finds it within seconds; a running job
 checkpoints and yields to it (exit 75), then resumes once it ends (docs/stack.md, "Jobs").
 On a Slurm cluster it is submitted with sbatch as the cluster's user, on the head node
-through SSM (infra/jobs/slurm.py). A name already used resumes that job from its
+through SSM (infra/cluster/jobs.py). A name already used resumes that job from its
 checkpoints.
 """
 
@@ -19,13 +19,14 @@ import io
 import tarfile
 from pathlib import Path
 
+from infra.cluster import jobs as slurm
 from infra.commands import head_node, workspace
+from infra.commands.job_target import JobTarget, job_target
 from infra.config.schema import stack_region
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
-from infra.jobs import slurm, spool
+from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState
-from infra.jobs.target import JobTarget, job_target
 from infra.planning import check_plan, resolve_plan
 
 # Left out of a --code archive: caches and version control, never the job's code.

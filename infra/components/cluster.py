@@ -48,6 +48,8 @@ import pulumi_aws as aws
 
 from infra.cluster.config import (
     DEFAULT_USER,
+    JOB_SCRIPT_KEY,
+    JOB_SCRIPT_ON_HEAD_NODE,
     QUEUE,
     SETUP_SCRIPT,
     ClusterSettings,
@@ -64,8 +66,6 @@ from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
 
 SETUP_SCRIPT_KEY = f"cluster/{SETUP_SCRIPT.name}"
-JOB_SCRIPT_KEY = "cluster/train.sbatch"
-JOB_SCRIPT_ON_HEAD_NODE = "/opt/gpu-stack/train.sbatch"
 # Host folders the job's container sees at the same paths: the node-local scratch
 # disk (checkpoints) and the shared /home (configs, the job's output and log).
 CONTAINER_MOUNTS = {"/scratch": "/scratch", "/home": "/home"}

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
+from infra.cluster import jobs as slurm_jobs
+from infra.cluster.jobs import SubmitSite
 from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
 from infra.commands import cancel, jobs
 from infra.commands import run as run_job
-from infra.jobs import slurm as slurm_jobs
-from infra.jobs.slurm import SubmitSite
 from tests.infra.cluster.jobs import DONE_STATES, JOB, JOB_TIMEOUT_S, STEPS
 from tests.infra.commands.conftest import BUCKET
 from tests.infra.commands.test_cluster_stack import STACK, Cluster

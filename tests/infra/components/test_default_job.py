@@ -13,7 +13,7 @@ import re
 import pytest
 import yaml
 
-from infra.components import stack
+from infra.components import single_node
 from infra.jobs.spool import JobSpec
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import resolve_profile
@@ -83,7 +83,7 @@ def test_a_new_price_changes_the_default_job_and_no_user_data(tmp_path, monkeypa
     job = tmp_path / "job.toml"
     job.write_text(JOB)
     before = run_stack(trainConfig=str(job))
-    monkeypatch.setattr(stack, "hourly_usd", lambda plan, market: 123.4567)
+    monkeypatch.setattr(single_node, "hourly_usd", lambda plan, market: 123.4567)
     after = run_stack(trainConfig=str(job))
     assert user_data(before) == user_data(after)
     assert default_job(before).usd_per_hour != 123.4567 == default_job(after).usd_per_hour

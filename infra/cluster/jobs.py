@@ -22,7 +22,7 @@ import base64
 import shlex
 from dataclasses import dataclass
 
-from infra.cluster.config import DEFAULT_USER, QUEUE
+from infra.cluster.config import DEFAULT_USER, JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE, QUEUE
 from infra.cluster.control import STOP_WAIT_S
 from infra.jobs.spool import JobSpec
 from training.code import CODE_URI_ENV
@@ -43,10 +43,6 @@ class SubmitSite:
 def cluster_site(bucket: str) -> SubmitSite:
     """The stack's head node: the job script from the bucket, submitted as the default user
     from a folder in their home, which every node mounts."""
-    # Here, not at the top: the component imports Pulumi, which the offline commands
-    # that share this command line never load (tests/infra/test_cli.py).
-    from infra.components.cluster import JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE
-
     return SubmitSite(
         job_script=JOB_SCRIPT_ON_HEAD_NODE,
         jobs_dir=f"/home/{DEFAULT_USER}/jobs",
