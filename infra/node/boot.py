@@ -51,7 +51,7 @@ MAX_USER_DATA_BYTES = 16 * 1024
 _SAFE_VALUE = re.compile(r'^[^"$`\\\n\r]*$')
 
 
-class _ScriptTemplate(string.Template):
+class ScriptTemplate(string.Template):
     """`@@name@@` placeholders: a template with them quoted is still valid shell."""
 
     delimiter = "@@"
@@ -114,7 +114,7 @@ def render_template(name: str, values: dict[str, object]) -> str:
     for key, value in values.items():
         if not _SAFE_VALUE.match(str(value)):
             raise ValueError(f"boot value {key}={value!r} contains a quote, $, ` or newline")
-    text = _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
+    text = ScriptTemplate((TEMPLATES / name).read_text()).substitute(
         {key: str(value) for key, value in values.items()}
     )
     return _without_comment_lines(text)

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from common.errors import Problem, describe
+from common.errors import ConfigError, Problem, describe
 from training.spec.presets import PRESETS, VISION_PRESETS
 
 DEMO_CONFIG = Path(__file__).parents[1] / "demo.toml"
@@ -42,10 +42,6 @@ def _import_string(value: str) -> str:
 
 
 ImportString = Annotated[str, AfterValidator(_import_string)]
-
-
-class ConfigError(Exception):
-    """A bad configuration; str(error) is the one-line message shown to the user."""
 
 
 class Section(BaseModel):
