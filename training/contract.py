@@ -63,6 +63,9 @@ STOPPED_BEFORE_TRAINING = (
 # The rendezvous port of node 0 when TRAIN_MASTER_PORT is unset (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
 
+# The module each worker runs (`python -m training.worker`), started by the launcher.
+WORKER_MODULE = "training.worker"
+
 # Set by the launcher for its workers (not by users): the launcher's process id, so
 # that a worker started after the launcher died knows it is an orphan.
 LAUNCHER_PID_ENV = "TRAIN_LAUNCHER_PID"

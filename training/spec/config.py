@@ -8,10 +8,9 @@ would work.
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -207,10 +206,11 @@ class BatchSizes(BaseModel):
 def load_config(
     path: str | Path | None,
     overrides: Sequence[str] = (),
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the TOML file (the demo job's when `path` is None), then env, then `--set` values."""
-    env = os.environ if env is None else env
+    """Read the TOML file (the demo job's when `path` is None), then the ENV_OVERRIDES
+    variables set in `env` (the trainer's: TrainerEnv.config_paths), then `--set` values."""
+    env = env or {}
     source = Path(path) if path else DEMO_CONFIG
     try:
         raw = tomllib.loads(source.read_text())

@@ -24,6 +24,7 @@ from tests.support.tools import require_tool
 from training import contract
 from training.checkpoint.s3 import S3Mirror
 from training.contract import DEFAULT_MASTER_PORT, ExitCode
+from training.environment import TrainerEnv
 from training.launcher import topology_from_env
 from training.spec.config import load_config
 from training.spec.selfcheck import SelfCheckError, check_driver
@@ -578,7 +579,7 @@ def test_contract_table_lists_exactly_the_variables_the_trainer_reads():
 def test_the_trainer_reads_the_boot_environment_as_the_stack_meant_it(tmp_path):
     boot = node()
     env = boot_environment(boot)
-    topology = topology_from_env(env)
+    topology = topology_from_env(TrainerEnv.from_environ(env))
     # One node, rendezvous on itself: the trainer's defaults (more nodes run under Slurm).
     assert (topology.nnodes, topology.node_rank) == (1, 0)
     assert (topology.master_addr, topology.master_port) == ("127.0.0.1", DEFAULT_MASTER_PORT)
