@@ -5,12 +5,15 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from tests.training.jobs import TINY, job_env, run_job, start_job
-from tests.training.multirank import free_port
+from tests.training.multirank import REPO_ROOT, free_port, launch_env
 from training.checkpoint.s3 import S3Mirror
+from training.contract import WORKER_MODULE
 from training.environment import TopologyError, TrainerEnv
 from training.launcher import _job_exit_code, failed_worker_line, topology_from_env
 
@@ -151,3 +154,19 @@ def test_a_failed_worker_is_named_by_rank_node_and_how_it_ended():
         == "rank 0 (local rank 0) on node 0 (n2) exited with status 1"
     )
     assert failed_worker_line(2, 0, -40, 0, node).endswith("was killed by signal 40")
+
+
+def test_the_worker_entry_point_refuses_to_start_without_the_launcher():
+    result = subprocess.run(
+        [sys.executable, "-m", WORKER_MODULE],
+        cwd=REPO_ROOT,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        "error: python -m training.worker is one rank of a job, started by the launcher "
+        "(RANK is unset): run python -m training\n"
+    )
