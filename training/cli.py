@@ -95,6 +95,7 @@ def load(args: argparse.Namespace, env: TrainerEnv, world_size: int) -> tuple[Co
 
 def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int:
     configure_logging(rank=None)
+    env.warn_unknown()
     try:
         check_writable_dirs(env)
         topo = topology_from_env(env)
@@ -107,7 +108,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             on_gpu=torch.cuda.is_available(),
             capability=gpu_capability(),
         )
-    except (ConfigError, TopologyError, SelfCheckError) as error:
+    except (ConfigError, SelfCheckError) as error:  # TopologyError is a ConfigError
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if args.print_ds_config:
@@ -116,7 +117,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         return 0
     try:
         topo = rendezvous_port(topo, env)
-    except TopologyError as error:
+    except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if args.fresh:

@@ -65,16 +65,17 @@ class TrainerEnv:
     local_world_size: int = 1
     # Slurm names its node in each task's environment (srun(1), SLURMD_NODENAME).
     slurm_node_name: str | None = None
+    unknown: tuple[str, ...] = ()  # TRAIN_* names the trainer does not read: a typo?
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> TrainerEnv:
         """Parse and check every variable; TopologyError names the first bad one."""
-        for name in sorted(environ):
-            if name.startswith("TRAIN_") and name not in ENV and name not in _SET_BY_LAUNCHER:
-                log.warning(
-                    "%s is not a variable the trainer reads (known: %s)", name, ", ".join(ENV)
-                )
         env = cls(
+            unknown=tuple(
+                name
+                for name in sorted(environ)
+                if name.startswith("TRAIN_") and name not in ENV and name not in _SET_BY_LAUNCHER
+            ),
             config=environ.get("TRAIN_CONFIG") or None,
             nnodes=_integer(environ, "TRAIN_NNODES", 1),
             node_rank=_integer(environ, "TRAIN_NODE_RANK", 0),
@@ -108,6 +109,11 @@ class TrainerEnv:
                 f"(TRAIN_NNODES = {env.nnodes})"
             )
         return env
+
+    def warn_unknown(self) -> None:
+        """Log each TRAIN_* name the trainer does not read (the launcher does, once)."""
+        for name in self.unknown:
+            log.warning("%s is not a variable the trainer reads (known: %s)", name, ", ".join(ENV))
 
     @property
     def node_name(self) -> str:

@@ -68,7 +68,9 @@ def test_good_values_pass(env):
 
 
 def test_an_unknown_train_variable_is_warned_about(caplog):
-    TrainerEnv.from_environ({"TRAIN_NPROCS": "8"})
+    env = TrainerEnv.from_environ({"TRAIN_NPROCS": "8", "TRAIN_LAUNCHER_PID": "1"})
+    assert env.unknown == ("TRAIN_NPROCS",)
+    env.warn_unknown()
     assert "TRAIN_NPROCS is not a variable the trainer reads" in caplog.text
 
 
