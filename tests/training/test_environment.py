@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ast
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,12 @@ def test_a_bad_value_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch, 
     monkeypatch.setenv("TRAIN_NNODES", "two")
     assert cli.main(["--set", "train.steps=1"]) == 2
     assert capsys.readouterr().err == "error: TRAIN_NNODES = 'two' is not an integer\n"
+
+
+def test_the_reader_is_torch_free():
+    """The worker reads its environment before its heavy imports."""
+    code = "import sys, training.environment; print(sorted({'torch', 'boto3'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "[]\n"
