@@ -37,11 +37,10 @@ from torch.utils.data import DataLoader, DistributedSampler
 from bench.launch import exit_worker
 from bench.measure import interleaved
 from training.components import build_dataset, build_model
-from training.ds_config import build_ds_config
+from training.engine import build_engine, mean_over_ranks, param_groups, seed_everything
 from training.interrupt import StopFlag
-from training.sampler import ResumableDistributedSampler
+from training.sampler import ResumableDistributedSampler, micro_batches
 from training.spec.config import load_config, validate
-from training.trainer import _batches, _mean_over_ranks, _seed_everything, param_groups
 
 
 def main() -> None:
@@ -69,19 +68,13 @@ def main() -> None:
     resumable = ResumableDistributedSampler(
         len(dataset), rank=rank, world_size=world, seed=config.run.seed
     )
-    trainer_batches = _batches(
+    trainer_batches = micro_batches(
         DataLoader(dataset, batch_size=micro, sampler=resumable, drop_last=True), resumable
     )
 
     engine = None
     if "deepspeed" in args.loops:
-        _seed_everything(config.run.seed)
-        model = build_model(config)
-        engine, *_ = deepspeed.initialize(
-            model=model,
-            model_parameters=param_groups(model, config.optimizer.weight_decay),
-            config=build_ds_config(config, batch, on_gpu=on_gpu),
-        )
+        engine = build_engine(config, batch, on_gpu=on_gpu)
     stop = StopFlag(spot_endpoint=None)
     loss_sum = torch.zeros((), device=device)
     every = config.logging.every_steps
@@ -109,7 +102,7 @@ def main() -> None:
         if engine is None
         else {
             "stop_flag": stop.should_stop,
-            "loss_window": lambda: _mean_over_ranks(loss_sum),
+            "loss_window": lambda: mean_over_ranks(loss_sum),
             "sampler": lambda: next(trainer_batches),
             "plain_sampler": lambda: next(plain),
         }
@@ -141,7 +134,7 @@ def main() -> None:
 
 def _pytorch_loop(config, batch, batches, device, on_gpu, window):
     """DDP, torch AdamW (fused on GPU), autocast for bf16, the same clipping."""
-    _seed_everything(config.run.seed)
+    seed_everything(config.run.seed)
     model = build_model(config).to(device)
     ddp = DistributedDataParallel(model, device_ids=[device.index] if on_gpu else None)
     opt = config.optimizer

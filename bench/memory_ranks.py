@@ -21,10 +21,8 @@ import torch
 import torch.distributed as dist
 
 from bench.launch import exit_worker
-from training.components import build_model
-from training.ds_config import build_ds_config
+from training.engine import build_engine
 from training.spec.config import load_config, validate
-from training.trainer import _seed_everything, param_groups
 
 SETUPS = {
     "ZeRO-0": ("zero.stage=0",),
@@ -63,14 +61,9 @@ def main() -> None:
 def _measure(config, batch) -> dict:
     gc.collect()
     before = _live_bytes()
-    _seed_everything(config.run.seed)
-    model = build_model(config)
-    num_params = sum(dict((p.data_ptr(), p.numel()) for p in model.parameters()).values())
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=param_groups(model, config.optimizer.weight_decay),
-        config=build_ds_config(config, batch, on_gpu=False),
-    )
+    engine = build_engine(config, batch, on_gpu=False)
+    # parameters() yields a tied weight once; a ZeRO-3 partition keeps its full size in ds_numel.
+    num_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())
     seq, micro = config.data.seq_len, batch.micro_batch_size
     tokens = torch.randint(config.vocab_size, (micro, seq + 1))
     # Step once so that Adam's moments exist, then measure at the next backward's end,
@@ -94,7 +87,7 @@ def _measure(config, batch) -> dict:
     }
     engine.step()
     engine.destroy()
-    del engine, model
+    del engine
     gc.collect()
     return figures
 

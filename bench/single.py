@@ -8,10 +8,8 @@ import deepspeed
 import torch
 
 from bench.launch import free_port
-from training.components import build_model
-from training.ds_config import build_ds_config
+from training.engine import build_engine
 from training.spec.config import load_config, validate
-from training.trainer import _seed_everything, param_groups
 
 
 def init_single_process(on_gpu: bool) -> None:
@@ -36,14 +34,7 @@ def trainer_engine(overrides: list[str] | tuple[str, ...]):
     init_single_process(on_gpu)
     config = load_config(None, overrides, env={})
     batch = validate(config, world_size=1)
-    _seed_everything(config.run.seed)
-    model = build_model(config)
-    engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=param_groups(model, config.optimizer.weight_decay),
-        config=build_ds_config(config, batch, on_gpu=on_gpu),
-    )
-    return engine, config
+    return build_engine(config, batch, on_gpu=on_gpu), config
 
 
 def train_step(engine, config) -> None:

@@ -9,7 +9,7 @@ they share the machine's state. Reports tokens/s of each and the ratio DeepSpeed
     python -m bench.trainer_vs_torch --preset gpt-350m --bf16 --zero-stage 2 \\
         --micro-batch 8 --seq-len 1024 --steps 30
 
-The DeepSpeed side is built by the trainer's own code (training.ds_config), so it measures
+The DeepSpeed side is built by the trainer's own code (training.engine), so it measures
 what `python -m training` runs. The PyTorch side is the usual idiom: AdamW (fused on GPU),
 autocast for bf16, the same clipping and learning rate.
 """
@@ -20,17 +20,16 @@ import argparse
 import json
 import time
 
-import deepspeed
 import torch
 from torch.utils.data import default_collate
 
 from bench.single import init_single_process
+from training.components import build_model
 from training.data import SyntheticSequences
-from training.ds_config import build_ds_config
+from training.engine import build_engine, param_groups, seed_everything
 from training.metrics import mfu, peak_tflops
-from training.model import build_gpt
 from training.spec.config import load_config, validate
-from training.trainer import flops_per_token, param_groups
+from training.trainer import flops_per_token
 
 
 def main() -> None:
@@ -64,24 +63,11 @@ def main() -> None:
         for i in range(args.steps + args.warmup)
     ]
 
-    def model():
-        torch.manual_seed(0)  # the same initial weights for both loops
-        return build_gpt(
-            args.preset,
-            vocab_size=config.vocab_size,
-            seq_len=args.seq_len,
-            activation_checkpointing=args.activation_checkpointing,
-        )
-
-    plain = model().to(device)
+    seed_everything(config.run.seed)  # the weights build_engine starts from too
+    plain = build_model(config).to(device)
     flops = flops_per_token(plain, args.seq_len)
     init_single_process(on_gpu)
-    net = model()
-    engine, *_ = deepspeed.initialize(
-        model=net,
-        model_parameters=param_groups(net, config.optimizer.weight_decay),
-        config=build_ds_config(config, batch, on_gpu=on_gpu),
-    )
+    engine = build_engine(config, batch, on_gpu=on_gpu)
     steps = {
         "pytorch": _pytorch_step(plain, args, config, on_gpu),
         "deepspeed": _deepspeed_step(engine),

@@ -1,4 +1,8 @@
-"""One sentence from a pydantic ValidationError: which key, what value, what is wrong.
+"""Bad input, in one sentence: the one ConfigError, and pydantic errors told alike.
+
+`ConfigError` is raised by the stack side (infra) and the trainer (training) alike;
+the command line prints it without a traceback and exits 2 (training.contract's
+BAD_CONFIG), `pulumi preview` fails with it.
 
 Everything that validates input with pydantic (the `gpu:` stack config, the
 training config, the data files) reports its first problem through `describe`,
@@ -15,6 +19,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import ValidationError
+
+
+class ConfigError(ValueError):
+    """Bad configuration, in one sentence: what is wrong and what would work."""
+
 
 _UNKNOWN = ("extra_forbidden", "unexpected_keyword_argument")
 _MISSING = ("missing", "missing_argument", "missing_keyword_argument")

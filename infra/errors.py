@@ -1,8 +1,5 @@
-"""The one error type for bad stack input: a wrong profile, instance, variant or data file."""
+"""The stack side's error for bad input: common.errors.ConfigError, the trainer's too."""
 
+from common.errors import ConfigError
 
-class ConfigError(ValueError):
-    """Bad configuration, in one sentence: what is wrong and what would work.
-
-    Commands print it without a traceback and exit 2; `pulumi preview` fails with it.
-    """
+__all__ = ["ConfigError"]

@@ -20,19 +20,19 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-from collections.abc import MutableMapping
 from pathlib import Path
 
+from training.contract import CODE_URI_ENV
+from training.environment import TrainerEnv
 from training.spec.config import ConfigError
 
-CODE_URI_ENV = "TRAIN_CODE_URI"
 REQUIREMENTS = "requirements.txt"
 DEPENDENCIES = "_requirements"  # inside the unpacked folder: what pip installed for it
 
 
-def use_job_code(environ: MutableMapping[str, str] = os.environ) -> Path | None:
+def use_job_code(env: TrainerEnv) -> Path | None:
     """Put the job's code (TRAIN_CODE_URI) on the import path; its folder, None without one."""
-    uri = environ.get(CODE_URI_ENV, "").strip()
+    uri = env.code_uri
     if not uri:
         return None
     folder = Path(uri) if not uri.startswith("s3://") else _unpacked(uri)
@@ -47,8 +47,8 @@ def use_job_code(environ: MutableMapping[str, str] = os.environ) -> Path | None:
         paths.append(target)
     for path in reversed(paths):
         sys.path.insert(0, str(path))
-    inherited = environ.get("PYTHONPATH")
-    environ["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *([inherited] if inherited else [])])
+    inherited = [env.python_path] if env.python_path else []
+    os.environ["PYTHONPATH"] = os.pathsep.join([*map(str, paths), *inherited])
     return folder
 
 

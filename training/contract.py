@@ -63,6 +63,13 @@ STOPPED_BEFORE_TRAINING = (
 # The rendezvous port of node 0 when TRAIN_MASTER_PORT is unset (torchrun's default).
 DEFAULT_MASTER_PORT = 29500
 
+# The module each worker runs (`python -m training.worker`), started by the launcher.
+WORKER_MODULE = "training.worker"
+
+# The job's own code (`python -m infra run --code DIR`): training/code.py puts it on the
+# import path; the node's job watcher and the Slurm submission set it.
+CODE_URI_ENV = "TRAIN_CODE_URI"
+
 # Set by the launcher for its workers (not by users): the launcher's process id, so
 # that a worker started after the launcher died knows it is an orphan.
 LAUNCHER_PID_ENV = "TRAIN_LAUNCHER_PID"
@@ -102,6 +109,10 @@ ENV = {
     "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
+
+# The job's own code (`python -m infra run --code DIR`): training/code.py puts it on the
+# import path; the node's job watcher and the Slurm submission set it.
+CODE_URI_ENV = "TRAIN_CODE_URI"
 
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.

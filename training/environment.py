@@ -1,26 +1,30 @@
-"""The launcher's checks of the TRAIN_* environment, before any rank starts.
+"""The trainer's environment (training.contract.ENV), read once, parsed and checked.
 
-Each bad value is one sentence naming the variable, the value and what would
-work (exit 2), instead of a traceback from every rank tens of seconds later.
-The names and their meaning are training.contract.ENV's.
+`read_environment()` is the one place the trainer reads its process environment; the
+launcher and each worker call it at start and pass the `TrainerEnv` down. Each bad
+value is one sentence naming the variable, the value and what would work (exit 2),
+instead of a traceback from every rank tens of seconds later. Torch-free: the worker
+reads it before its heavy imports.
 """
 
 from __future__ import annotations
 
-import errno
 import ipaddress
 import logging
+import math
 import os
 import re
 import socket
 import tempfile
 import urllib.parse
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.checkpoint.s3 import parse_uri
-from training.contract import ENV, LAUNCHER_PID_ENV
-from training.launcher import Topology, TopologyError
+from common.errors import ConfigError
+from training.contract import CODE_URI_ENV, ENV, HEARTBEAT_DIR_ENV, LAUNCHER_PID_ENV
+from training.health.expectation import ExpectationError, NodeExpectation
+from training.spec.config import ENV_OVERRIDES
 
 log = logging.getLogger(__name__)
 
@@ -30,47 +34,193 @@ _HOST_NAME = re.compile(rf"^{_LABEL}(\.{_LABEL})*$")
 _WRITABLE_DIRS = ("TRAIN_OUTPUT_DIR", "TRAIN_CHECKPOINT_DIR")
 
 
-def check_environment(env: dict[str, str]) -> None:
-    """Raise TopologyError for the first TRAIN_* value that cannot work; warn on unknown names."""
-    for name in sorted(env):
-        if name.startswith("TRAIN_") and name not in ENV and name != LAUNCHER_PID_ENV:
+class TopologyError(ConfigError):
+    """A TRAIN_* variable with a value that cannot work."""
+
+
+@dataclass(frozen=True)
+class TrainerEnv:
+    """What the environment tells the trainer; defaults are an unset variable's meaning."""
+
+    config: str | None = None  # TRAIN_CONFIG
+    nnodes: int = 1
+    node_rank: int = 0
+    nproc_per_node: int | None = None  # unset: one per GPU (the launcher decides)
+    master_addr: str = "127.0.0.1"
+    master_port: int | None = None  # unset: the default, or a free one on a single node
+    # TRAIN_OUTPUT_DIR, TRAIN_CHECKPOINT_DIR, TRAIN_DATA_PATH as set: the config's overrides.
+    config_paths: Mapping[str, str] = field(default_factory=dict)
+    s3_uri: str | None = None
+    spot_endpoint: str | None = None  # unset: None; set empty: polling turned off
+    min_driver: str | None = None
+    usd_per_hour: float | None = None
+    code_uri: str | None = None  # TRAIN_CODE_URI: the job's own code (training/code.py)
+    # PYTHONPATH as inherited: the job's code goes before it, for the launcher's ranks too.
+    python_path: str | None = None
+    expect: NodeExpectation = field(default_factory=NodeExpectation)
+    # Set for each worker: by the launcher, and by torch's elastic launcher
+    # (torch.distributed.run); `rank` None means this process is the launcher.
+    launcher_pid: int | None = None
+    heartbeat_dir: Path | None = None
+    rank: int | None = None
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    # Slurm names its node in each task's environment (srun(1), SLURMD_NODENAME).
+    slurm_node_name: str | None = None
+    unknown: tuple[str, ...] = ()  # TRAIN_* names the trainer does not read: a typo?
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> TrainerEnv:
+        """Parse and check every variable; TopologyError names the first bad one."""
+        env = cls(
+            unknown=tuple(
+                name
+                for name in sorted(environ)
+                if name.startswith("TRAIN_") and name not in ENV and name not in _SET_BY_LAUNCHER
+            ),
+            config=environ.get("TRAIN_CONFIG") or None,
+            nnodes=_integer(environ, "TRAIN_NNODES", 1),
+            node_rank=_integer(environ, "TRAIN_NODE_RANK", 0),
+            nproc_per_node=_integer(environ, "TRAIN_NPROC_PER_NODE", None),
+            master_addr=_host(environ.get("TRAIN_MASTER_ADDR")),
+            master_port=_port(environ.get("TRAIN_MASTER_PORT")),
+            config_paths={name: environ[name] for name in ENV_OVERRIDES if environ.get(name)},
+            s3_uri=_s3_uri(environ.get("TRAIN_S3_URI")),
+            spot_endpoint=_spot_endpoint(environ.get("TRAIN_SPOT_ENDPOINT")),
+            min_driver=environ.get("TRAIN_MIN_DRIVER") or None,
+            usd_per_hour=_price(environ.get("TRAIN_USD_PER_HOUR", "")),
+            code_uri=environ.get(CODE_URI_ENV, "").strip() or None,
+            python_path=environ.get("PYTHONPATH") or None,
+            expect=_expectation(environ),
+            launcher_pid=_integer(environ, LAUNCHER_PID_ENV, None),
+            heartbeat_dir=Path(environ[HEARTBEAT_DIR_ENV])
+            if environ.get(HEARTBEAT_DIR_ENV)
+            else None,
+            rank=_integer(environ, "RANK", None),
+            local_rank=_integer(environ, "LOCAL_RANK", 0),
+            world_size=_integer(environ, "WORLD_SIZE", 1),
+            local_world_size=_integer(environ, "LOCAL_WORLD_SIZE", 1),
+            slurm_node_name=environ.get("SLURMD_NODENAME") or None,
+        )
+        if env.nnodes < 1 or (env.nproc_per_node is not None and env.nproc_per_node < 1):
+            raise TopologyError(
+                f"TRAIN_NNODES = {env.nnodes} and TRAIN_NPROC_PER_NODE = {env.nproc_per_node} "
+                "must both be at least 1"
+            )
+        if not 0 <= env.node_rank < env.nnodes:
+            raise TopologyError(
+                f"TRAIN_NODE_RANK = {env.node_rank} is outside 0..{env.nnodes - 1} "
+                f"(TRAIN_NNODES = {env.nnodes})"
+            )
+        return env
+
+    def warn_unknown(self) -> None:
+        """Log each TRAIN_* name the trainer does not read (the launcher does, once)."""
+        for name in self.unknown:
             log.warning("%s is not a variable the trainer reads (known: %s)", name, ", ".join(ENV))
-    port = env.get("TRAIN_MASTER_PORT")
-    if port and not (port.isdigit() and 1 <= int(port) <= 65535):
+
+    @property
+    def node_name(self) -> str:
+        """The node as Slurm names it (what `scontrol update NodeName=` takes), else the host."""
+        return self.slurm_node_name or socket.gethostname()
+
+
+# Set by the launcher for its workers, not by users.
+_SET_BY_LAUNCHER = (LAUNCHER_PID_ENV, HEARTBEAT_DIR_ENV)
+
+
+def read_environment() -> TrainerEnv:
+    """This process's environment: the one read of os.environ in the trainer."""
+    return TrainerEnv.from_environ(os.environ)
+
+
+def _integer(environ: Mapping[str, str], name: str, default: int | None) -> int | None:
+    text = environ.get(name)
+    if not text:
+        return default
+    try:
+        return int(text)
+    except ValueError:
+        raise TopologyError(f"{name} = {text!r} is not an integer") from None
+
+
+def _port(text: str | None) -> int | None:
+    if not text:
+        return None
+    if not (text.isdigit() and 1 <= int(text) <= 65535):
         raise TopologyError(
-            f"TRAIN_MASTER_PORT = {port!r} is not a TCP port: use a number in 1..65535 "
+            f"TRAIN_MASTER_PORT = {text!r} is not a TCP port: use a number in 1..65535 "
             "(unset, a single node picks a free one)"
         )
-    address = env.get("TRAIN_MASTER_ADDR")
-    if address and not _is_host(address):
-        raise TopologyError(
-            f"TRAIN_MASTER_ADDR = {address!r} is not a host name or IP address: give node 0's "
-            "address alone (the port goes in TRAIN_MASTER_PORT)"
-        )
-    if env.get("TRAIN_S3_URI"):
-        try:
-            parse_uri(env["TRAIN_S3_URI"])
-        except ValueError as error:
-            raise TopologyError(str(error)) from None
-    endpoint = env.get("TRAIN_SPOT_ENDPOINT")
-    if endpoint:
-        parsed = urllib.parse.urlparse(endpoint)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise TopologyError(
-                f"TRAIN_SPOT_ENDPOINT = {endpoint!r} is not an http(s) URL: e.g. "
-                "http://169.254.169.254, or empty to turn spot-notice polling off"
-            )
-    for name in _WRITABLE_DIRS:
-        if env.get(name):
-            check_writable_dir(name, Path(env[name]))
+    return int(text)
 
 
-def _is_host(text: str) -> bool:
+def _host(text: str | None) -> str:
+    if not text:
+        return "127.0.0.1"
     try:
         ipaddress.ip_address(text.strip("[]"))
     except ValueError:
-        return _HOST_NAME.match(text) is not None
-    return True
+        if _HOST_NAME.match(text) is None:
+            raise TopologyError(
+                f"TRAIN_MASTER_ADDR = {text!r} is not a host name or IP address: give node 0's "
+                "address alone (the port goes in TRAIN_MASTER_PORT)"
+            ) from None
+    return text
+
+
+def _s3_uri(text: str | None) -> str | None:
+    if not text:
+        return None
+    from training.checkpoint.s3 import parse_uri  # boto3: only when a mirror is set
+
+    try:
+        parse_uri(text)
+    except ValueError as error:
+        raise TopologyError(str(error)) from None
+    return text
+
+
+def _spot_endpoint(text: str | None) -> str | None:
+    if text:
+        parsed = urllib.parse.urlparse(text)
+        if parsed.scheme not in ("http", "https") or not parsed.netloc:
+            raise TopologyError(
+                f"TRAIN_SPOT_ENDPOINT = {text!r} is not an http(s) URL: e.g. "
+                "http://169.254.169.254, or empty to turn spot-notice polling off"
+            )
+    return text
+
+
+def _price(text: str) -> float | None:
+    """The job's price per hour, all nodes together (set by the stack)."""
+    if not text.strip():
+        return None
+    try:
+        price = float(text)
+    except ValueError:
+        price = math.nan
+    if not math.isfinite(price) or price < 0:
+        raise TopologyError(
+            f"TRAIN_USD_PER_HOUR={text.strip()!r} is not a price: give USD per hour for the "
+            "whole job, e.g. 32.77, or leave it unset"
+        )
+    return price
+
+
+def _expectation(environ: Mapping[str, str]) -> NodeExpectation:
+    try:
+        return NodeExpectation.from_env(environ)
+    except ExpectationError as error:
+        raise TopologyError(str(error)) from None
+
+
+def check_writable_dirs(env: TrainerEnv) -> None:
+    """Raise TopologyError unless this user can write TRAIN_OUTPUT_DIR and TRAIN_CHECKPOINT_DIR."""
+    for name in _WRITABLE_DIRS:
+        if env.config_paths.get(name):
+            check_writable_dir(name, Path(env.config_paths[name]))
 
 
 def check_writable_dir(name: str, folder: Path) -> None:
@@ -89,31 +239,3 @@ def check_writable_dir(name: str, folder: Path) -> None:
             f"{name} = {str(folder)!r}: {existing} is not writable by this user "
             f"({error.strerror}); choose a folder it can write"
         ) from None
-
-
-def rendezvous_port(topo: Topology, env: dict[str, str]) -> Topology:
-    """The topology with a usable rendezvous port, checked on node 0.
-
-    A single node without TRAIN_MASTER_PORT takes a free port, so that two jobs
-    on one machine never collide; several nodes keep the configured (or default)
-    port, which every node must agree on. Node 0 binds the port itself, so a port
-    already in use is reported here, in one line.
-    """
-    if topo.nnodes == 1 and not env.get("TRAIN_MASTER_PORT"):
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return replace(topo, master_port=sock.getsockname()[1])
-    if topo.node_rank == 0:
-        with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            try:
-                sock.bind(("", topo.master_port))
-            except OSError as error:
-                if error.errno != errno.EADDRINUSE:
-                    raise
-                raise TopologyError(
-                    f"TRAIN_MASTER_PORT = {topo.master_port} is already in use on this machine "
-                    "(another job's rendezvous?): stop that job or set TRAIN_MASTER_PORT to a "
-                    "free port on every node"
-                ) from None
-    return topo

@@ -26,13 +26,13 @@ the activation memory measured on a CPU forward.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from dataclasses import dataclass
 
 import torch
 
 from training.components import build_model
+from training.environment import TrainerEnv
 from training.spec.config import Config, ConfigError, load_config, validate
 from training.spec.presets import PRESETS, VISION_PRESETS
 from training.spec.selfcheck import SelfCheckError, check_precision
@@ -362,14 +362,14 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], env: TrainerEnv) -> int:
     args = parser().parse_args(argv)
     try:
         if args.gpu_type not in GPU_TYPES:
             raise ConfigError(
                 f"--gpu-type {args.gpu_type!r} is not known: use one of {', '.join(GPU_TYPES)}"
             )
-        config = load_config(args.config or os.environ.get("TRAIN_CONFIG"), args.overrides)
+        config = load_config(args.config or env.config, args.overrides, env.config_paths)
         print(report(config, gpus=args.gpus, nodes=args.nodes, gpu_type=args.gpu_type))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)

@@ -8,17 +8,17 @@ lies elsewhere, are renamed to `<name>.<UTC timestamp>` beside where they were.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 from pathlib import Path
 
+from training.environment import TrainerEnv
 from training.spec.config import Config, ConfigError
 
 
 def move_aside(
-    config: Config, env: Mapping[str, str], now: datetime.datetime | None = None
+    config: Config, env: TrainerEnv, now: datetime.datetime | None = None
 ) -> list[tuple[Path, Path]]:
     """Rename the run's existing folders out of the way; returns (old, new) pairs."""
-    if env.get("TRAIN_S3_URI"):
+    if env.s3_uri:
         raise ConfigError(
             "--fresh moves local folders only, and TRAIN_S3_URI may hold this run's "
             "checkpoints, which the new run would resume from: point TRAIN_S3_URI at a new "

@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+from training.environment import TrainerEnv
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,17 @@ def running_on_ec2(sys_root: Path = Path("/sys")) -> bool:
     return False
 
 
-def spot_endpoint_from_env(env: Mapping[str, str], *, on_ec2: bool | None = None) -> str | None:
-    """The metadata service to poll for spot notices, or None.
+def spot_endpoint_from_env(env: TrainerEnv, *, on_ec2: bool | None = None) -> str | None:
+    """The metadata service this worker polls for spot notices, or None.
 
+    Only each node's first rank polls; should_stop's all-reduce tells the others.
     TRAIN_SPOT_ENDPOINT wins (empty turns polling off); unset, poll the real service only on
     EC2, so a laptop or CI machine never sends requests to a link-local address.
     """
-    if "TRAIN_SPOT_ENDPOINT" in env:
-        return env["TRAIN_SPOT_ENDPOINT"] or None
+    if env.local_rank != 0:
+        return None
+    if env.spot_endpoint is not None:
+        return env.spot_endpoint or None
     return IMDS_ENDPOINT if (running_on_ec2() if on_ec2 is None else on_ec2) else None
 
 
@@ -79,13 +82,13 @@ class StopFlag:
         self._token_time = 0.0
 
     def start(self) -> None:
-        """Install the signal handlers and, on each node's first rank, the spot poller."""
+        """Install the signal handlers and, with a spot endpoint, the spot poller."""
         if self._started:
             return
         self._started = True
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)
-        if self.spot_endpoint and int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        if self.spot_endpoint:
             self._poller = threading.Thread(target=self._poll, name="spot-notice", daemon=True)
             self._poller.start()
 

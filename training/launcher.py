@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import logging
 import os
 import shutil
@@ -15,7 +16,7 @@ import signal
 import socket
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import psutil
@@ -31,8 +32,10 @@ from training.contract import (
     HEARTBEAT_DIR_ENV,
     LAUNCHER_PID_ENV,
     STOPPED_BEFORE_TRAINING,
+    WORKER_MODULE,
     ExitCode,
 )
+from training.environment import TopologyError, TrainerEnv
 from training.spec.config import WatchdogConfig
 from training.watchdog import HangWatchdog
 
@@ -55,45 +58,48 @@ class Topology:
         return self.nnodes * self.nproc_per_node
 
 
-class TopologyError(ValueError):
-    """A TRAIN_* launch variable with a value that cannot work."""
-
-
-def topology_from_env(env: dict[str, str]) -> Topology:
+def topology_from_env(env: TrainerEnv) -> Topology:
     """TRAIN_NNODES, TRAIN_NODE_RANK, TRAIN_MASTER_ADDR/PORT, TRAIN_NPROC_PER_NODE."""
-    local_gpus = torch.cuda.device_count()
-    topo = Topology(
-        nnodes=_int_env(env, "TRAIN_NNODES", 1),
-        node_rank=_int_env(env, "TRAIN_NODE_RANK", 0),
-        nproc_per_node=_int_env(env, "TRAIN_NPROC_PER_NODE", local_gpus or CPU_WORKERS),
-        master_addr=env.get("TRAIN_MASTER_ADDR") or "127.0.0.1",
-        master_port=_int_env(env, "TRAIN_MASTER_PORT", DEFAULT_MASTER_PORT),
+    return Topology(
+        nnodes=env.nnodes,
+        node_rank=env.node_rank,
+        nproc_per_node=env.nproc_per_node or torch.cuda.device_count() or CPU_WORKERS,
+        master_addr=env.master_addr,
+        master_port=env.master_port or DEFAULT_MASTER_PORT,
     )
-    if topo.nnodes < 1 or topo.nproc_per_node < 1:
-        raise TopologyError(
-            f"TRAIN_NNODES = {topo.nnodes} and TRAIN_NPROC_PER_NODE = {topo.nproc_per_node} "
-            "must both be at least 1"
-        )
-    if not 0 <= topo.node_rank < topo.nnodes:
-        raise TopologyError(
-            f"TRAIN_NODE_RANK = {topo.node_rank} is outside 0..{topo.nnodes - 1} "
-            f"(TRAIN_NNODES = {topo.nnodes})"
-        )
+
+
+def rendezvous_port(topo: Topology, env: TrainerEnv) -> Topology:
+    """The topology with a usable rendezvous port, checked on node 0.
+
+    A single node without TRAIN_MASTER_PORT takes a free port, so that two jobs
+    on one machine never collide; several nodes keep the configured (or default)
+    port, which every node must agree on. Node 0 binds the port itself, so a port
+    already in use is reported here, in one line.
+    """
+    if topo.nnodes == 1 and env.master_port is None:
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            return replace(topo, master_port=sock.getsockname()[1])
+    if topo.node_rank == 0:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("", topo.master_port))
+            except OSError as error:
+                if error.errno != errno.EADDRINUSE:
+                    raise
+                raise TopologyError(
+                    f"TRAIN_MASTER_PORT = {topo.master_port} is already in use on this machine "
+                    "(another job's rendezvous?): stop that job or set TRAIN_MASTER_PORT to a "
+                    "free port on every node"
+                ) from None
     return topo
 
 
-def _int_env(env: dict[str, str], name: str, default: int) -> int:
-    text = env.get(name)
-    if not text:
-        return default
-    try:
-        return int(text)
-    except ValueError:
-        raise TopologyError(f"{name} = {text!r} is not an integer") from None
-
-
-def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> int:
-    """Run `python -m training <worker_args>` on every local rank; return the job's exit code.
+def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, node: str) -> int:
+    """Run `python -m training.worker <worker_args>` on every local rank; return the job's
+    exit code.
 
     A hang (training/watchdog.py) ends the job with HANG_EXIT."""
     # Like torchrun: one OpenMP thread per worker unless told otherwise, so that N workers
@@ -103,7 +109,11 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> 
     heartbeats = Path(tempfile.mkdtemp(prefix="training-heartbeats-"))
     os.environ[HEARTBEAT_DIR_ENV] = str(heartbeats)
     hang_watch = HangWatchdog(
-        heartbeats, watchdog, topo.nproc_per_node, first_rank=topo.node_rank * topo.nproc_per_node
+        heartbeats,
+        watchdog,
+        topo.nproc_per_node,
+        first_rank=topo.node_rank * topo.nproc_per_node,
+        node=node,
     )
     config = LaunchConfig(
         min_nodes=topo.nnodes,
@@ -126,7 +136,7 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> 
         if startup.stop_requested():  # between the caller's check and the handlers above
             return stopped_before_training(startup.stop_requested())
         with hang_watch:
-            elastic_launch(config, sys.executable)("-m", "training", *worker_args)
+            elastic_launch(config, sys.executable)("-m", WORKER_MODULE, *worker_args)
     except ChildFailedError as error:
         if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
             return HANG_EXIT
@@ -137,7 +147,9 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> 
         if code == ExitCode.FAILED:
             for rank, failure in sorted(error.failures.items()):
                 log.error(
-                    failed_worker_line(rank, failure.local_rank, failure.exitcode, topo.node_rank)
+                    failed_worker_line(
+                        rank, failure.local_rank, failure.exitcode, topo.node_rank, node
+                    )
                 )
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         return code
@@ -148,15 +160,14 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig) -> 
     return 0
 
 
-def failed_worker_line(rank: int, local_rank: int, exit_code: int, node_rank: int) -> str:
+def failed_worker_line(
+    rank: int, local_rank: int, exit_code: int, node_rank: int, node: str
+) -> str:
     """One line that names a failed worker: its rank, its node and how it ended.
 
     A worker killed by a signal (the kernel's OOM killer, a SIGKILL) prints nothing
     itself; torch reports it with a negative exit code.
     """
-    # Slurm names its node in the task's environment (srun(1), SLURMD_NODENAME); the
-    # host name elsewhere.
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     where = f"rank {rank} (local rank {local_rank}) on node {node_rank} ({node})"
     if exit_code < 0:
         try:
@@ -205,7 +216,7 @@ def _job_exit_code(exit_codes: list[int], *, stop_requested: bool = False) -> in
     return ExitCode.FAILED
 
 
-def die_with_launcher(env: dict[str, str] = os.environ) -> None:
+def die_with_launcher(env: TrainerEnv) -> None:
     """Worker side: be killed the moment the launcher dies, however it died.
 
     torch's elastic agent starts workers in their own sessions, so a launcher
@@ -214,12 +225,12 @@ def die_with_launcher(env: dict[str, str] = os.environ) -> None:
     (prctl(2) PR_SET_PDEATHSIG, Linux) kills them instead; a checkpoint cut short
     that way is never committed, so the next run resumes from the last one.
     """
-    launcher = env.get(LAUNCHER_PID_ENV)
+    launcher = env.launcher_pid
     if launcher is None or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         log.warning("cannot ask to die with the launcher: %s", os.strerror(ctypes.get_errno()))
         return
-    if os.getppid() != int(launcher):  # it died before the request took effect
+    if os.getppid() != launcher:  # it died before the request took effect
         os.kill(os.getpid(), signal.SIGKILL)

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from training.spec.config import ConfigError
 
 PEAKS_FILE = Path(__file__).with_name("gpu_peaks.toml")
 
@@ -47,23 +43,6 @@ def mfu(flops_per_token: float, tokens_per_s_per_gpu: float, peak: float | None)
     if not peak:
         return None
     return flops_per_token * tokens_per_s_per_gpu / (peak * 1e12)
-
-
-def usd_per_hour(env: Mapping[str, str]) -> float | None:
-    """The job's price per hour, all nodes together (TRAIN_USD_PER_HOUR, set by the stack)."""
-    text = env.get("TRAIN_USD_PER_HOUR", "").strip()
-    if not text:
-        return None
-    try:
-        price = float(text)
-    except ValueError:
-        price = math.nan
-    if not math.isfinite(price) or price < 0:
-        raise ConfigError(
-            f"TRAIN_USD_PER_HOUR={text!r} is not a price: give USD per hour for the whole "
-            "job, e.g. 32.77, or leave it unset"
-        )
-    return price
 
 
 def run_cost(seconds: float, gpus: int, price: float | None) -> str:

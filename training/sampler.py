@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -70,3 +70,14 @@ class ResumableDistributedSampler(Sampler[int]):
         # Keep the global position when the world size changed: samples consumed by all
         # ranks together stay consumed.
         self.consumed = state["consumed"] * state["world_size"] // self.world_size
+
+
+def micro_batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> Iterator:
+    """Micro-batches forever, epoch after epoch, counting what the loop has consumed."""
+    while True:
+        if hasattr(loader.dataset, "set_epoch"):  # augmentation drawn per epoch
+            loader.dataset.set_epoch(sampler.epoch)
+        for inputs, targets in loader:
+            sampler.advance(len(inputs))
+            yield inputs, targets
+        sampler.next_epoch()

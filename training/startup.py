@@ -39,6 +39,17 @@ def _remember(signum: int, _frame) -> None:
 STARTUP_PHASES = ("launch", "imports", "rendezvous", "engine build", "op build", "checkpoint load")
 _began: list[tuple[str, float]] = []
 _op_builds: list[tuple[float, float]] = []
+# Who says the lines ("launcher", "rank 0"; None: this rank is quiet), and the launcher's
+# process id in a worker: set by the entry points (training/__main__.py, training/worker.py).
+_speaker: str | None = "launcher"
+_launcher_pid: int | None = None
+
+
+def speak_as_worker(rank: int, launcher_pid: int | None) -> None:
+    """This process is worker `rank`, started by the launcher with `launcher_pid`."""
+    global _speaker, _launcher_pid
+    _speaker = "rank 0" if rank == 0 else None
+    _launcher_pid = launcher_pid
 
 
 def begin(phase: str, doing: str) -> None:
@@ -76,12 +87,9 @@ def launched_at() -> float:
     """When the launcher started (Unix time): the start of the whole attempt."""
     import psutil
 
-    from training.contract import LAUNCHER_PID_ENV
-
-    pid = os.environ.get(LAUNCHER_PID_ENV)
     try:
-        return psutil.Process(int(pid) if pid else os.getpid()).create_time()
-    except (psutil.Error, ValueError):
+        return psutil.Process(_launcher_pid or os.getpid()).create_time()
+    except psutil.Error:
         return psutil.Process().create_time()
 
 
@@ -105,6 +113,5 @@ def phase_durations(*, until: float) -> dict[str, float]:
 
 
 def _say(line: str) -> None:
-    if os.environ.get("RANK", "0") == "0":
-        who = "launcher" if "RANK" not in os.environ else "rank 0"
-        print(f"{time.strftime('%H:%M:%S')} [{who}] {line}", file=sys.stderr, flush=True)
+    if _speaker is not None:
+        print(f"{time.strftime('%H:%M:%S')} [{_speaker}] {line}", file=sys.stderr, flush=True)

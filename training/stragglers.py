@@ -25,7 +25,6 @@ import torch.distributed as dist
 from torch import nn
 
 from training.spec.config import WatchdogConfig
-from training.watchdog import node_name
 
 log = logging.getLogger(__name__)
 
@@ -71,14 +70,16 @@ class _ForwardTimer:
 class StragglerReport:
     """Each rank's own work per step, compared across ranks at every logging window."""
 
-    def __init__(self, model: nn.Module, settings: WatchdogConfig, device: torch.device, step: int):
-        self.settings, self.device = settings, device
+    def __init__(
+        self, model: nn.Module, settings: WatchdogConfig, device: torch.device, step: int, node: str
+    ):
+        self.settings, self.device, self.node = settings, device, node
         self.forward = _ForwardTimer(model, on_gpu=device.type == "cuda")
         self.data_s = 0.0
         self.window_start_step = step
         self.streak: tuple[int, int] | None = None  # (rank, windows in a row)
         self.nodes = [""] * dist.get_world_size()
-        dist.all_gather_object(self.nodes, node_name())
+        dist.all_gather_object(self.nodes, self.node)
 
     def timed(self, batches: Iterator) -> Iterator:
         """`batches`, with the time each next() takes counted as this rank's work."""

@@ -8,32 +8,29 @@ from __future__ import annotations
 import datetime
 import logging
 import math
-import os
-import random
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 import deepspeed
-import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
 from training import rng, startup
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
-from training.components import build_dataset, build_eval_dataset, build_model
+from training.components import build_dataset, build_eval_dataset
 from training.contract import ExitCode
 from training.data import worker_processes
-from training.ds_config import build_ds_config
+from training.engine import build_engine, mean_over_ranks, seed_everything
+from training.environment import TrainerEnv
 from training.evaluation import Evaluator
 from training.goodput import GoodputClock
 from training.interrupt import StopFlag, spot_endpoint_from_env
-from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost, usd_per_hour
+from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
-from training.sampler import ResumableDistributedSampler
+from training.sampler import ResumableDistributedSampler, micro_batches
 from training.spec.config import BatchSizes, Config, resolve_batch_sizes
 from training.stragglers import StragglerReport
 from training.watchdog import Heartbeat
@@ -53,12 +50,10 @@ class Placement:
     world_size: int
 
     @classmethod
-    def from_env(cls) -> Placement:
-        return cls(
-            rank=int(os.environ["RANK"]),
-            local_rank=int(os.environ.get("LOCAL_RANK", "0")),
-            world_size=int(os.environ["WORLD_SIZE"]),
-        )
+    def from_env(cls, env: TrainerEnv) -> Placement:
+        if env.rank is None:
+            raise ValueError("a worker's environment has RANK: set by the launcher")
+        return cls(rank=env.rank, local_rank=env.local_rank, world_size=env.world_size)
 
 
 def flops_per_token(model: nn.Module, seq_len: int) -> int:
@@ -68,18 +63,6 @@ def flops_per_token(model: nn.Module, seq_len: int) -> int:
     if hasattr(model, "flops_per_token"):
         return model.flops_per_token(seq_len)
     return 6 * sum(_full_numel(p) for p in model.parameters())
-
-
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Weight decay on matrices only, not on biases, norms (nanoGPT's split)."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    # A ZeRO-3 partitioned parameter keeps its full shape in ds_shape.
-    matrices = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
-    others = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
-    return [
-        {"params": matrices, "weight_decay": weight_decay},
-        {"params": others, "weight_decay": 0.0},
-    ]
 
 
 def _full_numel(param: torch.Tensor) -> int:
@@ -106,12 +89,12 @@ class Trainer:
         self,
         config: Config,
         placement: Placement,
-        env: dict[str, str] | None = None,
+        env: TrainerEnv,
         stop: StopFlag | None = None,
     ):
         self.config = config
         self.placement = placement
-        self.env = os.environ if env is None else env
+        self.env = env
         self.stop = stop
         self.on_gpu = torch.cuda.is_available()
         self.is_rank0 = placement.rank == 0
@@ -154,10 +137,10 @@ class Trainer:
 
         startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, placement.world_size)
-        ds_config = build_ds_config(config, batch, on_gpu=self.on_gpu)
-        # Same seed on every rank while building the model: identical initial weights.
-        _seed_everything(config.run.seed)
-        model = build_model(config, ds_config)
+        engine = build_engine(config, batch, on_gpu=self.on_gpu)
+        model_flops = flops_per_token(
+            engine.module, config.data.image_size if config.is_image else config.data.seq_len
+        )
         dataset = build_dataset(config)
         sampler = ResumableDistributedSampler(
             len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
@@ -173,25 +156,17 @@ class Trainer:
             # which dropout uses and a resumed run restores exactly.
             generator=torch.Generator().manual_seed(config.run.seed),
         )
-        model_flops = flops_per_token(
-            model, config.data.image_size if config.is_image else config.data.seq_len
-        )
-        engine, *_ = deepspeed.initialize(
-            model=model,
-            model_parameters=param_groups(model, config.optimizer.weight_decay),
-            config=ds_config,
-        )
         # Dropout and other randomness differ per rank from here on.
-        _seed_everything(config.run.seed + placement.rank)
+        seed_everything(config.run.seed + placement.rank)
 
-        mirror_uri = self.env.get("TRAIN_S3_URI")
+        mirror_uri = self.env.s3_uri
         checkpointer = Checkpointer(
             config.checkpoint_dir,
             keep_last=config.checkpoint.keep_last,
             mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
             asynchronous=config.checkpoint.asynchronous,
             node_first_rank=placement.local_rank == 0,
-            ranks_per_node=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
+            ranks_per_node=self.env.local_world_size,
         )
         held_out = build_eval_dataset(config)
         evaluator = None
@@ -207,7 +182,7 @@ class Trainer:
         job = Job(
             engine,
             sampler,
-            _batches(loader, sampler),
+            micro_batches(loader, sampler),
             checkpointer,
             batch,
             device,
@@ -233,12 +208,14 @@ class Trainer:
             first_step=job.step,
             tokens_per_step=batch.global_batch_size * per_sample,
             gpus=placement.world_size,
-            usd_per_hour=usd_per_hour(self.env),
+            usd_per_hour=self.env.usd_per_hour,
         )
         metrics = StepMetrics(config, placement, job, self.env, clock) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
-        heartbeat = Heartbeat.from_env(self.env, placement.rank)
-        stragglers = StragglerReport(job.engine.module, config.watchdog, job.device, job.step)
+        heartbeat = Heartbeat(self.env.heartbeat_dir, placement.rank)
+        stragglers = StragglerReport(
+            job.engine.module, config.watchdog, job.device, job.step, self.env.node_name
+        )
         job.batches = stragglers.timed(job.batches)
         try:
             while job.step < config.train.steps:
@@ -265,7 +242,7 @@ class Trainer:
                         scores = job.evaluator.evaluate(job.engine.module)  # a collective
                 if scores or last or job.step % config.logging.every_steps == 0:
                     # A collective: every rank takes part, rank 0 records.
-                    window_loss = _mean_over_ranks(loss_sum)
+                    window_loss = mean_over_ranks(loss_sum)
                     slowest = stragglers.window(job.step)  # a collective too
                     if metrics is not None:
                         metrics.record(window_loss, scores, slowest)
@@ -308,12 +285,12 @@ class StepMetrics:
         config: Config,
         placement: Placement,
         job: Job,
-        env: Mapping[str, str],
+        env: TrainerEnv,
         clock: GoodputClock,
     ):
         self.config, self.job, self.world_size = config, job, placement.world_size
         self.clock = clock
-        self.price = usd_per_hour(env)
+        self.price = env.usd_per_hour
         # An image is one unit of work (its FLOPs are the model's per "token").
         self.per_sample = 1 if config.is_image else config.data.seq_len
         self.unit = "images" if config.is_image else "tokens"
@@ -435,29 +412,6 @@ class StepMetrics:
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
-
-
-def _batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> Iterator:
-    """Micro-batches forever, epoch after epoch, counting what the loop has consumed."""
-    while True:
-        if hasattr(loader.dataset, "set_epoch"):  # augmentation drawn per epoch
-            loader.dataset.set_epoch(sampler.epoch)
-        for inputs, targets in loader:
-            sampler.advance(len(inputs))
-            yield inputs, targets
-        sampler.next_epoch()
-
-
-def _mean_over_ranks(value: torch.Tensor) -> float:
-    total = value.clone()
-    dist.all_reduce(total)
-    return total.item() / dist.get_world_size()
-
-
-def _seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def _percent(value: float | None) -> str:

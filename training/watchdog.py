@@ -23,17 +23,15 @@ import faulthandler
 import logging
 import os
 import signal
-import socket
 import statistics
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
 
-from training.contract import HANG_EXIT, HEARTBEAT_DIR_ENV
+from training.contract import HANG_EXIT
 from training.spec.config import WatchdogConfig
 
 log = logging.getLogger(__name__)
@@ -54,26 +52,21 @@ def _stack_file(folder: Path, rank: int) -> Path:
     return folder / f"rank-{rank}.stack"
 
 
-def install_stack_dump(env: Mapping[str, str], rank: int) -> None:
+def install_stack_dump(folder: Path | None, rank: int) -> None:
     """Worker side, first thing: write this rank's Python stack (every thread) to its file in
     the heartbeat folder on STACK_SIGNAL, even while it is stuck in C code."""
-    folder = env.get(HEARTBEAT_DIR_ENV)
-    if not folder:  # started without the launcher (a test's torchrun): no watchdog
+    if folder is None:  # started without the launcher (a test's torchrun): no watchdog
         return
-    stack = open(_stack_file(Path(folder), rank), "w")  # noqa: SIM115 - open for the process's life
+    stack = open(_stack_file(folder, rank), "w")  # noqa: SIM115 - open for the process's life
     faulthandler.register(STACK_SIGNAL, file=stack, all_threads=True)
 
 
 class Heartbeat:
-    """Worker side: `beat(step)` after each finished step."""
+    """Worker side: `beat(step)` after each finished step; no folder (started without the
+    launcher), no beats."""
 
     def __init__(self, folder: Path | None, rank: int):
         self.folder, self.rank = folder, rank
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], rank: int) -> Heartbeat:
-        folder = env.get(HEARTBEAT_DIR_ENV)
-        return cls(Path(folder) if folder else None, rank)
 
     def beat(self, step: int) -> None:
         if self.folder is None:
@@ -110,8 +103,10 @@ class Hang:
 class HangWatchdog:
     """Launcher side: a thread that watches the ranks' heartbeats (see the module doc)."""
 
-    def __init__(self, folder: Path, settings: WatchdogConfig, nproc: int, first_rank: int):
-        self.folder, self.settings = folder, settings
+    def __init__(
+        self, folder: Path, settings: WatchdogConfig, nproc: int, first_rank: int, *, node: str
+    ):
+        self.folder, self.settings, self.node = folder, settings, node
         self.ranks = range(first_rank, first_rank + nproc)
         self.hang: Hang | None = None
         self._stop = threading.Event()
@@ -167,7 +162,7 @@ class HangWatchdog:
             bound_s=bound_s,
             steps=steps,
             first=stopped_first(steps, stacks),
-            node=node_name(),
+            node=self.node,
         )
         log.error("%s", self.hang.sentence())
         for rank in self.ranks:
@@ -206,8 +201,3 @@ def _in_collective(stack: str) -> bool:
         if any(code in frame for frame in frames[:6] for code in COLLECTIVE_CODE):
             return True
     return False
-
-
-def node_name() -> str:
-    """The node as Slurm names it (what `scontrol update NodeName=` takes), else the host."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()

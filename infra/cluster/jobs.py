@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from infra.cluster.config import DEFAULT_USER, JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE, QUEUE
 from infra.cluster.control import STOP_WAIT_S
 from infra.jobs.spool import JobSpec
-from training.code import CODE_URI_ENV
+from training.contract import CODE_URI_ENV
 
 SUBMIT_TIMEOUT_S = 120
 

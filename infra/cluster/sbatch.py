@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.cluster.config import KILL_WAIT_S
-from infra.node.boot import _ScriptTemplate
+from infra.node.boot import ScriptTemplate
 from training.contract import (
     CRASH_RESTARTS,
     CRASH_WINDOW_S,
@@ -125,4 +125,4 @@ def render_sbatch(job: BatchJob) -> str:
         f"export {name}={shlex.quote(value)}" for name, value in job.expectation.to_env().items()
     )
     values["unhealthy_prefix"] = UNHEALTHY_PREFIX.strip()
-    return _ScriptTemplate(TEMPLATE.read_text()).substitute(values)
+    return ScriptTemplate(TEMPLATE.read_text()).substitute(values)

@@ -29,8 +29,13 @@ import yaml
 from infra.jobs import spool
 from infra.jobs.spool import JobState
 from infra.node.agent import cloudwatch_agent_config
-from training.code import CODE_URI_ENV
-from training.contract import CRASH_RESTARTS, CRASH_WINDOW_S, UNHEALTHY_PREFIX, ExitCode
+from training.contract import (
+    CODE_URI_ENV,
+    CRASH_RESTARTS,
+    CRASH_WINDOW_S,
+    UNHEALTHY_PREFIX,
+    ExitCode,
+)
 from training.health.expectation import NodeExpectation
 
 TEMPLATES = Path(__file__).parent / "templates"
@@ -63,7 +68,7 @@ MAX_USER_DATA_BYTES = 16 * 1024
 _SAFE_VALUE = re.compile(r'^[^"$`\\\n\r]*$')
 
 
-class _ScriptTemplate(string.Template):
+class ScriptTemplate(string.Template):
     """`@@name@@` placeholders: a template with them quoted is still valid shell."""
 
     delimiter = "@@"
@@ -127,7 +132,7 @@ def render_template(name: str, values: dict[str, object]) -> str:
     for key, value in values.items():
         if not _SAFE_VALUE.match(str(value)):
             raise ValueError(f"boot value {key}={value!r} contains a quote, $, ` or newline")
-    text = _ScriptTemplate((TEMPLATES / name).read_text()).substitute(
+    text = ScriptTemplate((TEMPLATES / name).read_text()).substitute(
         {key: str(value) for key, value in values.items()}
     )
     return _without_comment_lines(text)

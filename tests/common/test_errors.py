@@ -1,4 +1,4 @@
-"""common.errors.describe: the one sentence every pydantic-checked input fails with."""
+"""common.errors: the one ConfigError, and the one sentence pydantic-checked input fails with."""
 
 from __future__ import annotations
 
@@ -69,3 +69,12 @@ def test_key_name_raw_value_and_hint():
 
 def test_a_check_across_keys_speaks_for_itself():
     assert describe(error_of({"name": "both"})) == "Name and rate disagree"
+
+
+def test_the_stack_and_the_trainer_raise_one_config_error(tmp_path):
+    """A command that catches infra's ConfigError also catches the trainer's (one class)."""
+    from infra.errors import ConfigError as StackConfigError
+    from training.spec.config import load_config
+
+    with pytest.raises(StackConfigError, match="does not exist"):
+        load_config(str(tmp_path / "missing.toml"), [])

@@ -13,21 +13,24 @@ import json
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch.distributed as dist
 
-from training.interrupt import StopFlag
+from training.environment import read_environment
+from training.interrupt import StopFlag, spot_endpoint_from_env
 
 MAX_STEPS = 3000
 
 
 def main() -> int:
     out = Path(sys.argv[1])
-    spot_endpoint = sys.argv[2] if len(sys.argv) > 2 else None
+    # As the worker chooses it: only each node's first rank polls (empty: polling off).
+    env = replace(read_environment(), spot_endpoint=sys.argv[2] if len(sys.argv) > 2 else "")
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    flag = StopFlag(spot_endpoint=spot_endpoint, poll_interval_s=0.1)
+    flag = StopFlag(spot_endpoint=spot_endpoint_from_env(env), poll_interval_s=0.1)
     flag.start()
     (out / f"pid-{rank}").write_text(str(os.getpid()))
     for step in range(1, MAX_STEPS + 1):

@@ -3,6 +3,7 @@ spool in S3 (moto's server here), on the import path before the builders import.
 
 from __future__ import annotations
 
+import os
 import shutil
 import urllib.request
 
@@ -15,6 +16,8 @@ from infra.jobs.spool import CODE_NAME, job_key
 from tests.training.jobs import job_env, read_metrics, start_job
 from tests.training.multirank import REPO_ROOT
 from training import code
+from training.contract import CODE_URI_ENV
+from training.environment import TrainerEnv
 from training.spec.config import ConfigError
 
 BUCKET = "stack-checkpoints"
@@ -102,8 +105,8 @@ def test_a_model_defined_only_in_the_shipped_folder_trains(tmp_path, s3):
 
 
 def test_without_the_folder_the_same_job_cannot_import_its_model(tmp_path, monkeypatch):
-    monkeypatch.delenv(code.CODE_URI_ENV, raising=False)
-    assert code.use_job_code({}) is None
+    monkeypatch.delenv(CODE_URI_ENV, raising=False)
+    assert code.use_job_code(TrainerEnv.from_environ({})) is None
     with pytest.raises(ModuleNotFoundError):
         __import__("lab_models")
 
@@ -113,14 +116,15 @@ def test_the_archive_is_unpacked_and_put_first_on_both_paths(tmp_path, s3, monke
     client.put_object(Bucket=BUCKET, Key=CODE_KEY, Body=code_archive(lab_folder(tmp_path)))
     monkeypatch.setattr(code.sys, "path", list(code.sys.path))
     monkeypatch.setattr(code.tempfile, "tempdir", str(tmp_path / "tmp"))
-    environ = {code.CODE_URI_ENV: f"s3://{BUCKET}/{CODE_KEY}", "PYTHONPATH": "/elsewhere"}
-    folder = code.use_job_code(environ)
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    environ = {CODE_URI_ENV: f"s3://{BUCKET}/{CODE_KEY}", "PYTHONPATH": "/elsewhere"}
+    folder = code.use_job_code(TrainerEnv.from_environ(environ))
     assert (folder / "lab_models" / "model.py").read_text() == (
         REPO_ROOT / "examples" / "custom_model" / "model.py"
     ).read_text()
     assert folder.is_relative_to(tmp_path / "tmp")
     assert code.sys.path[0] == str(folder)
-    assert environ["PYTHONPATH"] == f"{folder}:/elsewhere"
+    assert os.environ["PYTHONPATH"] == f"{folder}:/elsewhere"
 
 
 def test_a_requirement_the_image_meets_installs_nothing(tmp_path, monkeypatch):
@@ -129,14 +133,14 @@ def test_a_requirement_the_image_meets_installs_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(code.sys, "path", list(code.sys.path))
     installs = []
     monkeypatch.setattr(code.subprocess, "run", lambda *a, **k: installs.append(a))
-    assert code.use_job_code({code.CODE_URI_ENV: str(folder)}) == folder
+    assert code.use_job_code(TrainerEnv.from_environ({CODE_URI_ENV: str(folder)})) == folder
     assert installs == []
 
 
 def test_a_requirement_that_conflicts_with_the_image_is_refused_in_one_line(tmp_path):
     folder = lab_folder(tmp_path, requirements="numpy==1.0.0\n")
     with pytest.raises(ConfigError) as refused:
-        code.use_job_code({code.CODE_URI_ENV: str(folder)})
+        code.use_job_code(TrainerEnv.from_environ({CODE_URI_ENV: str(folder)}))
     message = str(refused.value)
     installed = __import__("importlib.metadata").metadata.version("numpy")
     assert message == (
@@ -150,11 +154,11 @@ def test_a_requirement_the_image_lacks_is_installed_beside_the_code(tmp_path, mo
     monkeypatch.setattr(code.sys, "path", list(code.sys.path))
     installs = []
     monkeypatch.setattr(code.subprocess, "run", lambda argv, **k: installs.append(argv))
-    environ = {code.CODE_URI_ENV: str(folder)}
-    code.use_job_code(environ)
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    code.use_job_code(TrainerEnv.from_environ({CODE_URI_ENV: str(folder)}))
     (argv,) = installs
     assert argv[1:] == [
         "-m", "pip", "install", "--quiet", "--target", str(folder / "_requirements"),
         "surely-not-installed-pkg==1.2",
     ]  # fmt: skip
-    assert environ["PYTHONPATH"] == f"{folder}:{folder / '_requirements'}"
+    assert os.environ["PYTHONPATH"] == f"{folder}:{folder / '_requirements'}"

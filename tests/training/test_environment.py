@@ -1,14 +1,23 @@
-"""The launcher's checks of TRAIN_* values and its choice of rendezvous port."""
+"""The trainer's environment, read once (TrainerEnv), and the launcher's rendezvous port."""
 
 from __future__ import annotations
 
+import ast
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.training.multirank import REPO_ROOT
 from training.contract import DEFAULT_MASTER_PORT
-from training.environment import check_environment, rendezvous_port
-from training.launcher import TopologyError, topology_from_env
+from training.environment import TopologyError, TrainerEnv
+from training.launcher import rendezvous_port, topology_from_env
+
+
+def _topology(environ: dict[str, str]):
+    return topology_from_env(TrainerEnv.from_environ(environ))
 
 
 def test_a_single_node_without_a_port_takes_a_free_one():
@@ -16,7 +25,7 @@ def test_a_single_node_without_a_port_takes_a_free_one():
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        ports = {rendezvous_port(topology_from_env({}), {}).master_port for _ in range(3)}
+        ports = {rendezvous_port(_topology({}), TrainerEnv()).master_port for _ in range(3)}
     assert taken not in ports and DEFAULT_MASTER_PORT not in ports
     for port in ports:
         with socket.socket() as probe:
@@ -25,7 +34,8 @@ def test_a_single_node_without_a_port_takes_a_free_one():
 
 def test_several_nodes_keep_the_configured_port():
     env = {"TRAIN_NNODES": "2", "TRAIN_NODE_RANK": "1", "TRAIN_MASTER_ADDR": "10.0.0.1"}
-    assert rendezvous_port(topology_from_env(env), env).master_port == DEFAULT_MASTER_PORT
+    parsed = TrainerEnv.from_environ(env)
+    assert rendezvous_port(topology_from_env(parsed), parsed).master_port == DEFAULT_MASTER_PORT
 
 
 @pytest.mark.parametrize(
@@ -41,7 +51,7 @@ def test_several_nodes_keep_the_configured_port():
 )
 def test_bad_values_are_refused(env):
     with pytest.raises(TopologyError, match=next(iter(env))):
-        check_environment(env)
+        TrainerEnv.from_environ(env)
 
 
 @pytest.mark.parametrize(
@@ -56,9 +66,83 @@ def test_bad_values_are_refused(env):
     ],
 )
 def test_good_values_pass(env):
-    check_environment(env)
+    TrainerEnv.from_environ(env)
 
 
 def test_an_unknown_train_variable_is_warned_about(caplog):
-    check_environment({"TRAIN_NPROCS": "8"})
+    env = TrainerEnv.from_environ({"TRAIN_NPROCS": "8", "TRAIN_LAUNCHER_PID": "1"})
+    assert env.unknown == ("TRAIN_NPROCS",)
+    env.warn_unknown()
     assert "TRAIN_NPROCS is not a variable the trainer reads" in caplog.text
+
+
+# The one reader of the process environment, and the launcher, which only sets variables
+# for its workers.
+READER = "training/environment.py"
+# code.py puts the job's code on PYTHONPATH, which the ranks inherit.
+WRITERS = {"training/launcher.py", "training/code.py"}
+
+
+def environment_reads(root: Path) -> list[str]:
+    """Every place under root/training that reads os.environ or calls os.getenv (a write,
+    `os.environ[name] = ...` or `os.environ.setdefault`, counts only outside WRITERS)."""
+    found = []
+    for path in sorted((root / "training").rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative == READER:
+            continue
+        tree = ast.parse(path.read_text())
+        writes = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Store):
+                writes.add(id(node.value))
+            if isinstance(node, ast.Attribute) and node.attr == "setdefault":
+                writes.add(id(node.value))
+        for node in ast.walk(tree):
+            environ = (
+                isinstance(node, ast.Attribute)
+                and node.attr in ("environ", "getenv")
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+            ) or (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "os"
+                and any(alias.name in ("environ", "getenv") for alias in node.names)
+            )
+            if environ and not (relative in WRITERS and id(node) in writes):
+                found.append(f"{relative}:{node.lineno}")
+    return found
+
+
+def test_only_the_reader_reads_the_process_environment():
+    reads = environment_reads(REPO_ROOT)
+    assert reads == []
+
+
+def test_the_scan_finds_a_read_and_allows_the_launchers_writes(tmp_path):
+    (tmp_path / "training").mkdir()
+    (tmp_path / "training" / "metrics.py").write_text(
+        "import os\nprice = os.environ.get('TRAIN_USD_PER_HOUR')\n"
+    )
+    (tmp_path / "training" / "launcher.py").write_text(
+        "import os\nos.environ['TRAIN_LAUNCHER_PID'] = '1'\nos.environ.setdefault('A', '1')\n"
+        "rank = os.environ['RANK']\n"
+    )
+    assert environment_reads(tmp_path) == ["training/launcher.py:4", "training/metrics.py:2"]
+
+
+def test_a_bad_value_is_one_line_and_exit_2_before_any_rank_starts(monkeypatch, capsys):
+    from training import cli
+
+    monkeypatch.setenv("TRAIN_NNODES", "two")
+    assert cli.main(["--set", "train.steps=1"]) == 2
+    assert capsys.readouterr().err == "error: TRAIN_NNODES = 'two' is not an integer\n"
+
+
+def test_the_reader_is_torch_free():
+    """The worker reads its environment before its heavy imports."""
+    code = "import sys, training.environment; print(sorted({'torch', 'boto3'} & set(sys.modules)))"
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "[]\n"

@@ -17,6 +17,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from training.components import build_model
+from training.environment import TrainerEnv
 from training.estimate import (
     GPU_TYPES,
     RESERVE_FRACTION,
@@ -183,7 +184,7 @@ def test_the_estimates_change_is_advice_the_out_of_memory_sentence_gives(overrid
 
 @pytest.mark.parametrize("job", sorted((REPO / "jobs").glob("*.toml")), ids=lambda path: path.stem)
 def test_every_shipped_job_is_estimated(job, capsys):
-    assert main(["--config", str(job)]) == 0
+    assert main(["--config", str(job)], TrainerEnv()) == 0
     verdict = next(
         line for line in capsys.readouterr().out.splitlines() if line.startswith("your config")
     )
@@ -225,7 +226,7 @@ def test_resnet_activations_match_the_memory_a_cpu_forward_holds(preset, image_s
 
 
 def test_no_gpus_or_nodes_is_named(capsys):
-    assert main(["--gpus", "0"]) == 2
+    assert main(["--gpus", "0"], TrainerEnv()) == 2
     assert capsys.readouterr().err == "error: --gpus 0: a job needs at least 1 GPU\n"
-    assert main(["--nodes", "0"]) == 2
+    assert main(["--nodes", "0"], TrainerEnv()) == 2
     assert capsys.readouterr().err == "error: --nodes 0: a job needs at least 1 node\n"

@@ -10,6 +10,7 @@ import pytest
 
 from tests.training.jobs import TINY, job_command, job_env, read_metrics, run_job
 from tests.training.multirank import REPO_ROOT
+from training.environment import TrainerEnv
 from training.fresh import move_aside
 from training.spec.config import ConfigError, load_config
 
@@ -27,7 +28,7 @@ def test_run_folder_moves_aside_with_a_timestamp(tmp_path):
     run = tmp_path / "run"
     (run / "checkpoints" / "step_00000003").mkdir(parents=True)
     (run / "metrics.jsonl").write_text('{"step": 3}\n')
-    moved = move_aside(_config(tmp_path), {}, NOW)
+    moved = move_aside(_config(tmp_path), TrainerEnv(), NOW)
     target = tmp_path / "run.20261201T073005Z"
     assert moved == [(run, target)]
     assert not run.exists()
@@ -40,19 +41,19 @@ def test_a_checkpoint_folder_elsewhere_moves_too_and_names_never_collide(tmp_pat
     checkpoints.mkdir(parents=True)
     (tmp_path / "run").mkdir()
     (tmp_path / "run.20261201T073005Z").mkdir()  # an earlier --fresh in the same second
-    moved = dict(move_aside(_config(tmp_path, checkpoints), {}, NOW))
+    moved = dict(move_aside(_config(tmp_path, checkpoints), TrainerEnv(), NOW))
     assert moved[tmp_path / "run"] == tmp_path / "run.20261201T073005Z-1"
     assert moved[checkpoints] == checkpoints.with_name("ckpt.20261201T073005Z")
 
 
 def test_nothing_to_move_is_fine(tmp_path):
-    assert move_aside(_config(tmp_path), {}, NOW) == []
+    assert move_aside(_config(tmp_path), TrainerEnv(), NOW) == []
 
 
 def test_an_s3_mirror_is_refused_before_anything_moves(tmp_path):
     (tmp_path / "run").mkdir()
     with pytest.raises(ConfigError, match="point TRAIN_S3_URI at a new prefix"):
-        move_aside(_config(tmp_path), {"TRAIN_S3_URI": "s3://bucket/run"}, NOW)
+        move_aside(_config(tmp_path), TrainerEnv(s3_uri="s3://bucket/run"), NOW)
     assert (tmp_path / "run").is_dir()
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from tests.training.fake_imds import NOTICE_PATH, TOKEN_PATH, FakeImds
 from tests.training.multirank import free_port, torchrun
+from training.environment import TrainerEnv
 from training.interrupt import IMDS_ENDPOINT, StopFlag, running_on_ec2, spot_endpoint_from_env
 
 WORKER = Path(__file__).with_name("stop_worker.py")
@@ -120,10 +121,10 @@ def test_unreachable_metadata_service_is_logged_once_and_never_stops(caplog):
     assert len(failures) == 1 and dead in failures[0].getMessage()
 
 
-def test_poller_runs_only_on_each_nodes_first_rank(imds, monkeypatch):
-    monkeypatch.setenv("LOCAL_RANK", "1")
+def test_poller_runs_only_on_each_nodes_first_rank(imds):
     imds.notify("terminate", "2026-11-30T12:02:00Z")
-    flag = StopFlag(spot_endpoint=imds.url, poll_interval_s=POLL_S)
+    second_rank = TrainerEnv.from_environ({"LOCAL_RANK": "1", "TRAIN_SPOT_ENDPOINT": imds.url})
+    flag = StopFlag(spot_endpoint=spot_endpoint_from_env(second_rank), poll_interval_s=POLL_S)
     flag.start()
     time.sleep(10 * POLL_S)
     flag.close()
@@ -197,11 +198,15 @@ def test_ec2_is_recognised_from_the_firmware(tmp_path, files, on_ec2):
 
 
 def test_spot_endpoint_defaults_to_the_metadata_service_only_on_ec2():
-    assert spot_endpoint_from_env({}, on_ec2=True) == IMDS_ENDPOINT
+    def endpoint(environ: dict[str, str], on_ec2: bool) -> str | None:
+        return spot_endpoint_from_env(TrainerEnv.from_environ(environ), on_ec2=on_ec2)
+
+    assert endpoint({}, on_ec2=True) == IMDS_ENDPOINT
     # A laptop or CI machine sends nothing to a link-local address.
-    assert spot_endpoint_from_env({}, on_ec2=False) is None
-    assert spot_endpoint_from_env({"TRAIN_SPOT_ENDPOINT": ""}, on_ec2=True) is None
-    assert (
-        spot_endpoint_from_env({"TRAIN_SPOT_ENDPOINT": "http://127.0.0.1:9"}, on_ec2=False)
-        == "http://127.0.0.1:9"
+    assert endpoint({}, on_ec2=False) is None
+    assert endpoint({"TRAIN_SPOT_ENDPOINT": ""}, on_ec2=True) is None
+    assert endpoint({"TRAIN_SPOT_ENDPOINT": "http://127.0.0.1:9"}, on_ec2=False) == (
+        "http://127.0.0.1:9"
     )
+    # Each node's first rank polls; the others hear of a notice through should_stop.
+    assert endpoint({"LOCAL_RANK": "1"}, on_ec2=True) is None

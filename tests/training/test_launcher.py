@@ -5,30 +5,36 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
+import subprocess
+import sys
 
 import pytest
 
 from tests.training.jobs import TINY, job_env, run_job, start_job
-from tests.training.multirank import free_port
+from tests.training.multirank import REPO_ROOT, free_port, launch_env
 from training.checkpoint.s3 import S3Mirror
-from training.launcher import TopologyError, _job_exit_code, failed_worker_line, topology_from_env
+from training.contract import WORKER_MODULE
+from training.environment import TopologyError, TrainerEnv
+from training.launcher import _job_exit_code, failed_worker_line, topology_from_env
 
 
 def test_topology_defaults_to_one_cpu_node_with_two_workers():
-    topo = topology_from_env({})
+    topo = topology_from_env(TrainerEnv.from_environ({}))
     assert (topo.nnodes, topo.node_rank, topo.nproc_per_node) == (1, 0, 2)
     assert (topo.master_addr, topo.master_port, topo.world_size) == ("127.0.0.1", 29500, 2)
 
 
 def test_multi_node_topology_from_the_stack_variables():
     topo = topology_from_env(
-        {
-            "TRAIN_NNODES": "4",
-            "TRAIN_NODE_RANK": "3",
-            "TRAIN_NPROC_PER_NODE": "8",
-            "TRAIN_MASTER_ADDR": "10.0.1.7",
-            "TRAIN_MASTER_PORT": "29600",
-        }
+        TrainerEnv.from_environ(
+            {
+                "TRAIN_NNODES": "4",
+                "TRAIN_NODE_RANK": "3",
+                "TRAIN_NPROC_PER_NODE": "8",
+                "TRAIN_MASTER_ADDR": "10.0.1.7",
+                "TRAIN_MASTER_PORT": "29600",
+            }
+        )
     )
     assert topo.world_size == 32
     assert (topo.node_rank, topo.master_addr, topo.master_port) == (3, "10.0.1.7", 29600)
@@ -44,7 +50,7 @@ def test_multi_node_topology_from_the_stack_variables():
 )
 def test_bad_topology_is_refused(env, words):
     with pytest.raises(TopologyError, match=re.escape(words)):
-        topology_from_env(env)
+        TrainerEnv.from_environ(env)
 
 
 @pytest.mark.parametrize(
@@ -138,13 +144,29 @@ def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
     assert S3Mirror.from_uri(s3_uri).latest_tag() == "step_00000004"
 
 
-def test_a_failed_worker_is_named_by_rank_node_and_how_it_ended(monkeypatch):
-    monkeypatch.setenv("SLURMD_NODENAME", "n2")
-    assert failed_worker_line(3, 1, -9, 1) == (
+def test_a_failed_worker_is_named_by_rank_node_and_how_it_ended():
+    node = TrainerEnv.from_environ({"SLURMD_NODENAME": "n2"}).node_name
+    assert failed_worker_line(3, 1, -9, 1, node) == (
         "rank 3 (local rank 1) on node 1 (n2) was killed by SIGKILL"
     )
     assert (
-        failed_worker_line(0, 0, 1, 0)
+        failed_worker_line(0, 0, 1, 0, node)
         == "rank 0 (local rank 0) on node 0 (n2) exited with status 1"
     )
-    assert failed_worker_line(2, 0, -40, 0).endswith("was killed by signal 40")
+    assert failed_worker_line(2, 0, -40, 0, node).endswith("was killed by signal 40")
+
+
+def test_the_worker_entry_point_refuses_to_start_without_the_launcher():
+    result = subprocess.run(
+        [sys.executable, "-m", WORKER_MODULE],
+        cwd=REPO_ROOT,
+        env=launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert result.stderr.endswith(
+        "error: python -m training.worker is one rank of a job, started by the launcher "
+        "(RANK is unset): run python -m training\n"
+    )

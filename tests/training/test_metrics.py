@@ -113,15 +113,18 @@ def test_run_cost_counts_gpu_hours_and_prices_them_when_the_stack_gives_a_price(
 
 @pytest.mark.parametrize("text", ["cheap", "-1", "nan", "inf"])
 def test_a_bad_price_is_a_config_error(text):
-    from training.metrics import usd_per_hour
+    from training.environment import TrainerEnv
     from training.spec.config import ConfigError
 
-    with pytest.raises(ConfigError, match="TRAIN_USD_PER_HOUR"):
-        usd_per_hour({"TRAIN_USD_PER_HOUR": text})
+    with pytest.raises(ConfigError, match=f"TRAIN_USD_PER_HOUR='{text}' is not a price"):
+        TrainerEnv.from_environ({"TRAIN_USD_PER_HOUR": text})
 
 
 def test_no_price_is_none():
-    from training.metrics import usd_per_hour
+    from training.environment import TrainerEnv
 
-    assert usd_per_hour({}) is None and usd_per_hour({"TRAIN_USD_PER_HOUR": " "}) is None
-    assert usd_per_hour({"TRAIN_USD_PER_HOUR": "3.06"}) == 3.06
+    def price(environ: dict[str, str]) -> float | None:
+        return TrainerEnv.from_environ(environ).usd_per_hour
+
+    assert price({}) is None and price({"TRAIN_USD_PER_HOUR": " "}) is None
+    assert price({"TRAIN_USD_PER_HOUR": "3.06"}) == 3.06

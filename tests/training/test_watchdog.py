@@ -28,6 +28,7 @@ def test_the_bound_is_the_floor_until_steps_are_slow_then_a_multiple_of_them():
         WatchdogConfig(hang_floor_s=60, hang_step_factor=10, hang_startup_s=900),
         2,
         first_rank=0,
+        node="n1",
     )
     assert watchdog.bound_s(started=False) == 900
     watchdog._step_times = [0.5, 0.4, 0.6]
@@ -55,5 +56,5 @@ def test_a_heartbeat_records_the_last_step_for_the_watchdog(tmp_path):
     beat = Heartbeat(tmp_path, rank=3)
     beat.beat(41)
     beat.beat(42)
-    watchdog = HangWatchdog(tmp_path, WatchdogConfig(), nproc=2, first_rank=2)
+    watchdog = HangWatchdog(tmp_path, WatchdogConfig(), nproc=2, first_rank=2, node="n1")
     assert watchdog._read_steps() == {2: -1, 3: 42}

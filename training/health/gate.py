@@ -10,15 +10,15 @@ Slurm job writes as the node's drain reason. Meant to take well under 3 minutes 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from training.contract import UNHEALTHY_PREFIX, ExitCode
+from training.environment import TrainerEnv
 from training.health import checks
-from training.health.expectation import ExpectationError, NodeExpectation
+from training.health.expectation import NodeExpectation
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ def measure_allreduce(gpu_count: int) -> float:
 
 def run_checks(
     expect: NodeExpectation,
-    env: Mapping[str, str],
+    min_driver: str | None,
     nvml: Any | None,
     measure: Callable[[int], float] | None = None,
 ) -> list[checks.Check]:
@@ -75,7 +75,7 @@ def run_checks(
     xids = checks.XidWatch(nvml)
     gpu_count = nvml.nvmlDeviceGetCount() if nvml is not None else 0
     return [
-        checks.driver(env.get("TRAIN_MIN_DRIVER"), nvml),
+        checks.driver(min_driver, nvml),
         checks.gpus(expect, nvml),
         checks.memory_errors(nvml),
         checks.dcgm_diag(nvml),
@@ -89,17 +89,12 @@ def run_checks(
     ]
 
 
-def main(argv: list[str], env: Mapping[str, str] = os.environ, nvml: Any | None = None) -> int:
+def main(argv: list[str], env: TrainerEnv, nvml: Any | None = None) -> int:
     if argv:
         print(f"error: `health` takes no arguments, got {' '.join(argv)}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
-    try:
-        expect = NodeExpectation.from_env(env)
-    except ExpectationError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return ExitCode.BAD_CONFIG
     started = time.perf_counter()
-    results = run_checks(expect, env, nvml if nvml is not None else open_nvml())
+    results = run_checks(env.expect, env.min_driver, nvml if nvml is not None else open_nvml())
     for result in results:
         print(f"health: {result.line()}", flush=True)
     failed = [result for result in results if result.failed]

@@ -8,16 +8,15 @@ would work.
 
 from __future__ import annotations
 
-import os
 import re
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from common.errors import Problem, describe
+from common.errors import ConfigError, Problem, describe
 from training.spec.presets import PRESETS, VISION_PRESETS
 
 DEMO_CONFIG = Path(__file__).parents[1] / "demo.toml"
@@ -42,10 +41,6 @@ def _import_string(value: str) -> str:
 
 
 ImportString = Annotated[str, AfterValidator(_import_string)]
-
-
-class ConfigError(Exception):
-    """A bad configuration; str(error) is the one-line message shown to the user."""
 
 
 class Section(BaseModel):
@@ -211,10 +206,11 @@ class BatchSizes(BaseModel):
 def load_config(
     path: str | Path | None,
     overrides: Sequence[str] = (),
-    env: dict[str, str] | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the TOML file (the demo job's when `path` is None), then env, then `--set` values."""
-    env = os.environ if env is None else env
+    """Read the TOML file (the demo job's when `path` is None), then the ENV_OVERRIDES
+    variables set in `env` (the trainer's: TrainerEnv.config_paths), then `--set` values."""
+    env = env or {}
     source = Path(path) if path else DEMO_CONFIG
     try:
         raw = tomllib.loads(source.read_text())

@@ -17,6 +17,7 @@ from infra.cluster.sbatch import BatchJob, Launch, render_sbatch
 from tests.support.slurm import NODES, SlurmCluster
 from tests.training.jobs import TINY, read_metrics
 from tests.training.multirank import free_port, launch_env
+from training.contract import WORKER_MODULE
 
 # Enough steps that a stop sent after step 3 finds the job still training: these steps
 # take about 20 ms each here, so the job runs for seconds, not tenths of one.
@@ -97,8 +98,12 @@ class Submitted:
         """
         for process in psutil.process_iter(["cmdline"]):
             try:
-                # python -m training: not srun or a shell that has it in its arguments
-                if (process.info["cmdline"] or [])[1:3] != ["-m", "training"]:
+                # python -m training (the launcher) or training.worker: not srun or a shell
+                # that has it in its arguments
+                if (process.info["cmdline"] or [])[1:3] not in (
+                    ["-m", "training"],
+                    ["-m", WORKER_MODULE],
+                ):
                     continue
                 env = process.environ()
             except (psutil.NoSuchProcess, psutil.AccessDenied):

@@ -13,7 +13,9 @@ import pytest
 
 from tests.training.health.fake_nvml import FakeGpu, FakeNvml
 from tests.training.multirank import REPO_ROOT, launch_env
+from training import cli
 from training.contract import UNHEALTHY_PREFIX, ExitCode
+from training.environment import TrainerEnv
 from training.health import checks, gate
 from training.health.expectation import NodeExpectation
 
@@ -35,7 +37,7 @@ def no_dcgm_no_efa(monkeypatch, tmp_path):
 
 
 def run(capsys, nvml: FakeNvml, env: dict[str, str] = P4D) -> tuple[int, list[str]]:
-    code = gate.main([], env=env, nvml=nvml)
+    code = gate.main([], env=TrainerEnv.from_environ(env), nvml=nvml)
     return code, capsys.readouterr().out.splitlines()
 
 
@@ -216,8 +218,9 @@ def test_bus_bandwidth_is_nccl_tests_formula():
     assert checks.busbw_gbps(8142.6e-6, 1 << 30, 8) == pytest.approx(230.77, abs=0.01)
 
 
-def test_a_bad_expectation_is_one_line_and_exit_2(capsys):
-    code = gate.main([], env={"TRAIN_EXPECT_GPUS": "eight"}, nvml=FakeNvml())
+def test_a_bad_expectation_is_one_line_and_exit_2(capsys, monkeypatch):
+    monkeypatch.setenv("TRAIN_EXPECT_GPUS", "eight")
+    code = cli.main(["health"])
     assert code == ExitCode.BAD_CONFIG
     assert capsys.readouterr().err == (
         "error: TRAIN_EXPECT_GPUS = 'eight' is not a count: give a whole number of at "

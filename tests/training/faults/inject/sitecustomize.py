@@ -87,7 +87,7 @@ def _install() -> None:
     elif POINT == "batch":
         from training import trainer
 
-        batches = trainer._batches
+        batches = trainer.micro_batches
 
         def stalling(*args, **kwargs):
             take = _counting(lambda: None, before=True)
@@ -95,24 +95,24 @@ def _install() -> None:
                 take()
                 yield batch
 
-        trainer._batches = stalling
+        trainer.micro_batches = stalling
     elif POINT == "batches":
         import time
 
         from training import trainer
 
-        original_batches = trainer._batches
+        original_batches = trainer.micro_batches
 
         def slow_batches(*args, **kwargs):
             for batch in original_batches(*args, **kwargs):
                 time.sleep(float(os.environ["FAULT_SLOW_S"]))
                 yield batch
 
-        trainer._batches = slow_batches
+        trainer.micro_batches = slow_batches
     elif POINT == "window":
         from training import trainer
 
-        trainer._mean_over_ranks = _counting(trainer._mean_over_ranks, before=True)
+        trainer.mean_over_ranks = _counting(trainer.mean_over_ranks, before=True)
 
 
 if POINT and "RANK" in os.environ and os.environ["RANK"] == os.environ.get("FAULT_RANK", "0"):

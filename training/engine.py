@@ -1,0 +1,62 @@
+"""The DeepSpeed engine for a job, built one way: seed, model, optimizer groups, initialize.
+
+The trainer builds every rank's engine with `build_engine`; the benchmarks and tests
+that compare against the trainer call the same function, so that what they measure is
+the engine the trainer runs, not a copy of its recipe.
+"""
+
+from __future__ import annotations
+
+import random
+
+import deepspeed
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from training.components import build_model
+from training.ds_config import build_ds_config
+from training.spec.config import BatchSizes, Config
+
+
+def build_engine(config: Config, batch: BatchSizes, *, on_gpu: bool) -> deepspeed.DeepSpeedEngine:
+    """The job's engine on this rank, inside an initialized process group.
+
+    Every rank seeds with run.seed before building the model, so all start from the same
+    weights; the caller reseeds per rank afterwards if randomness should differ."""
+    ds_config = build_ds_config(config, batch, on_gpu=on_gpu)
+    seed_everything(config.run.seed)
+    model = build_model(config, ds_config)
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=param_groups(model, config.optimizer.weight_decay),
+        config=ds_config,
+    )
+    return engine
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only, not on biases, norms (nanoGPT's split)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # A ZeRO-3 partitioned parameter keeps its full shape in ds_shape.
+    matrices = [p for p in params if len(getattr(p, "ds_shape", p.shape)) >= 2]
+    others = [p for p in params if len(getattr(p, "ds_shape", p.shape)) < 2]
+    return [
+        {"params": matrices, "weight_decay": weight_decay},
+        {"params": others, "weight_decay": 0.0},
+    ]
+
+
+def seed_everything(seed: int) -> None:
+    """Python's, NumPy's and torch's global generators, from one seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The value's mean over all ranks: a collective every rank must call."""
+    total = value.clone()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()

@@ -1,0 +1,86 @@
+"""`python -m training.worker`: one rank of a job, started by the launcher (training/launcher.py).
+
+torch's elastic launcher sets RANK, LOCAL_RANK and WORLD_SIZE for it, the launcher its own
+TRAIN_LAUNCHER_PID and TRAIN_HEARTBEAT_DIR; the arguments are the user's, passed on. Users
+run `python -m training`, never this.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import NoReturn
+
+from training import logs, startup
+from training.contract import ExitCode
+from training.environment import TopologyError, TrainerEnv, read_environment
+
+log = logging.getLogger("training")
+
+
+def main(argv: list[str], env: TrainerEnv) -> NoReturn:
+    """Train as rank env.rank, then exit with the rank's code (training.contract.ExitCode)."""
+    from training.checkpoint.checkpointer import CheckpointError
+    from training.cli import configure_logging, load, parser
+    from training.interrupt import StopFlag, spot_endpoint_from_env
+    from training.launcher import die_with_launcher
+    from training.oom import OutOfMemory
+    from training.spec.config import ConfigError
+    from training.trainer import Placement, Trainer
+    from training.watchdog import install_stack_dump
+
+    args = parser().parse_args(argv)
+    startup.watch_op_builds()
+    die_with_launcher(env)
+    placement = Placement.from_env(env)
+    install_stack_dump(env.heartbeat_dir, placement.rank)
+    where = configure_logging(rank=placement.rank)
+    # Listening from here on; a request that came during start-up is handed over.
+    stop = StopFlag(spot_endpoint=spot_endpoint_from_env(env))
+    stop.start()
+    if startup.stop_requested():
+        stop.request_stop(startup.stop_requested())
+    try:
+        config, _ = load(args, env, placement.world_size)
+        logs.write_to(config.output_dir / "logs" / f"rank{placement.rank}.log", where)
+        code = Trainer(config, placement, env, stop=stop).run()
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = ExitCode.BAD_CONFIG
+    except CheckpointError as error:  # says what happened and what to do: no traceback
+        log.error("rank %d: %s", placement.rank, error)
+        code = ExitCode.FAILED
+    except OutOfMemory as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = error.exit_code
+    except Exception:
+        log.exception("rank %d failed", placement.rank)
+        code = ExitCode.FAILED
+    # Interpreter shutdown spends seconds in native finalizers (communication backends)
+    # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
+    # directly, so that the job's end (and a spot stop's deadline) is not spent there.
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    startup.listen()  # before the imports, which take seconds
+    logs.divert_library_warnings()
+    try:
+        environment = read_environment()
+    except TopologyError as error:  # the launcher checked it: only a worker started by hand
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(ExitCode.BAD_CONFIG)
+    if environment.rank is None:
+        print(
+            "error: python -m training.worker is one rank of a job, started by the launcher "
+            "(RANK is unset): run python -m training",
+            file=sys.stderr,
+        )
+        sys.exit(ExitCode.BAD_CONFIG)
+    startup.speak_as_worker(environment.rank, environment.launcher_pid)
+    startup.begin("imports", "torch, DeepSpeed and the trainer")
+    main(sys.argv[1:], environment)
