@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["health"]:
         from training.health.gate import main as health_main
 
-        return health_main(argv[1:], env)
+        return health_main(argv[1:], env.expect, env.min_driver)
     return _launcher(parser().parse_args(argv), argv, env)
 
 

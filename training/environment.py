@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import ConfigError
-from training.contract import CODE_URI_ENV, ENV, HEARTBEAT_DIR_ENV, LAUNCHER_PID_ENV
+from training.contract import ENV, HEARTBEAT_DIR_ENV, LAUNCHER_PID_ENV
 from training.health.expectation import ExpectationError, NodeExpectation
 from training.spec.config import ENV_OVERRIDES
 
@@ -90,7 +90,7 @@ class TrainerEnv:
             spot_endpoint=_spot_endpoint(environ.get("TRAIN_SPOT_ENDPOINT")),
             min_driver=environ.get("TRAIN_MIN_DRIVER") or None,
             usd_per_hour=_price(environ.get("TRAIN_USD_PER_HOUR", "")),
-            code_uri=environ.get(CODE_URI_ENV, "").strip() or None,
+            code_uri=environ.get("TRAIN_CODE_URI", "").strip() or None,
             python_path=environ.get("PYTHONPATH") or None,
             expect=_expectation(environ),
             launcher_pid=_integer(environ, LAUNCHER_PID_ENV, None),

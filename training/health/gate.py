@@ -16,7 +16,6 @@ from collections.abc import Callable
 from typing import Any
 
 from training.contract import UNHEALTHY_PREFIX, ExitCode
-from training.environment import TrainerEnv
 from training.health import checks
 from training.health.expectation import NodeExpectation
 
@@ -89,12 +88,15 @@ def run_checks(
     ]
 
 
-def main(argv: list[str], env: TrainerEnv, nvml: Any | None = None) -> int:
+def main(
+    argv: list[str], expect: NodeExpectation, min_driver: str | None, nvml: Any | None = None
+) -> int:
+    """The gate on this node: `expect` and `min_driver` as the trainer's environment gives them."""
     if argv:
         print(f"error: `health` takes no arguments, got {' '.join(argv)}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     started = time.perf_counter()
-    results = run_checks(env.expect, env.min_driver, nvml if nvml is not None else open_nvml())
+    results = run_checks(expect, min_driver, nvml if nvml is not None else open_nvml())
     for result in results:
         print(f"health: {result.line()}", flush=True)
     failed = [result for result in results if result.failed]

@@ -37,7 +37,8 @@ def no_dcgm_no_efa(monkeypatch, tmp_path):
 
 
 def run(capsys, nvml: FakeNvml, env: dict[str, str] = P4D) -> tuple[int, list[str]]:
-    code = gate.main([], env=TrainerEnv.from_environ(env), nvml=nvml)
+    parsed = TrainerEnv.from_environ(env)
+    code = gate.main([], parsed.expect, parsed.min_driver, nvml=nvml)
     return code, capsys.readouterr().out.splitlines()
 
 
