@@ -8,6 +8,7 @@ the engine the trainer runs, not a copy of its recipe.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import deepspeed
 import numpy as np
@@ -20,18 +21,47 @@ from training.ds_config import build_ds_config
 from training.spec.config import BatchSizes, Config
 
 
-def build_engine(config: Config, batch: BatchSizes, *, on_gpu: bool) -> deepspeed.DeepSpeedEngine:
+def build_engine(
+    config: Config, batch: BatchSizes, *, on_gpu: bool, load_universal: bool = False
+) -> deepspeed.DeepSpeedEngine:
     """The job's engine on this rank, inside an initialized process group.
 
     Every rank seeds with run.seed before building the model, so all start from the same
-    weights; the caller reseeds per rank afterwards if randomness should differ."""
+    weights; the caller reseeds per rank afterwards if randomness should differ.
+    ``load_universal``: the checkpoint it will load was saved by another number of ranks
+    (training.checkpoint.resume.ResumePoint.universal)."""
     ds_config = build_ds_config(config, batch, on_gpu=on_gpu)
-    seed_everything(config.run.seed)
-    model = build_model(config, ds_config)
+    return initialize(
+        lambda: build_model(config, ds_config),
+        ds_config,
+        seed=config.run.seed,
+        weight_decay=config.optimizer.weight_decay,
+        load_universal=load_universal,
+    )
+
+
+def initialize(
+    make_model: Callable[[], nn.Module],
+    ds_config: dict,
+    *,
+    seed: int,
+    weight_decay: float = 0.0,
+    load_universal: bool = False,
+) -> deepspeed.DeepSpeedEngine:
+    """The recipe every engine follows: seed, build the model, ``deepspeed.initialize`` with
+    weight decay on matrices only; tests with a model of their own call it too.
+
+    DeepSpeed reads ``checkpoint.load_universal`` once, here
+    (https://www.deepspeed.ai/tutorials/universal-checkpointing/)."""
+    if load_universal:
+        ds_config = {
+            **ds_config,
+            "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True},
+        }
+    seed_everything(seed)
+    model = make_model()
     engine, *_ = deepspeed.initialize(
-        model=model,
-        model_parameters=param_groups(model, config.optimizer.weight_decay),
-        config=ds_config,
+        model=model, model_parameters=param_groups(model, weight_decay), config=ds_config
     )
     return engine
 

@@ -135,9 +135,27 @@ class Trainer:
         deepspeed.init_distributed(dist_backend="nccl" if self.on_gpu else "gloo")
         device = torch.device("cuda", placement.local_rank) if self.on_gpu else torch.device("cpu")
 
+        mirror_uri = self.env.s3_uri
+        checkpointer = Checkpointer(
+            config.checkpoint_dir,
+            keep_last=config.checkpoint.keep_last,
+            mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
+            asynchronous=config.checkpoint.asynchronous,
+            node_first_rank=placement.local_rank == 0,
+            ranks_per_node=self.env.local_world_size,
+        )
+        # Chosen before the engine is built, which must know whether it loads a universal
+        # checkpoint (training/checkpoint/resume.py); loaded once the engine exists.
+        startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
+        resume_point = checkpointer.choose_resume(dp_world_size=placement.world_size)
         startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, placement.world_size)
-        engine = build_engine(config, batch, on_gpu=self.on_gpu)
+        engine = build_engine(
+            config,
+            batch,
+            on_gpu=self.on_gpu,
+            load_universal=resume_point is not None and resume_point.universal,
+        )
         model_flops = flops_per_token(
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
@@ -159,15 +177,6 @@ class Trainer:
         # Dropout and other randomness differ per rank from here on.
         seed_everything(config.run.seed + placement.rank)
 
-        mirror_uri = self.env.s3_uri
-        checkpointer = Checkpointer(
-            config.checkpoint_dir,
-            keep_last=config.checkpoint.keep_last,
-            mirror=S3Mirror.from_uri(mirror_uri) if mirror_uri else None,
-            asynchronous=config.checkpoint.asynchronous,
-            node_first_rank=placement.local_rank == 0,
-            ranks_per_node=self.env.local_world_size,
-        )
         held_out = build_eval_dataset(config)
         evaluator = None
         if held_out is not None:
@@ -189,7 +198,9 @@ class Trainer:
             model_flops,
             evaluator,
         )
-        startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
+        startup.begin(
+            "checkpoint load", f"loading {resume_point.tag}" if resume_point else "nothing to load"
+        )
         state = checkpointer.resume(engine)
         if state is not None:
             job.step = state["step"]

@@ -1,4 +1,5 @@
-"""A tiny real DeepSpeed engine for checkpoint tests (CPU, torch Adam, ZeRO on gloo)."""
+"""A tiny real DeepSpeed engine for checkpoint tests (CPU, torch Adam, ZeRO on gloo), built
+by the trainer's recipe (training.engine.initialize) around a small model of its own."""
 
 from __future__ import annotations
 
@@ -6,14 +7,14 @@ import deepspeed
 import torch
 import torch.distributed as dist
 
+from training.engine import initialize
+
 FEATURES = 8
 
 
-def build_engine(*, zero_stage: int = 2, seed: int = 0, lr: float = 1e-2):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
-    )
+def build_engine(
+    *, zero_stage: int = 2, seed: int = 0, lr: float = 1e-2, load_universal: bool = False
+):
     config = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
@@ -21,10 +22,14 @@ def build_engine(*, zero_stage: int = 2, seed: int = 0, lr: float = 1e-2):
         "zero_optimization": {"stage": zero_stage},
         "steps_per_print": 10**9,
     }
-    engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=model.parameters(), config=config
+    return initialize(
+        lambda: torch.nn.Sequential(
+            torch.nn.Linear(FEATURES, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)
+        ),
+        config,
+        seed=seed,
+        load_universal=load_universal,
     )
-    return engine
 
 
 def batch(step: int, rank: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:

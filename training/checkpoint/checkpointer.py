@@ -49,7 +49,7 @@ from training.checkpoint.layout import (
 )
 from training.checkpoint.mirroring import mirror_step
 from training.checkpoint.pruning import prune_local, prune_mirror
-from training.checkpoint.resume import resume
+from training.checkpoint.resume import ResumePoint, choose, load
 from training.checkpoint.resume_check import engine_precision
 from training.checkpoint.store import CheckpointStore
 from training.checkpoint.writer import HostCopyWriter, writing_through
@@ -90,6 +90,8 @@ class Checkpointer:
         self._background: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
         self._said_short_of_memory = False
+        # What choose_resume picked, for the next resume: (point,), or None when not chosen.
+        self._chosen: tuple[ResumePoint | None] | None = None
 
     # ----------------------------------------------------------------- save
 
@@ -243,15 +245,29 @@ class Checkpointer:
 
     # --------------------------------------------------------------- resume
 
-    def resume(self, engine) -> dict | None:
-        """Load the newest committed checkpoint, local or in the mirror, into ``engine``.
+    def choose_resume(self, dp_world_size: int) -> ResumePoint | None:
+        """The newest committed checkpoint, local or in the mirror, made ready to load on
+        ``dp_world_size`` data-parallel ranks; None when none was ever committed.
 
-        Every rank calls it, on a freshly built engine. Returns the saved
-        client_state, or None when no checkpoint was ever committed.
+        Every rank calls it, before building the engine: a point saved by another number
+        of ranks (``universal``) needs an engine built with DeepSpeed's
+        checkpoint.load_universal (training.engine.build_engine). ``resume`` loads it.
         """
         self.wait()
         self._prepare()
-        return resume(engine, self.root, self.mirror, self._ranks)
+        self._chosen = (choose(dp_world_size, self.root, self.mirror, self._ranks),)
+        return self._chosen[0]
+
+    def resume(self, engine) -> dict | None:
+        """Load the chosen checkpoint (``choose_resume``; chosen for ``engine``'s
+        data-parallel size when not yet) into ``engine``, freshly built; every rank calls it.
+
+        Returns the saved client_state, or None when no checkpoint was ever committed.
+        """
+        if self._chosen is None:
+            self.choose_resume(engine.dp_world_size)
+        (point,), self._chosen = self._chosen, None
+        return None if point is None else load(engine, point)
 
     # ------------------------------------------------------ who does file work
 

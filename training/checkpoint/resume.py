@@ -5,6 +5,12 @@ start from scratch without an error. Each writer takes stock of its root, verify
 checksums newest first; a step complete on every node, or committed in the mirror, is
 chosen, and whatever a node lacks of it is fetched. When the data-parallel size changed,
 a ZeRO checkpoint is converted to a universal one first (``universal/step_NNNNNNNN/``).
+
+Choosing comes before the engine is built: whether DeepSpeed loads a universal checkpoint
+is its config's ``checkpoint.load_universal``
+(https://www.deepspeed.ai/tutorials/universal-checkpointing/), read when the engine is
+built (``DeepSpeedConfig``, deepspeed/runtime/config.py, DeepSpeed 0.19.8) and never
+changed after, so the trainer builds its engine for the point chosen here.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from training.checkpoint.collectives import Ranks, log_on_rank0
@@ -37,10 +44,25 @@ from training.checkpoint.store import CheckpointStore
 log = logging.getLogger(__name__)
 
 
-def resume(engine, root: Path, mirror: CheckpointStore | None, ranks: Ranks) -> dict | None:
-    """Load the newest loadable committed checkpoint into ``engine``; every rank calls it.
+@dataclass(frozen=True)
+class ResumePoint:
+    """The committed checkpoint a run resumes from, complete on every writer's root."""
 
-    Returns the saved client_state, or None when no checkpoint was ever committed.
+    tag: str
+    step: int
+    load_root: Path  # the checkpoint root, or its universal/ folder
+    # Saved by another number of data-parallel ranks: loaded through a universal checkpoint,
+    # into an engine built with DeepSpeed's checkpoint.load_universal.
+    universal: bool
+
+
+def choose(
+    dp_world_size: int, root: Path, mirror: CheckpointStore | None, ranks: Ranks
+) -> ResumePoint | None:
+    """The newest loadable committed checkpoint, made complete here (and converted when
+    ``dp_world_size`` differs from the saving run's); every rank calls it.
+
+    None when no checkpoint was ever committed.
     """
     verified: set[str] = set()  # tags whose checksums this process checked
     remote = ranks.on_rank0(lambda: _remote_tags(mirror))
@@ -88,7 +110,7 @@ def resume(engine, root: Path, mirror: CheckpointStore | None, ranks: Ranks) -> 
     record = read_manifest(root / tag)
 
     load_root = root
-    if record["zero_stage"] > 0 and record["dp_world_size"] != engine.dp_world_size:
+    if record["zero_stage"] > 0 and record["dp_world_size"] != dp_world_size:
         log_on_rank0(
             log,
             logging.INFO,
@@ -96,13 +118,11 @@ def resume(engine, root: Path, mirror: CheckpointStore | None, ranks: Ranks) -> 
             "loading it through a universal checkpoint",
             tag,
             record["dp_world_size"],
-            engine.dp_world_size,
+            dp_world_size,
         )
         ranks.on_writers(lambda: _convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR
-    loaded = _load(engine, load_root, tag, universal=load_root != root)
-    log_on_rank0(log, logging.INFO, "resumed from %s at step %d", load_root / tag, record["step"])
-    return loaded[CLIENT_STATE_KEY]
+    return ResumePoint(tag, record["step"], load_root, universal=load_root != root)
 
 
 def _inventory(root: Path, refused: set[str], verified: set[str]) -> dict[str, str]:
@@ -200,25 +220,21 @@ def _convert_to_universal(root: Path, tag: str) -> None:
     write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
 
 
-def _load(engine, load_root: Path, tag: str, *, universal: bool) -> dict:
-    """DeepSpeed's public ``engine.load_checkpoint`` of ``tag``, named explicitly.
-
-    Whether it reads a universal checkpoint is the config's ``checkpoint.load_universal``
-    (https://www.deepspeed.ai/tutorials/universal-checkpointing/), fixed when the engine
-    is built, before the checkpoint is chosen. DeepSpeed reads that flag at load time
-    only (``DeepSpeedEngine.load_universal_checkpoint`` in deepspeed/runtime/engine.py,
-    DeepSpeed 0.19.8) and has no public setter, so it is switched on the engine's parsed
-    config for this one load and switched back.
-    """
-    config = engine._config
-    previous = config.load_universal_checkpoint
-    config.load_universal_checkpoint = universal
+def load(engine, point: ResumePoint) -> dict:
+    """DeepSpeed's public ``engine.load_checkpoint`` of the chosen tag, named explicitly;
+    the saved client_state. The engine must have been built for ``point`` (see above)."""
+    if engine.load_universal_checkpoint() != point.universal:
+        needed = "with" if point.universal else "without"
+        raise CheckpointError(
+            f"{point.tag} loads into an engine built {needed} DeepSpeed's "
+            "checkpoint.load_universal: choose the checkpoint (Checkpointer.choose_resume) "
+            "before building the engine, and build it for that point"
+        )
+    load_root, tag = point.load_root, point.tag
     try:
         load_path, client_state = engine.load_checkpoint(str(load_root), tag=tag)
     except Exception as exc:
         raise CheckpointError(f"DeepSpeed could not load {load_root / tag}: {exc}") from exc
-    finally:
-        config.load_universal_checkpoint = previous
     if load_path is None:
         raise CheckpointError(
             f"DeepSpeed loaded nothing from committed checkpoint {load_root / tag}"
@@ -227,4 +243,5 @@ def _load(engine, load_root: Path, tag: str, *, universal: bool) -> dict:
         raise CheckpointError(
             f"{load_root / tag} was not written by training.checkpoint.checkpointer"
         )
-    return client_state
+    log_on_rank0(log, logging.INFO, "resumed from %s at step %d", load_root / tag, point.step)
+    return client_state[CLIENT_STATE_KEY]

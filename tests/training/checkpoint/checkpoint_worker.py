@@ -45,7 +45,9 @@ def main() -> None:
         checkpointer.save(engine, 4, {"step": 4, "note": f"saved by {dist.get_world_size()} ranks"})
         report = {"weights": weights(engine)}
     else:
-        engine = build_engine(seed=1)
+        # As the trainer does: the checkpoint first, then an engine built to load it.
+        point = checkpointer.choose_resume(dist.get_world_size())
+        engine = build_engine(seed=1, load_universal=point is not None and point.universal)
         client_state = checkpointer.resume(engine)
         report = {
             "client_state": client_state,

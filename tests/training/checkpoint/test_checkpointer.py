@@ -147,6 +147,19 @@ def test_truncated_shard_is_ignored_and_previous_used(single_rank, tmp_path, cap
     assert_same_weights(resumed, at_two)
 
 
+def test_the_checkpoint_is_chosen_before_the_engine_and_loads_only_into_one_built_for_it(
+    single_rank, tmp_path
+):
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.save(trained_engine(2), 2, {"step": 2})
+    point = checkpointer.choose_resume(dp_world_size=1)  # saved by 1 rank: a plain load
+    assert (point.tag, point.step, point.universal) == (tag_for(2), 2, False)
+    # An engine built for a universal load would read this ZeRO checkpoint wrongly: refused.
+    with pytest.raises(CheckpointError, match="built without DeepSpeed's checkpoint.load_uni"):
+        checkpointer.resume(build_engine(seed=1, load_universal=True))
+    assert checkpointer.resume(build_engine(seed=1))["step"] == 2
+
+
 def test_only_checkpoint_damaged_raises_instead_of_starting_fresh(single_rank, tmp_path):
     checkpointer = Checkpointer(tmp_path)
     checkpointer.save(trained_engine(2), 2, {"step": 2})
