@@ -155,7 +155,9 @@ def test_the_checkpoint_is_chosen_before_the_engine_and_loads_only_into_one_buil
     point = checkpointer.choose_resume(dp_world_size=1)  # saved by 1 rank: a plain load
     assert (point.tag, point.step, point.universal) == (tag_for(2), 2, False)
     # An engine built for a universal load would read this ZeRO checkpoint wrongly: refused.
-    with pytest.raises(CheckpointError, match=r"built without DeepSpeed's checkpoint\.load_universal"):
+    with pytest.raises(
+        CheckpointError, match=r"built without DeepSpeed's checkpoint\.load_universal"
+    ):
         checkpointer.resume(build_engine(seed=1, load_universal=True))
     assert checkpointer.resume(build_engine(seed=1))["step"] == 2
 
