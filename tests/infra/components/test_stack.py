@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import pulumi
@@ -11,8 +12,7 @@ import pytest
 
 from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import PROJECT, run_program
-from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.knowledge.resolver import resolve
+from infra.knowledge.profiles import load_profiles
 from policy import rules
 from tests.support.infra import data_file_prices
 from tests.support.mock_runs import of_type, one
@@ -38,15 +38,36 @@ def test_every_profile_is_covered():
     assert set(PROFILES) == {"l4x1", "l40sx4", "a100x8-80g", "a100x8"}
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What a profile's stack must be, pinned from the data's cited sources."""
+
+    instance_type: str
+    gpu_count: int
+    gpu_model: str
+    nodes: int = 1
+    # CUDA 13.0 GA needs driver >= 580.65.06 (NVIDIA CUDA Toolkit release notes, table 3).
+    min_driver: str = "580.65.06"
+    # images/matrix.toml's default variant: torch 2.13.0 on CUDA 13.0, Python 3.12.
+    image_tag: str = "0.1.0-torch2.13.0-cu130-py3.12"
+
+
+# The profiles' instance types and their GPUs (EC2 accelerated computing instance pages).
+EXPECTED = {
+    "l4x1": Expected("g6.2xlarge", 1, "L4"),
+    "l40sx4": Expected("g6e.12xlarge", 4, "L40S"),
+    "a100x8-80g": Expected("p4de.24xlarge", 8, "A100"),
+    "a100x8": Expected("p4d.24xlarge", 8, "A100"),
+}
+
+
 @pytest.fixture(
     scope="module", params=CASES, ids=[f"{p}-{n}node-{'spot' if s else 'od'}" for p, n, s in CASES]
 )
 def case(request):
     profile, nodes, spot = request.param
-    profile_plan = resolve_profile(profile)
-    expected = resolve(profile_plan.instance.type, profile_plan.variant.name, nodes)
     run = run_stack(profile=profile, nodes=nodes, spot=spot)
-    return expected, spot, run
+    return EXPECTED[profile], spot, run
 
 
 # Every profile's GPU runs the DLAMI Base OSS Nvidia Driver GPU AMI on Amazon Linux 2023: its
@@ -63,7 +84,7 @@ def test_ami_is_the_resolvers_ssm_parameter(case):
     plan, _, run = case
     template = one(run, LAUNCH_TEMPLATE).inputs
     assert template["imageId"] == f"resolve:ssm:{AL2023_DLAMI}"
-    assert template["instanceType"] == plan.instance.type
+    assert template["instanceType"] == plan.instance_type
 
 
 def test_imdsv2_required_with_two_hops_for_containers(case):
@@ -131,7 +152,7 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case)
         files = boot_files(node)
         script = files["/opt/gpu-stack/run-training.sh"]
         assert "nvidia-smi --query-gpu=driver_version --format=csv,noheader" in script
-        assert f'readonly MIN_DRIVER="{plan.variant.min_driver}"' in script
+        assert f'readonly MIN_DRIVER="{plan.min_driver}"' in script
         assert f'readonly IMAGE_URI="{run.outputs["image_uri"]}"' in script
         assert run.outputs["image_uri"].endswith(f":{plan.image_tag}")
         env = boot_env(node)
@@ -147,8 +168,8 @@ def test_user_data_checks_the_driver_and_runs_the_image_with_the_nodes_env(case)
         unit = files["/etc/systemd/system/gpu-training.service"]
         assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
         # The health gate's figures: the catalog's GPUs; no EFA on a single node.
-        assert env["TRAIN_EXPECT_GPUS"] == str(plan.instance.gpu_count)
-        assert env["TRAIN_EXPECT_GPU_MODEL"] == plan.instance.gpu_model
+        assert env["TRAIN_EXPECT_GPUS"] == str(plan.gpu_count)
+        assert env["TRAIN_EXPECT_GPU_MODEL"] == plan.gpu_model
         assert "TRAIN_EXPECT_EFA" not in env
         alerts = one(run, "aws:sns/topic:Topic").state["arn"]
         assert f'readonly ALERT_TOPIC_ARN="{alerts}"' in script
@@ -210,7 +231,7 @@ def test_outputs_name_instances_sessions_image_and_bucket(case):
 def test_cost_outputs_price_every_node_in_both_markets_with_the_runway(case):
     plan, spot, run = case
     outputs = run.outputs
-    instance = data_file_prices(plan.instance.type)
+    instance = data_file_prices(plan.instance_type)
     on_demand = instance.on_demand_usd_per_hour * plan.nodes
     spot_price = instance.spot_usd_per_hour * plan.nodes
     hourly = spot_price if spot else on_demand
