@@ -1,9 +1,10 @@
-"""`logs [STACK] [--node N] [--follow]`: the training job's output from CloudWatch Logs.
+"""`logs [STACK] [--node N | --job NAME] [--follow]`: the jobs' output from CloudWatch Logs.
 
-The container's awslogs driver writes one stream per node, `node-<rank>`, into the
-stack's log group (infra/node/templates/run-training.sh). FilterLogEvents returns
-the events of several streams a page at a time (`nextToken`), from `startTime` in
-milliseconds (CloudWatch Logs API reference, FilterLogEvents).
+The container's awslogs driver writes into the stack's log group: the node's boot and
+health gate to `node-<rank>` (infra/node/templates/run-training.sh), each job to a stream
+of its own, `job-<name>` (infra/jobs/spool.py, log_stream), which `--job NAME` reads.
+FilterLogEvents returns the events of several streams a page at a time (`nextToken`), from
+`startTime` in milliseconds (CloudWatch Logs API reference, FilterLogEvents).
 
 On a Slurm cluster stack the job's log is its output file (train-<job id>.out, every
 node's lines in one), read on the head node piece by piece (infra/cluster/control.py).
@@ -20,6 +21,7 @@ from collections.abc import Callable
 from infra.cluster.control import log_script, parse_log_piece
 from infra.commands import head_node, workspace
 from infra.errors import ConfigError
+from infra.jobs import spool
 
 FOLLOW_POLL_S = 3.0
 
@@ -33,8 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--job",
-        help="a Slurm cluster's job id (default: the newest in the queue); its log starts "
-        "with its last 16 KB",
+        help="the job: its name on a single-node stack (as `run --name` gave it); a Slurm "
+        "cluster's job id (default: the newest in the queue), whose log starts with its "
+        "last 16 KB",
     )
 
 
@@ -45,13 +48,13 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
     now: Callable[[], float] = time.time,
 ) -> str:
-    """The job's CloudWatch Logs (--node N), or a Slurm job's log (--job ID); --follow."""
+    """The jobs' CloudWatch Logs (--node N, --job NAME), or a Slurm job's log (--job ID)."""
     out = out or sys.stdout
     stack = workspace.deployed(workspace.stack_name(args))
     if stack.is_cluster:
         return job_log(stack, args, out=out, sleep=sleep)
-    if args.job is not None:
-        raise ConfigError(f"--job: stack {stack.name} is not a Slurm cluster; use --node N")
+    if args.job is not None and args.node is not None:
+        raise ConfigError("--job and --node: give one (a job's stream, or a node's own lines)")
     nodes = len(stack.instance_ids)
     if args.node is not None and not 0 <= args.node < nodes:
         raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {nodes - 1}")
@@ -59,6 +62,8 @@ def run(
         raise ConfigError(f"--since {args.since:g}: give minutes above 0")
     group = stack.outputs.log_group
     streams = [f"node-{args.node}"] if args.node is not None else None
+    if args.job is not None:
+        streams = [spool.log_stream(spool.check_name(args.job, flag="--job"))]
     logs = workspace.aws("logs", stack.region)
     start = int((now() - args.since * 60) * 1000)
     seen: set[str] = set()

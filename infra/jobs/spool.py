@@ -38,6 +38,16 @@ STATE_NAME = "state"
 POLL_S = 10
 # The stack's gpu:trainConfig, written by `up`: the first job in the spool.
 DEFAULT_JOB = "default"
+# On a single-node stack each job's output is its own CloudWatch Logs stream in the stack's
+# log group (the node's watcher names it; `logs --job NAME` reads it); the node's own boot
+# and health-gate lines stay in `node-0`.
+JOB_LOG_STREAM_PREFIX = "job-"
+
+
+def log_stream(name: str) -> str:
+    """The CloudWatch Logs stream job `name` writes to on a single-node stack."""
+    return f"{JOB_LOG_STREAM_PREFIX}{name}"
+
 
 # Letters, digits, - and _: a job name is an S3 prefix, a folder on the node and a Slurm
 # job name, and lands in shell strings on the node.
@@ -68,10 +78,10 @@ class JobSpec(BaseModel):
     submitted_at: datetime.datetime
 
 
-def check_name(name: str) -> str:
+def check_name(name: str, flag: str = "--name") -> str:
     if not _NAME.match(name):
         raise ConfigError(
-            f"--name {name!r}: a job name is 1 to 63 letters, digits, - or _, starting with "
+            f"{flag} {name!r}: a job name is 1 to 63 letters, digits, - or _, starting with "
             "a letter or digit"
         )
     return name

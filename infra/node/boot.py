@@ -210,6 +210,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "exit_bad_config": int(ExitCode.BAD_CONFIG),
                 "exit_interrupted": int(ExitCode.INTERRUPTED),
                 "code_uri_env": CODE_URI_ENV,
+                "job_log_stream_prefix": spool.JOB_LOG_STREAM_PREFIX,
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(

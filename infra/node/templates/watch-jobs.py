@@ -29,6 +29,7 @@ SPEC, CANCEL, STATE, CODE = str.split("@@spool_names@@")
 QUEUED, RUNNING, YIELDED, DONE, CANCELLED, FAILED = str.split("@@job_states@@")
 EXIT_BAD_CONFIG, EXIT_INTERRUPTED = int("@@exit_bad_config@@"), int("@@exit_interrupted@@")
 CODE_URI_ENV = "@@code_uri_env@@"
+JOB_LOG_STREAM_PREFIX = "@@job_log_stream_prefix@@"
 # run-training.sh passes the image, then its `docker run` options.
 IMAGE_URI, DOCKER_OPTIONS = sys.argv[1], sys.argv[2:]
 
@@ -94,7 +95,10 @@ def start(name):
         file.writelines(f"{key}={value}\n" for key, value in env.items())
     overrides = [part for override in spec["overrides"] for part in ("--set", override)]
     set_state(name, RUNNING)
-    options = [*DOCKER_OPTIONS, "--env-file", f"{folder}/job.env", IMAGE_URI]
+    # The job's output goes to a log stream of its own (`logs --job NAME`), not node-0's.
+    stream = f"awslogs-stream={JOB_LOG_STREAM_PREFIX}{name}"
+    docker = [stream if o.startswith("awslogs-stream=") else o for o in DOCKER_OPTIONS]
+    options = [*docker, "--env-file", f"{folder}/job.env", IMAGE_URI]
     return subprocess.Popen(["docker", "run", *options, "python", "-m", "training", *overrides])
 
 

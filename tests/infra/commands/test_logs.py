@@ -51,6 +51,23 @@ def test_one_node(log_stack):
     assert out.getvalue().splitlines()[0].endswith("one") and "zero" not in out.getvalue()
 
 
+def test_one_job_by_name_on_a_single_node_stack(log_stack):
+    now = int(time.time() * 1000)
+    for stream in ("job-lr-sweep", "job-default"):
+        log_stack.create_log_stream(logGroupName=LOG_GROUP, logStreamName=stream)
+    put(log_stack, "job-lr-sweep", "step 5 loss 2.1", now - 1000)
+    put(log_stack, "job-default", "step 9 loss 1.7", now - 1000)
+    put(log_stack, "node-0", "health: node fit for training", now - 2000)
+    out = io.StringIO()
+    logs.run(log_args(job="lr-sweep"), out=out)
+    (line,) = out.getvalue().splitlines()
+    assert line.startswith("job-lr-sweep  ") and line.endswith("step 5 loss 2.1")
+    with pytest.raises(ConfigError, match=r"^--job 'a b': a job name is 1 to 63"):
+        logs.run(log_args(job="a b"), out=io.StringIO())
+    with pytest.raises(ConfigError, match="give one"):
+        logs.run(log_args(job="lr-sweep", node=0), out=io.StringIO())
+
+
 def test_follow_prints_new_lines_once_until_interrupted(log_stack):
     now = int(time.time() * 1000)
     put(log_stack, "node-0", "first", now - 1000)

@@ -405,6 +405,10 @@ def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
         S3Mirror.from_uri(env["TRAIN_S3_URI"]).uri == "s3://stack-checkpoints/checkpoints/lr-sweep"
     )
     assert env["TRAIN_USD_PER_HOUR"] == "32.7700"
+    # Its output is a CloudWatch Logs stream of its own (`logs --job lr-sweep`).
+    (job_run,) = [line for line in host.called() if "lr-sweep/job.env" in line]
+    assert "awslogs-stream=job-lr-sweep" in job_run.split()
+    assert "awslogs-stream=node-0" not in job_run.split()
 
 
 def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
