@@ -11,6 +11,7 @@ ConfigError with one sentence naming the key.
 from __future__ import annotations
 
 import tomllib
+from collections.abc import Sequence
 
 from images.matrix import arch_key
 from infra.config.schema import StackConfig
@@ -96,13 +97,14 @@ def _resolve_for_cluster(config: StackConfig, profile_plan: Plan, region: str) -
         ) from None
 
 
-def check_plan(config: StackConfig, plan: Plan) -> None:
+def check_plan(config: StackConfig, plan: Plan, overrides: Sequence[str] = ()) -> None:
     """The refusals that need the plan: the guardrails' (instance type allowed, budget at the
-    price of the stack's market, alerts) and the trainer's on gpu:trainConfig."""
+    price of the stack's market, alerts) and the trainer's on gpu:trainConfig, with
+    `overrides` (`--set KEY=VALUE`) over it as the trainer will apply them."""
     config.guardrails.check_instance_type(plan.instance.type)
     config.guardrails.check_against(hourly_usd(plan, config.market))
     if config.train_config is not None:
-        _check_train_config(config, plan)
+        _check_train_config(config, plan, overrides)
 
 
 def train_config_text(config: StackConfig) -> str | None:
@@ -129,7 +131,7 @@ def _refuse_train_config(config: StackConfig, reason: str) -> None:
     raise ConfigError(f"gpu:trainConfig is {str(config.train_config)!r}: {reason}")
 
 
-def _check_train_config(config: StackConfig, plan: Plan) -> None:
+def _check_train_config(config: StackConfig, plan: Plan, overrides: Sequence[str]) -> None:
     """Run the trainer's own start-up checks on gpu:trainConfig against the stack's GPUs.
 
     The node runs them again and exits 2, but only once the instances are up and billing;
@@ -140,7 +142,7 @@ def _check_train_config(config: StackConfig, plan: Plan) -> None:
     train_config_text(config)  # readable, TOML
     paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
     try:
-        job = load_config(find_project_root() / config.train_config, env=paths)
+        job = load_config(find_project_root() / config.train_config, overrides, env=paths)
         validate(job, world_size=plan.gpus)
         check_precision(
             bf16=job.precision.bf16,

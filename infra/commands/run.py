@@ -17,6 +17,7 @@ import argparse
 import datetime
 import io
 import tarfile
+from collections.abc import Sequence
 from pathlib import Path
 
 from infra.cluster import jobs as slurm
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> str:
     """Start a job on a running stack: the node picks it up, no new node (--code DIR)."""
     name = spool.check_name(args.name or args.config.stem)
     stack_name = workspace.stack_name(args)
-    check_job(stack_name, args.config)
+    check_job(stack_name, args.config, args.overrides)
     archive = code_archive(args.code) if args.code is not None else None
     target = job_target(stack_name)
     spec = JobSpec(
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> str:
     return _submit_to_spool(target, spec, archive)
 
 
-def check_job(stack_name: str, config: Path) -> None:
+def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> None:
     """The trainer's start-up checks on `config` against the stack's GPUs, as `preview`
     runs them on gpu:trainConfig (infra.planning.check_plan)."""
     if not config.is_file():
@@ -86,7 +87,8 @@ def check_job(stack_name: str, config: Path) -> None:
     stack_config = load_stack_file(path)
     plan = resolve_plan(stack_config, stack_region(stack_file_region(path)))
     try:
-        check_plan(stack_config.model_copy(update={"train_config": config.resolve()}), plan)
+        job = stack_config.model_copy(update={"train_config": config.resolve()})
+        check_plan(job, plan, overrides)
     except ConfigError as exc:
         raise ConfigError(f"--config {config}: {exc}") from None
 

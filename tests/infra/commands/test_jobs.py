@@ -84,6 +84,17 @@ def test_a_job_the_trainer_would_refuse_never_reaches_the_spool(stack, tmp_path)
     assert spool_keys(stack) == []
 
 
+def test_a_set_the_trainer_would_refuse_is_checked_with_the_config(stack, tmp_path):
+    # 12 is not divisible by the stack's 8 GPUs: refused although the file itself is good.
+    job = write(tmp_path, "good.toml", GOOD_JOB)
+    with pytest.raises(ConfigError) as refused:
+        run_job.run(run_args(job, overrides=["train.global_batch_size=12"]))
+    assert "world size 8" in str(refused.value) and "12" in str(refused.value)
+    with pytest.raises(ConfigError, match=r"train\.stepz"):
+        run_job.run(run_args(job, overrides=["train.stepz=3"]))
+    assert spool_keys(stack) == []
+
+
 @pytest.mark.parametrize("name", ["../x", "a b", "-lead", "x" * 64])
 def test_a_job_name_that_is_no_prefix_is_refused(stack, tmp_path, name):
     with pytest.raises(ConfigError, match="a job name is 1 to 63 letters"):
