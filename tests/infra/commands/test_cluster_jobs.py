@@ -66,7 +66,7 @@ def wait_for(condition, timeout_s: float = JOB_TIMEOUT_S):
 
 
 def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
-    cluster, slurm, tmp_path
+    cluster, slurm, tmp_path, ci_log
 ):
     config = tmp_path / "tiny.toml"
     config.write_text(f"[train]\nsteps = {STEPS}\n")
@@ -81,6 +81,7 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     assert listed[1].split()[:4] == ["tiny", "running", "(slurm", f"{first_id},"]
 
     said = cancel.run(argparse.Namespace(stack=STACK, job="tiny"))
+    ci_log(f"slurm test: run submitted tiny as job {first_id}; cancel: {said}")
     assert said.startswith(f"job tiny (slurm {first_id}) cancelled: the job stopped at step ")
     assert "(interrupted); step_" in said  # the checkpoint it committed, read from S3
     assert slurm.job(first_id)["JobState"] == "CANCELLED"
@@ -100,3 +101,7 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     # on from the checkpoint instead of starting at step 1 again.
     after = [record["step"] for record in read_metrics(metrics)][len(before) :]
     assert 1 < after[0] <= before[-1] + 1 and after[-1] == STEPS
+    ci_log(
+        f"slurm test: run tiny again (job {second_id}) resumed at step {after[0]} and "
+        f"finished at step {STEPS}"
+    )

@@ -341,7 +341,7 @@ def containers(host: Host) -> list[str]:
     return [line.split()[-1] for line in host.called() if line.startswith("container start")]
 
 
-def test_a_job_sent_while_another_runs_takes_the_node_within_30_s_and_both_finish(tmp_path):
+def test_a_job_sent_while_another_runs_takes_the_node_within_30_s_and_both_finish(tmp_path, ci_log):
     host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
     host.submit("first", seconds=120)
     unit = start_unit_in_background(host)
@@ -369,6 +369,11 @@ def test_a_job_sent_while_another_runs_takes_the_node_within_30_s_and_both_finis
     assert [line for line in calls if line.startswith("shutdown")] == [
         "shutdown -h +1 gpu-stack: no job"
     ]
+    ci_log(
+        f"job spool test: job 'second' sent while 'first' ran was started {took:.1f} s later "
+        "on the same host (one boot, one health gate, no new instance); 'first' checkpointed, "
+        "yielded (exit 75), resumed and finished"
+    )
 
 
 def test_cancel_stops_a_running_job_with_a_checkpoint_and_skips_a_queued_one(tmp_path):
