@@ -44,7 +44,21 @@ STOP_WAIT_S = 180
 # submitted from, a few folders deep.
 LOG_SEARCH_ROOT = "/home"
 LOG_SEARCH_DEPTH = 4
-_PREAMBLE = 'PATH="/opt/slurm/bin:$PATH"\n'
+SLURM_PATH = 'PATH="/opt/slurm/bin:$PATH"\n'
+
+
+def wait_until_gone(query: str, what: str, wait_s: int) -> str:
+    """POSIX sh: poll `query` every 2 s until it prints nothing; exit 1 naming `what` once
+    `wait_s` has passed."""
+    return f"""deadline=$(($(date +%s) + {wait_s}))
+while [ -n "$({query})" ]; do
+  if [ "$(date +%s)" -ge "$deadline" ]; then
+    echo "{what} still ending after {wait_s} s" >&2
+    exit 1
+  fi
+  sleep 2
+done
+"""
 
 
 @dataclass(frozen=True)
@@ -67,7 +81,7 @@ def _squeue(partition: str) -> str:
 
 
 def queue_script(partition: str = QUEUE) -> str:
-    return _PREAMBLE + _squeue(partition) + "\n"
+    return SLURM_PATH + _squeue(partition) + "\n"
 
 
 def parse_queue(text: str) -> list[QueuedJob]:
@@ -84,27 +98,20 @@ def parse_queue(text: str) -> list[QueuedJob]:
 def stop_script(partition: str = QUEUE, wait_s: int = STOP_WAIT_S) -> str:
     """Hold every job of the queue; running ones checkpoint and end first. Prints the queue."""
     list_jobs = f"squeue --noheader --partition={partition} --format=%i"
-    return f"""{_PREAMBLE}set -u
+    ending = f"{list_jobs} --states=RUNNING,CONFIGURING,COMPLETING,SUSPENDED"
+    return f"""{SLURM_PATH}set -u
 for job in $({list_jobs} --states=PENDING); do scontrol hold "$job"; done
 for job in $({list_jobs} --states=RUNNING,CONFIGURING,SUSPENDED); do
   scontrol requeuehold "$job"
 done
-deadline=$(($(date +%s) + {wait_s}))
-while [ -n "$({list_jobs} --states=RUNNING,CONFIGURING,COMPLETING,SUSPENDED)" ]; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "jobs still ending after {wait_s} s" >&2
-    exit 1
-  fi
-  sleep 2
-done
-{_squeue(partition)}
+{wait_until_gone(ending, "jobs", wait_s)}{_squeue(partition)}
 """
 
 
 def release_script(partition: str = QUEUE) -> str:
     """Release every held job of the queue: Slurm starts nodes for them. Prints the jobs it
     released, as squeue listed them before (held)."""
-    return f"""{_PREAMBLE}set -u
+    return f"""{SLURM_PATH}set -u
 {_squeue(partition)} --states=PENDING | while IFS= read -r line; do
   job=${{line%%|*}}
   priority=$(printf '%s\\n' "$line" | cut -d'|' -f6)
@@ -130,7 +137,7 @@ def log_script(
         raise ValueError(f"a Slurm job id is a number, got {job_id!r}")
     name = LOG_FILE.replace("%j", job_id)
     root = shlex.quote(search_root)
-    return f"""{_PREAMBLE}set -eu
+    return f"""{SLURM_PATH}set -eu
 file=$(scontrol --oneliner show job {job_id} 2>/dev/null |
   sed -n 's/.* StdOut=\\([^ ]*\\).*/\\1/p')
 if [ -z "$file" ]; then

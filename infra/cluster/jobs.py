@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 
 from infra.cluster.config import DEFAULT_USER, JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE, QUEUE
-from infra.cluster.control import STOP_WAIT_S
+from infra.cluster.control import SLURM_PATH, STOP_WAIT_S, wait_until_gone
 from infra.jobs.spool import JobSpec
 from training.contract import CODE_URI_ENV
 
@@ -86,21 +86,12 @@ def cancel_script(name: str, wait_s: int = STOP_WAIT_S) -> str:
     """End every job of the queue named `name` with a checkpoint; prints their ids. Fails when
     none is queued, or when one is still ending after `wait_s`."""
     ids = f"squeue --noheader --partition={QUEUE} --name={shlex.quote(name)} --format=%i"
-    return f"""PATH="/opt/slurm/bin:$PATH"
-set -u
+    return f"""{SLURM_PATH}set -u
 jobs=$({ids})
 if [ -z "$jobs" ]; then
   echo "no job named {name} in the queue" >&2
   exit 3
 fi
 scancel --full --partition={QUEUE} --name={shlex.quote(name)}
-deadline=$(($(date +%s) + {wait_s}))
-while [ -n "$({ids})" ]; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "job {name} still ending after {wait_s} s" >&2
-    exit 1
-  fi
-  sleep 2
-done
-echo $jobs
+{wait_until_gone(ids, f"job {name}", wait_s)}echo $jobs
 """
