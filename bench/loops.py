@@ -40,7 +40,7 @@ from training.components import build_dataset, build_model
 from training.engine import build_engine, mean_over_ranks, param_groups, seed_everything
 from training.interrupt import StopFlag
 from training.sampler import ResumableDistributedSampler, micro_batches
-from training.spec.config import load_config, validate
+from training.spec.config import add_overrides_argument, load_config, validate
 
 
 def main() -> None:
@@ -179,7 +179,7 @@ def _timed(work, steps: int, on_gpu: bool, **options) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_argument(p)
     p.add_argument("--window", type=int, default=10, help="steps per variant per round")
     p.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up)")
     p.add_argument("--calls", type=int, default=30, help="timed calls of each extra")

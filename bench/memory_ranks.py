@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from bench.launch import exit_worker
 from training.engine import build_engine
-from training.spec.config import load_config, validate
+from training.spec.config import add_overrides_argument, load_config, validate
 
 SETUPS = {
     "ZeRO-0": ("zero.stage=0",),
@@ -124,7 +124,7 @@ def _bytes(tensors) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_argument(p)
     p.add_argument("--out", required=True)
     return p
 

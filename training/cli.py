@@ -30,7 +30,14 @@ from training.environment import TopologyError, TrainerEnv, check_writable_dirs,
 from training.fresh import move_aside
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
 from training.machine import gpu_capability, installed_driver
-from training.spec.config import BatchSizes, Config, ConfigError, load_config, validate
+from training.spec.config import (
+    BatchSizes,
+    Config,
+    ConfigError,
+    add_overrides_argument,
+    load_config,
+    validate,
+)
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
 log = logging.getLogger("training")
@@ -44,14 +51,7 @@ def parser() -> argparse.ArgumentParser:
         "before renting: python -m training estimate --config FILE --gpus N --gpu-type T",
     )
     p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override one config key, e.g. --set train.steps=100 (repeatable)",
-    )
+    add_overrides_argument(p)
     p.add_argument(
         "--fresh",
         action="store_true",

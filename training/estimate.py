@@ -33,7 +33,7 @@ import torch
 
 from training.components import build_model
 from training.environment import TrainerEnv
-from training.spec.config import Config, ConfigError, load_config, validate
+from training.spec.config import Config, ConfigError, add_overrides_argument, load_config, validate
 from training.spec.presets import PRESETS, VISION_PRESETS
 from training.spec.selfcheck import SelfCheckError, check_precision
 
@@ -351,7 +351,7 @@ def parser() -> argparse.ArgumentParser:
         description="GPU memory per rank for a config on a target GPU count and type.",
     )
     p.add_argument("--config", help="TOML config file (default: TRAIN_CONFIG, else the demo job)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_overrides_argument(p)
     p.add_argument("--gpus", type=int, default=1, help="GPUs in the job, all nodes (default 1)")
     p.add_argument("--nodes", type=int, default=1, help="nodes the GPUs sit on (default 1)")
     p.add_argument(

@@ -29,6 +29,7 @@ from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState
 from infra.planning import check_plan, resolve_plan
+from training.spec.config import add_overrides_argument
 
 # Left out of a --code archive: caches and version control, never the job's code.
 _NOT_CODE = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
@@ -48,13 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(package.module:function builders; its requirements.txt is installed at start)",
     )
     parser.add_argument("--name", help="the job's name (default: the config file's name)")
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a training setting over the config's, as `python -m training --set` takes it",
+    add_overrides_argument(
+        parser, help="a training setting over the config's, as `python -m training --set` takes it"
     )
 
 

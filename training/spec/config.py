@@ -8,6 +8,7 @@ would work.
 
 from __future__ import annotations
 
+import argparse
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -201,6 +202,16 @@ class BatchSizes(BaseModel):
     global_batch_size: int
     micro_batch_size: int
     gradient_accumulation_steps: int
+
+
+def add_overrides_argument(
+    parser: argparse.ArgumentParser,
+    help: str = "override one config key, e.g. --set train.steps=100 (repeatable)",
+) -> None:
+    """`--set KEY=VALUE` (repeatable) into `overrides`, as load_config takes them."""
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help=help
+    )
 
 
 def load_config(
