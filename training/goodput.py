@@ -220,6 +220,11 @@ class GoodputClock:
             [*self.earlier, self.attempt], gpus=self.gpus, usd_per_hour=self.usd_per_hour
         )
 
+    @property
+    def run_started_at(self) -> float:
+        """When the run's first attempt started (Unix time)."""
+        return min(a.started_at for a in [*self.earlier, self.attempt])
+
     def save(self, step: int | None = None) -> None:
         """Replace goodput.json with every attempt so far (a crash loses one window);
         ``step``: the step trained last, when its accounting is not over yet."""

@@ -21,7 +21,7 @@ from training import rng, startup
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset
-from training.contract import ExitCode
+from training.contract import RUN_STARTED_FIELD, ExitCode
 from training.data import worker_processes
 from training.engine import build_engine, mean_over_ranks, seed_everything
 from training.environment import TrainerEnv
@@ -380,9 +380,10 @@ class StepMetrics:
             "seconds_left": (total - self.job.step) * record["step_time_s"],
             # The whole run's, every start of the job together.
             **self.clock.run_report().fields(self.unit),
+            RUN_STARTED_FIELD: _iso(self.clock.run_started_at),
             # A rank persistently slower than the others (training/stragglers.py), or None.
             "straggler_rank": record.get("straggler_rank"),
-            "updated_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "updated_at": _iso(time.time()),
         }
         self.status_published = time.perf_counter()
         try:
@@ -427,3 +428,7 @@ class StepMetrics:
 
 def _percent(value: float | None) -> str:
     return "n/a (unknown GPU peak)" if value is None else f"{100 * value:.1f}%"
+
+
+def _iso(unix_time: float) -> str:
+    return datetime.datetime.fromtimestamp(unix_time, datetime.UTC).isoformat(timespec="seconds")

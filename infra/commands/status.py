@@ -21,7 +21,13 @@ from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.jobs.spool import current_run_uri
 from infra.report import format_table
-from training.contract import GOODPUT_FIELD, RUN_USD_FIELD, price_field, price_words
+from training.contract import (
+    GOODPUT_FIELD,
+    RUN_STARTED_FIELD,
+    RUN_USD_FIELD,
+    price_field,
+    price_words,
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -83,6 +89,10 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     rate = unit_cost(out.hourly_cost_usd, progress)
     if rate:
         lines.append(f"cost        {rate}")
+    if progress is not None and RUN_STARTED_FIELD in progress:
+        run_spend = _run_spend(stack, progress[RUN_STARTED_FIELD], now)
+        if run_spend:
+            lines.append(f"run spend   {run_spend}")
     checkpoint = last_checkpoint(s3, run_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
     lines.append(f"spend       {_spend(stack, now)}")
@@ -201,6 +211,37 @@ def _duration(seconds: float) -> str:
     if minutes < 60:
         return f"{minutes} min"
     return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+# A run reaches back at most this many budget periods (a year of monthly ones).
+_RUN_SPEND_PERIODS = 12
+
+
+def _run_spend(stack: workspace.Deployed, started_at: str, now: datetime.datetime) -> str:
+    """What the stack spent since the run began, from the spend guard's ledger (each period's
+    item marks its spend as it goes: Ledger.spent_by). One job runs at a time on a single-node
+    stack, so that is the run's cost, volumes and addresses included; "" without a ledger."""
+    table = stack.outputs.spend_ledger_table
+    if not table:
+        return ""
+    from infra.functions.ledger import read_ledger
+    from infra.functions.spend_guard import budget_period
+
+    dynamodb = workspace.aws("dynamodb", stack.region)
+    started = datetime.datetime.fromisoformat(started_at)
+    spent, instant = 0.0, now
+    for _ in range(_RUN_SPEND_PERIODS):
+        period, period_start = budget_period(instant, stack.budget_period)
+        ledger = read_ledger(dynamodb, table, period)
+        if ledger is not None:
+            spent += ledger.spent_usd - ledger.spent_by(max(started, period_start), period_start)
+        if started >= period_start:
+            break
+        instant = period_start - datetime.timedelta(microseconds=1)
+    return (
+        f"${spent:,.2f} since the run began ({started:%Y-%m-%d %H:%M} UTC), "
+        "from the spend guard's ledger"
+    )
 
 
 def _spend(stack: workspace.Deployed, now: datetime.datetime) -> str:

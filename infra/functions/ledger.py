@@ -8,11 +8,17 @@ both add the same minutes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
 PERIOD_KEY = "period"  # the table's partition key (a string)
+# Spend marks (see Ledger.marks): every run's within this span of the newest, one an hour
+# before it; a month of them stays far below DynamoDB's 400 KB item limit
+# (docs.aws.amazon.com/amazondynamodb/latest/developerguide/ServiceQuotas.html).
+MARKS_IN_FULL = datetime.timedelta(hours=6)
 
 
 @dataclass(frozen=True)
@@ -44,10 +50,39 @@ class Ledger:
     # The instances that had a public IPv4 address at `accounted_until` (EC2 drops it when
     # one stops): its hours until the stop are charged for the address too.
     addressed: tuple[str, ...] = ()
+    # (accounted_until, spent_usd) after each run, thinned by `with_mark`: what the stack had
+    # spent by then, so that the spend of a span (one job's run) can be read back.
+    marks: tuple[tuple[str, float], ...] = ()
 
     @property
     def accounted_until_time(self) -> datetime.datetime:
         return datetime.datetime.fromisoformat(self.accounted_until)
+
+    def with_mark(self) -> Ledger:
+        """This ledger with its own (accounted_until, spent_usd) marked: every mark of the
+        last MARKS_IN_FULL kept, and of the older ones the last of each hour."""
+        newest = self.accounted_until_time
+        kept: dict[str, tuple[str, float]] = {}
+        for when, spent in (*self.marks, (self.accounted_until, self.spent_usd)):
+            at = datetime.datetime.fromisoformat(when)
+            key = when if newest - at <= MARKS_IN_FULL else at.strftime("%Y-%m-%dT%H")
+            kept[key] = (when, spent)  # marks are in time order: the hour's last one stays
+        return dataclasses.replace(self, marks=tuple(kept.values()))
+
+    def spent_by(self, instant: datetime.datetime, period_start: datetime.datetime) -> float:
+        """What the stack had spent in this period by `instant`, interpolated between the
+        marks around it (0 at the period's start; the latest figure past the last mark)."""
+        points = [(period_start, 0.0)] + [
+            (datetime.datetime.fromisoformat(when), spent) for when, spent in self.marks
+        ]
+        points.append((self.accounted_until_time, self.spent_usd))
+        if instant <= period_start:
+            return 0.0
+        for (t0, s0), (t1, s1) in itertools.pairwise(points):
+            if t0 <= instant <= t1:
+                share = (instant - t0) / (t1 - t0) if t1 > t0 else 1.0
+                return s0 + share * (s1 - s0)
+        return self.spent_usd
 
 
 def _number(value: float) -> str:
@@ -76,6 +111,9 @@ def to_item(ledger: Ledger) -> dict[str, Any]:
             ]
         },
         "addressed": {"L": [{"S": instance_id} for instance_id in ledger.addressed]},
+        "marks": {
+            "L": [{"L": [{"S": when}, {"N": _number(spent)}]} for when, spent in ledger.marks]
+        },
     }
     return item
 
@@ -103,6 +141,10 @@ def from_item(item: dict[str, Any]) -> Ledger:
             for volume in item.get("volumes", {"L": []})["L"]
         ),
         addressed=tuple(a["S"] for a in item.get("addressed", {"L": []})["L"]),
+        marks=tuple(
+            (mark["L"][0]["S"], float(mark["L"][1]["N"]))
+            for mark in item.get("marks", {"L": []})["L"]
+        ),
     )
 
 

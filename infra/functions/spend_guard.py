@@ -488,7 +488,7 @@ def _account(
     notified = before.notified_thresholds
     if before.budget_usd != settings.budget_usd:  # a new budget: thresholds of the new one
         notified = tuple(t for t in notified if spent >= settings.budget_usd * t / 100)
-    return dataclasses.replace(
+    after = dataclasses.replace(
         before,
         spent_usd=spent,
         notified_thresholds=notified,
@@ -503,6 +503,7 @@ def _account(
         prepaid_blocks=prepaid,
         version=before.version + 1,
     )
+    return after.with_mark() if latest else after
 
 
 def _enforce(

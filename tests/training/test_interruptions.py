@@ -8,6 +8,7 @@ resumed run equals an uninterrupted one is tests/training/test_resume.py.)
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import shutil
@@ -114,6 +115,7 @@ def test_sigterm_checkpoints_exits_75_and_resumes(tmp_path):
 def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_uri):
     """The notice stops the run with the checkpoint in S3; a fresh disk resumes from there."""
     notice = "2026-11-30T12:02:00Z"
+    launched = datetime.datetime.now(datetime.UTC).replace(microsecond=0)
     with FakeImds() as imds:
         env = {"TRAIN_SPOT_ENDPOINT": imds.url, "TRAIN_S3_URI": s3_uri}
         step, log = interrupted_run(tmp_path, lambda job: imds.notify("terminate", notice), env=env)
@@ -124,6 +126,9 @@ def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_u
     status = read_status(mirror)
     assert (status["state"], status["step"]) == ("interrupted", step)
     assert status["loss"] > 0 and status["tokens_per_s"] > 0
+    # When the run began, for `status` to read its spend from the spend guard's ledger.
+    run_started_at = datetime.datetime.fromisoformat(status["run_started_at"])
+    assert launched <= run_started_at <= datetime.datetime.now(datetime.UTC)
 
     shutil.rmtree(tmp_path / "ckpt")  # the replacement instance starts with an empty disk
     log = resumed_run(tmp_path, step, env={"TRAIN_S3_URI": s3_uri})
@@ -131,6 +136,7 @@ def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_u
     status = read_status(mirror)
     assert (status["state"], status["step"], status["seconds_left"]) == ("done", step + 4, 0)
     assert status["total_steps"] == step + 4
+    assert status["run_started_at"] == run_started_at.isoformat()  # the run's first start
 
 
 def read_status(mirror: S3Mirror) -> dict:

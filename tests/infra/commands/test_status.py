@@ -176,3 +176,52 @@ def test_a_straggler_in_the_published_progress_is_named():
     line = status.describe_job(progress, NOW)
     assert "11 min to finish, rank 5 is a straggler (see the job's log), as of 2 min ago" in line
     assert "straggler" not in status.describe_job({**progress, "straggler_rank": None}, NOW)
+
+
+def _marked(period: str, until: str, spent: float, marks) -> Ledger:
+    return dataclasses.replace(
+        _ledger(period, spent), accounted_until=until, updated_at=until, marks=tuple(marks)
+    )
+
+
+def _with_run_started(aws, started_at: str) -> None:
+    key = f"checkpoints/{STATUS_NAME}"
+    progress = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    progress["run_started_at"] = started_at
+    aws.client("s3").put_object(Bucket=BUCKET, Key=key, Body=json.dumps(progress))
+
+
+@pytest.mark.parametrize(
+    ("started_at", "expected"),
+    [
+        # Since 02:00 today: $8.00 now less $2.00 by 02:00 (halfway from $0 at midnight to
+        # the $4.00 marked at 04:00).
+        ("2026-12-01T02:00:00+00:00", "$6.00 since the run began (2026-12-01 02:00 UTC)"),
+        # Since 22:00 yesterday, across the month's end: November's $99.00 less $94.50 by
+        # 22:00 (halfway between the $90.00 marked at 20:00 and $99.00 at midnight), plus
+        # December's $8.00.
+        ("2026-11-30T22:00:00+00:00", "$12.50 since the run began (2026-11-30 22:00 UTC)"),
+    ],
+)
+def test_the_runs_spend_from_the_ledgers_marks(aws, stub_stack, started_at, expected):
+    _deploy(aws, stub_stack, spend_ledger_table="ledger")
+    _with_run_started(aws, started_at)
+    dynamodb = aws.client("dynamodb")
+    _ledger_table(dynamodb, "ledger")
+    november = _marked(
+        "2026-11", "2026-12-01T00:00:00+00:00", 99.0, [("2026-11-30T20:00:00+00:00", 90.0)]
+    )
+    december = _marked("2026-12", NOW.isoformat(), 8.0, [("2026-12-01T04:00:00+00:00", 4.0)])
+    write_ledger(dynamodb, "ledger", november, after=0)
+    write_ledger(dynamodb, "ledger", december, after=0)
+    lines = status.run(ARGS, now=lambda: NOW).splitlines()
+    run_spend = next(line for line in lines if line.startswith("run spend"))
+    assert run_spend == f"run spend   {expected}, from the spend guard's ledger"
+
+
+def test_no_run_spend_without_a_ledger(aws, stub_stack):
+    _deploy(aws, stub_stack)
+    _with_run_started(aws, "2026-12-01T02:00:00+00:00")
+    assert not any(
+        line.startswith("run spend") for line in status.run(ARGS, now=lambda: NOW).splitlines()
+    )

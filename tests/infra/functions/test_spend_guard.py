@@ -49,9 +49,14 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
     script_state: dict[str, str] = {}
     stop_run, spent_at_stop = None, 0.0
     worst_gap = 0.0  # the largest |ledger - true spend| seen after any run
+    spent_by: dict[int, float] = {}  # minute -> the true spend by then, to read back later
     for minute in range(0, 7 * 24 * 60 + 1):
         if minute in script:
             script[minute]()
+        # Days old by the end of the week (hourly marks) and recent ones (every run's), each
+        # in an hour of steady spend: read back by interpolation between marks.
+        if minute in (3000, 3030, 9980):
+            spent_by[minute] = world.spend()
         if minute % 5 == 0:
             hourly_before = world.hourly()
             outcome = guard(aws, world, config)
@@ -90,6 +95,12 @@ def test_a_simulated_week_is_counted_alerted_and_stopped_at_the_budget(aws, topi
         + [f"{COST_TAG[1]}: spend guard stopped 2 instance(s)"]
     )
     assert world.running_ids(tagged=False) == {stranger}
+    # The ledger's marks tell what the stack had spent by any past instant (a run's start),
+    # within the same one run of the interruption.
+    for minute, spent in spent_by.items():
+        instant = MONDAY + datetime.timedelta(minutes=minute)
+        read_back = ledger.spent_by(instant, MONDAY.replace(day=1))
+        assert spent - 1e-6 <= read_back <= spent + worst_gap + 1e-6, minute
 
 
 def test_instances_started_after_the_stop_are_stopped_until_the_budget_is_raised(aws, topic):
