@@ -220,7 +220,8 @@ _RUN_SPEND_PERIODS = 12
 def _run_spend(stack: workspace.Deployed, started_at: str, now: datetime.datetime) -> str:
     """What the stack spent since the run began, from the spend guard's ledger (each period's
     item marks its spend as it goes: Ledger.spent_by). One job runs at a time on a single-node
-    stack, so that is the run's cost, volumes and addresses included; "" without a ledger."""
+    stack, so that is the run's cost, volumes and addresses included, unless another job of
+    the spool took the node in between (`jobs` gives each job's own); "" without a ledger."""
     table = stack.outputs.spend_ledger_table
     if not table:
         return ""
@@ -239,8 +240,8 @@ def _run_spend(stack: workspace.Deployed, started_at: str, now: datetime.datetim
             break
         instant = period_start - datetime.timedelta(microseconds=1)
     return (
-        f"${spent:,.2f} since the run began ({started:%Y-%m-%d %H:%M} UTC), "
-        "from the spend guard's ledger"
+        f"${spent:,.2f} spent by the stack since the run began "
+        f"({started:%Y-%m-%d %H:%M} UTC), from the spend guard's ledger"
     )
 
 

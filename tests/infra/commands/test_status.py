@@ -196,11 +196,17 @@ def _with_run_started(aws, started_at: str) -> None:
     [
         # Since 02:00 today: $8.00 now less $2.00 by 02:00 (halfway from $0 at midnight to
         # the $4.00 marked at 04:00).
-        ("2026-12-01T02:00:00+00:00", "$6.00 since the run began (2026-12-01 02:00 UTC)"),
+        (
+            "2026-12-01T02:00:00+00:00",
+            "$6.00 spent by the stack since the run began (2026-12-01 02:00 UTC)",
+        ),
         # Since 22:00 yesterday, across the month's end: November's $99.00 less $94.50 by
         # 22:00 (halfway between the $90.00 marked at 20:00 and $99.00 at midnight), plus
         # December's $8.00.
-        ("2026-11-30T22:00:00+00:00", "$12.50 since the run began (2026-11-30 22:00 UTC)"),
+        (
+            "2026-11-30T22:00:00+00:00",
+            "$12.50 spent by the stack since the run began (2026-11-30 22:00 UTC)",
+        ),
     ],
 )
 def test_the_runs_spend_from_the_ledgers_marks(aws, stub_stack, started_at, expected):
