@@ -75,14 +75,16 @@ def test_spot_sorts_by_spot_and_caps_by_the_spot_price():
 def test_capacity_blocks_list_only_the_types_with_a_block_price():
     chosen = select_offers(load_catalog(), market=Market.CAPACITY_BLOCK)
     # us-east-1 effective rates, EC2 Capacity Blocks for ML pricing page
-    # (aws.amazon.com/ec2/capacityblocks/pricing/), cheapest first.
+    # (aws.amazon.com/ec2/capacityblocks/pricing/, as of 2026-07-22), cheapest first.
     assert [(o.instance.type, o.price.capacity_block_usd_per_hour) for o in chosen] == [
-        ("p4d.24xlarge", 14.75),
-        ("p5.48xlarge", 39.33),
+        ("p4d.24xlarge", 11.8),
+        ("p4de.24xlarge", 17.712),
+        ("p5.48xlarge", 41.528),
+        ("p5en.48xlarge", 54.92),
     ]
     result = run_cli("offers", "--market", "capacity-block", "--max-price", "20")
     assert result.returncode == 0, result.stderr
-    assert _type_column(result.stdout) == ["p4d.24xlarge"]
+    assert _type_column(result.stdout) == ["p4d.24xlarge", "p4de.24xlarge"]
     assert "sorted by capacity-block" in result.stdout
     refused = run_cli("offers", "--market", "reservation")
     assert refused.returncode != 0 and "invalid choice: 'reservation'" in refused.stderr

@@ -213,7 +213,9 @@ CAPACITY_BLOCK_STACK = (
     "  gpu:capacityBlockId: cr-0123456789abcdef0\n"
     "  gpu:alertEmails: [ml@example.com]\n  gpu:budgetUsd: {budget}\n"
 )
-P4D_CAPACITY_BLOCK_RATE = 14.75  # $/h, below p4d's $21.96 on-demand
+# $/h in us-east-1, below p4d's $21.96 on-demand (EC2 Capacity Blocks for ML pricing page,
+# aws.amazon.com/ec2/capacityblocks/pricing/, as of 2026-07-22).
+P4D_CAPACITY_BLOCK_RATE = 11.80
 
 
 def test_a_capacity_block_stack_is_planned_and_budget_checked_at_the_blocks_price(

@@ -90,7 +90,7 @@ def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_pric
     [
         (Market.ON_DEMAND, 2 * 21.96),
         (Market.SPOT, 2 * 9.9),
-        (Market.CAPACITY_BLOCK, 2 * 14.75),  # the block's effective rate, not on-demand's
+        (Market.CAPACITY_BLOCK, 2 * 11.8),  # the block's effective rate, not on-demand's
         (Market.RESERVATION, 2 * 21.96),  # a reservation bills at the on-demand rate
     ],
 )

@@ -19,7 +19,7 @@ def test_each_required_region_prices_the_catalog_types_and_says_where_from():
     assert set(prices.region("us-east-1")) == set(catalog.instances)
     p4d = prices.price("us-east-1", "p4d.24xlarge")
     assert p4d.on_demand_usd_per_hour == pytest.approx(21.96) and not p4d.on_demand_upper_bound
-    assert p4d.by_market() == {"on-demand": 21.96, "spot": 9.9, "capacity-block": 14.75}
+    assert p4d.by_market() == {"on-demand": 21.96, "spot": 9.9, "capacity-block": 11.8}
     for region, table in prices.regions.items():
         for instance_type, price in table.items():
             assert (price.region, price.instance_type) == (region, instance_type)
@@ -39,6 +39,34 @@ P4D_US_EAST_1_AFTER_THE_CUT = 21.96
 def test_p4d_in_us_east_1_is_priced_after_the_june_2025_cut():
     p4d = load_catalog().prices.price("us-east-1", "p4d.24xlarge")
     assert abs(p4d.on_demand_usd_per_hour / P4D_US_EAST_1_AFTER_THE_CUT - 1) <= 0.05
+
+
+# Effective instance rates of EC2 Capacity Blocks for ML in the priced regions, as AWS's pricing
+# page (aws.amazon.com/ec2/capacityblocks/pricing/) gave them on 2026-07-22; a type AWS offers
+# no block of there (the G types, p3, p5e in us-east-1, anything in eu-west-1) has none.
+CAPACITY_BLOCKS_2026_07_22 = {
+    ("us-east-1", "p4d.24xlarge"): 11.8,
+    ("us-east-1", "p4de.24xlarge"): 17.712,
+    ("us-east-1", "p5.48xlarge"): 41.528,
+    ("us-east-1", "p5en.48xlarge"): 54.92,
+    ("us-west-2", "p4d.24xlarge"): 11.8,
+    ("us-west-2", "p4de.24xlarge"): 17.712,
+    ("us-west-2", "p5.48xlarge"): 41.528,
+    ("us-west-2", "p5en.48xlarge"): 54.92,
+}
+
+
+def test_capacity_block_rates_are_the_pricing_pages_after_the_june_2025_cut():
+    blocks = {
+        (region, instance_type): price.capacity_block_usd_per_hour
+        for region, table in load_catalog().prices.regions.items()
+        for instance_type, price in table.items()
+        if price.capacity_block_usd_per_hour is not None
+    }
+    assert blocks == CAPACITY_BLOCKS_2026_07_22
+    for region, instance_type in blocks:
+        source = load_catalog().prices.price(region, instance_type).sources.capacity_block
+        assert "aws.amazon.com/ec2/capacityblocks/pricing/" in source and "2026-07-22" in source
 
 
 def test_every_row_has_a_source_for_each_price_and_is_recent():
