@@ -13,7 +13,7 @@ from infra.knowledge.catalog import CATALOG_DIR
 
 def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
     """A copy of the real catalog with the first `old` in `file` replaced by `new`."""
-    for name in ("instances.toml", "amis.toml", "prices.toml"):
+    for name in ("instances.toml", "amis.toml", "prices.toml", "volume_and_address_prices.toml"):
         shutil.copy(CATALOG_DIR / name, tmp_path / name)
     text = (tmp_path / file).read_text()
     assert old in text, f"test fixture out of date: {old!r} not in {file}"

@@ -3,7 +3,7 @@ import pytest
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
 from infra.functions.market import Market
-from infra.knowledge.costs import cost_summary, hourly_usd
+from infra.knowledge.costs import cost_summary, hourly_usd, idle_cost, network_usd_per_hour
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
@@ -109,3 +109,19 @@ def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():
     assert "\n" not in message
     assert "no capacity-block price for g5.xlarge in us-east-1" in message
     assert "capacity_block_usd_per_hour" in message
+
+
+@pytest.mark.parametrize(
+    ("region", "gp3_usd_per_gb_month"),
+    # Amazon EBS pricing (aws.amazon.com/ebs/pricing/): gp3 in US East (N. Virginia) and in
+    # EU (Ireland).
+    [("us-east-1", 0.08), ("eu-west-1", 0.088)],
+)
+def test_idle_root_volumes_and_leftover_addresses_are_priced_at_the_regions_rates(
+    region, gp3_usd_per_gb_month
+):
+    plan = resolve("g5.xlarge", nodes=2, region=region)
+    # Two stopped nodes keep their 500 GiB gp3 root volumes.
+    assert idle_cost(plan, 500).root_volumes_usd == pytest.approx(2 * 500 * gp3_usd_per_gb_month)
+    # Two public IPv4 addresses at $0.005/h each, in every commercial region.
+    assert network_usd_per_hour(region, public_ipv4_addresses=2) == pytest.approx(0.01)

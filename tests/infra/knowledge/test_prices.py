@@ -7,7 +7,7 @@ import datetime
 import pytest
 
 from infra.errors import ConfigError
-from infra.knowledge.catalog import load_catalog
+from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.prices import MAX_PRICE_AGE_DAYS
 from tests.support.infra import modified_catalog
 
@@ -155,3 +155,55 @@ def test_a_bad_price_is_rejected_naming_region_type_and_field(tmp_path, old, new
     assert "\n" not in message
     for part in expected:
         assert part in message
+
+
+def test_each_priced_region_has_its_ebs_and_public_ipv4_rates_with_dated_sources():
+    prices = load_catalog().prices
+    today = datetime.datetime.now(datetime.UTC).date()
+    for region in prices.regions:
+        rates = prices.volumes_and_addresses(region)
+        assert rates.region == region
+        # The volume types DescribeVolumes reports, each priced: none counts as free.
+        assert set(rates.ebs_usd_per_gb_month) == {
+            "gp3", "gp2", "io1", "io2", "st1", "sc1", "standard"
+        }  # fmt: skip
+        assert rates.ebs_estimated == rates.sources.ebs.startswith("estimate")
+        assert rates.public_ipv4_estimated == rates.sources.public_ipv4.startswith("estimate")
+        assert (today - rates.checked).days <= MAX_PRICE_AGE_DAYS, region
+    # Amazon EBS pricing (aws.amazon.com/ebs/pricing/): gp3 $0.08 a GB-month in US East
+    # (N. Virginia), $0.088 in EU (Ireland); public IPv4 $0.005/h in every commercial region
+    # (AWS News Blog, 2023-07-28).
+    assert prices.volumes_and_addresses("us-east-1").ebs_usd_per_gb_month["gp3"] == 0.08
+    assert prices.volumes_and_addresses("eu-west-1").ebs_usd_per_gb_month["gp3"] == 0.088
+    assert {prices.volumes_and_addresses(r).public_ipv4_usd_per_hour for r in prices.regions} == {
+        0.005
+    }
+
+
+def test_volume_and_address_rates_for_an_unpriced_region_are_refused_as_its_prices_are():
+    with pytest.raises(ConfigError, match=r"no prices for region 'eu-west-3'"):
+        load_catalog().prices.volumes_and_addresses("eu-west-3")
+
+
+RATES_FILE = "volume_and_address_prices.toml"
+
+
+def test_a_region_with_instance_prices_but_no_volume_and_address_rates_is_refused(tmp_path):
+    text = (CATALOG_DIR / RATES_FILE).read_text()
+    ireland = text[text.index('[region."eu-west-1"]') :]
+    prices = load_catalog(modified_catalog(tmp_path, RATES_FILE, ireland, "")).prices
+    with pytest.raises(ConfigError) as caught:
+        prices.volumes_and_addresses("eu-west-1")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "no EBS and public IPv4 rates for region 'eu-west-1'" in message
+    assert "us-east-1, us-west-2" in message and RATES_FILE in message
+
+
+def test_a_bad_volume_rate_is_rejected_naming_region_and_field(tmp_path):
+    with pytest.raises(ConfigError) as caught:
+        load_catalog(modified_catalog(tmp_path, RATES_FILE, "gp3 = 0.08", "gp3 = -0.08"))
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "region 'us-east-1'" in message and "ebs_usd_per_gb_month" in message
+    assert "-0.08" in message
