@@ -46,9 +46,9 @@ def test_l4_is_offered_with_its_profile():
     assert result.returncode == 0, result.stderr
     assert _type_column(result.stdout) == ["g6.2xlarge"]
     row = result.stdout.splitlines()[1].split()
-    # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.4575/h spot in us-east-1.
+    # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.5324/h spot in us-east-1.
     assert row[:5] == ["g6.2xlarge", "L4", "1", "24", "none"]
-    assert row[5:7] == ["$0.98", "$0.46"] and row[-1] == "l4x1"
+    assert row[5:7] == ["$0.98", "$0.53"] and row[-1] == "l4x1"
 
 
 def test_every_row_of_the_selection_guide_has_its_types_to_compare():

@@ -12,24 +12,24 @@ PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 
 
 def test_p4d_on_demand_runway():
-    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $9.9/h spot
+    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $14.1051/h spot
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
     assert summary["instance_type"] == "p4d.24xlarge"
     assert summary["market"] == "on-demand"
     assert summary["on_demand_usd_per_hour"] == 21.96
-    assert summary["spot_usd_per_hour"] == 9.9
+    assert summary["spot_usd_per_hour"] == 14.11
     assert summary["hourly_usd"] == 21.96
     assert summary["monthly_budget_usd"] == 500
     assert summary["runway_hours"] == 22.8  # 500 / 21.96
-    assert summary["runway_hours_spot"] == 50.5  # 500 / 9.9
+    assert summary["runway_hours_spot"] == 35.4  # 500 / 14.1051
 
 
 def test_spot_market_sets_the_runway():
     plan = resolve_profile("a100x8")
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500), market=Market.SPOT)
     assert summary["market"] == "spot"
-    assert summary["hourly_usd"] == 9.9
-    assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
+    assert summary["hourly_usd"] == 14.11
+    assert summary["runway_hours"] == summary["runway_hours_spot"] == 35.4
     assert summary["runway_hours_on_demand"] == 22.8
 
 
@@ -68,14 +68,14 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
 
 @pytest.mark.parametrize(("period", "hours"), [("MONTHLY", 730.0), ("DAILY", 24.0)])
 def test_the_runway_is_at_most_the_budget_period(period, hours):
-    plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.4575/h spot
+    plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.5324/h spot
     config = GuardrailConfig(budget_usd=1_000_000, budget_period=period)
     summary = cost_summary(plan, config, market=Market.SPOT)
     assert summary["runway_hours"] == summary["runway_hours_on_demand"] == hours
     small = cost_summary(
         plan, GuardrailConfig(budget_usd=5, budget_period=period), market=Market.SPOT
     )
-    assert small["runway_hours"] == round(5 / 0.4575, 1) == 10.9
+    assert small["runway_hours"] == round(5 / 0.5324, 1) == 9.4
 
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
@@ -89,7 +89,7 @@ def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_pric
     ("market", "expected"),
     [
         (Market.ON_DEMAND, 2 * 21.96),
-        (Market.SPOT, 2 * 9.9),
+        (Market.SPOT, 2 * 14.1051),
         (Market.CAPACITY_BLOCK, 2 * 11.8),  # the block's effective rate, not on-demand's
         (Market.RESERVATION, 2 * 21.96),  # a reservation bills at the on-demand rate
     ],

@@ -19,7 +19,7 @@ def test_each_required_region_prices_the_catalog_types_and_says_where_from():
     assert set(prices.region("us-east-1")) == set(catalog.instances)
     p4d = prices.price("us-east-1", "p4d.24xlarge")
     assert p4d.on_demand_usd_per_hour == pytest.approx(21.96) and not p4d.on_demand_upper_bound
-    assert p4d.by_market() == {"on-demand": 21.96, "spot": 9.9, "capacity-block": 11.8}
+    assert p4d.by_market() == {"on-demand": 21.96, "spot": 14.1051, "capacity-block": 11.8}
     for region, table in prices.regions.items():
         for instance_type, price in table.items():
             assert (price.region, price.instance_type) == (region, instance_type)
@@ -52,6 +52,7 @@ CAPACITY_BLOCKS_2026_07_22 = {
     ("us-west-2", "p4d.24xlarge"): 11.8,
     ("us-west-2", "p4de.24xlarge"): 17.712,
     ("us-west-2", "p5.48xlarge"): 41.528,
+    ("us-west-2", "p5e.48xlarge"): 47.76,
     ("us-west-2", "p5en.48xlarge"): 54.92,
 }
 
@@ -90,8 +91,9 @@ def test_a_region_is_priced_with_its_own_figures():
     prices = load_catalog().prices
     ireland = prices.price("eu-west-1", "p4d.24xlarge")
     virginia = prices.price("us-east-1", "p4d.24xlarge")
-    assert ireland.on_demand_usd_per_hour != virginia.on_demand_usd_per_hour
-    assert ireland.on_demand_estimated
+    # p4d.24xlarge on demand: $23.71569/h in EU (Ireland), $21.96/h in US East (N. Virginia).
+    assert (ireland.on_demand_usd_per_hour, virginia.on_demand_usd_per_hour) == (23.71569, 21.96)
+    assert "eu-west-1" in ireland.sources.on_demand and "eu-west-1" in ireland.sources.spot
 
 
 def test_a_region_without_prices_is_refused_naming_the_regions_that_have_them():
@@ -107,7 +109,7 @@ def test_a_type_a_region_does_not_price_is_refused():
         load_catalog().prices.price("eu-west-1", "p4de.24xlarge")
 
 
-P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd_per_hour = 0.75'
+P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd_per_hour = 0.5576'
 
 
 @pytest.mark.parametrize(
@@ -124,7 +126,7 @@ P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd
             id="price-as-text",
         ),
         pytest.param(
-            P3, P3.replace("= 0.75", "= 4.0"),
+            P3, P3.replace("= 0.5576", "= 4.0"),
             ["field 'spot_usd_per_hour'", "4.0", "3.06", "never dearer"],
             id="spot-above-on-demand",
         ),
@@ -135,7 +137,7 @@ P3 = '[region."us-east-1"."p3.2xlarge"]\non_demand_usd_per_hour = 3.06\nspot_usd
         ),
         pytest.param(
             P3 + "\non_demand_upper_bound = false\non_demand_estimated = false\n"
-            "spot_estimated = false\nchecked = 2026-11-30",
+            "spot_estimated = false\nchecked = 2026-12-01",
             P3 + "\non_demand_upper_bound = false\non_demand_estimated = false\n"
             "spot_estimated = false\nchecked = 2025-05-31",
             ["field 'checked'", "2025-05-31", "before AWS's June 2025", "--refresh"],
