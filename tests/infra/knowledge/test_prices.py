@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 
@@ -85,6 +86,30 @@ def test_every_row_has_a_source_for_each_price_and_is_recent():
                 f"{row} was checked {price.checked}, over {MAX_PRICE_AGE_DAYS} days ago"
             )
             assert not price.on_demand_upper_bound, row
+
+
+# A dated source: a day, a month and year, or a git commit of a dated snapshot.
+DATED = re.compile(
+    r"\d{4}-\d{2}-\d{2}|(January|February|March|April|May|June|July|August|September|"
+    r"October|November|December) \d{4}|commit [0-9a-f]{40}"
+)
+
+
+def test_every_observed_price_names_a_dated_source():
+    """An estimate says how it was made; every other figure says when it was true."""
+    for region, table in load_catalog().prices.regions.items():
+        for instance_type, price in table.items():
+            observed = [
+                source
+                for source, estimated in [
+                    (price.sources.on_demand, price.on_demand_estimated),
+                    (price.sources.spot, price.spot_estimated),
+                    (price.sources.capacity_block, False),
+                ]
+                if source is not None and not estimated
+            ]
+            for source in observed:
+                assert DATED.search(source), f"{region} {instance_type}: {source}"
 
 
 def test_a_region_is_priced_with_its_own_figures():
