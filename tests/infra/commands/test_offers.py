@@ -44,8 +44,9 @@ def test_a100_with_eight_gpus_lists_p4d_then_p4de_cheapest_first():
 def test_l4_is_offered_with_its_profile():
     result = run_cli("offers", "--gpu", "L4")
     assert result.returncode == 0, result.stderr
-    assert _type_column(result.stdout) == ["g6.2xlarge"]
-    row = result.stdout.splitlines()[1].split()
+    # us-east-1 on demand: g6.xlarge $0.8048/h, g6.2xlarge $0.9776/h, g6.48xlarge $13.3504/h.
+    assert _type_column(result.stdout) == ["g6.xlarge", "g6.2xlarge", "g6.48xlarge"]
+    row = result.stdout.splitlines()[2].split()
     # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.5324/h spot in us-east-1.
     assert row[:5] == ["g6.2xlarge", "L4", "1", "24", "none"]
     assert row[5:7] == ["$0.98", "$0.53"] and row[-1] == "l4x1"
