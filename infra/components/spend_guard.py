@@ -1,10 +1,10 @@
 """The spend guard around one stack: its ledger table, its function, its role and its schedule.
 
 The function (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES, counts the
-running time of every instance carrying the stack's cost tag at the prices of the stack's region,
-keeps the period's spend in the ledger table, notifies the alert topic at each threshold and
-stops the stack's instances at the budget. Billing data plays no part, so it acts within minutes
-where AWS Budgets acts within hours.
+running time of every instance carrying the stack's cost tag at the prices of the stack's region
+(its volumes and public addresses at that region's rates), keeps the period's spend in the ledger
+table, notifies the alert topic at each threshold and stops the stack's instances at the budget.
+Billing data plays no part, so it acts within minutes where AWS Budgets acts within hours.
 
 AWS behaviour the resources rely on (mocks accept anything):
 - Lambda's Python runtimes include boto3, so the code ships as a plain archive of
