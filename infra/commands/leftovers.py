@@ -7,8 +7,8 @@ checkpoint bucket and image repository) and what ParallelCluster keeps for every
 the region (its `parallelcluster-*-v1-do-not-delete` bucket: aws-parallelcluster v3.15.1,
 cli/src/pcluster/models/s3_bucket.py, S3Bucket.get_bucket_name).
 
-Monthly figures are those of infra/knowledge/costs.py: volumes (by type) and addresses at the
-region's rates, the rest at us-east-1 list prices. Instances are
+Monthly figures are those of infra/knowledge/costs.py: volumes (by type), addresses and NAT
+gateways at the region's rates, the rest at us-east-1 list prices. Instances are
 listed at $0 a month once terminated; a stopped one bills only its volumes
 (listed on their own).
 """

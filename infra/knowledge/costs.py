@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from infra.errors import ConfigError
 from infra.functions.market import Market
 from infra.knowledge.catalog import load_catalog
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.prices import VolumeAndAddressPrices
 
 if TYPE_CHECKING:
@@ -35,14 +36,12 @@ SPEND_GUARD_PERIOD_MINUTES = 5
 SPEND_GUARD_TIMEOUT_SECONDS = 60
 
 
-# What the stack costs beside its instances, 730 hours a month. EBS storage and public IPv4
-# addresses are priced per region (volumes_and_addresses); the rest at us-east-1 list prices
-# (other regions differ by a few percent).
+# What the stack costs beside its instances, 730 hours a month. EBS storage, public IPv4
+# addresses (volumes_and_addresses) and NAT gateways (data/parallelcluster.toml) are priced per
+# region; the rest at us-east-1 list prices (other regions differ by a few percent).
 HOURS_PER_MONTH = 730
 # EBS snapshots ("Amazon EBS pricing", aws.amazon.com/ebs/pricing/).
 SNAPSHOT_USD_PER_GB_MONTH = 0.05
-# A NAT gateway before data ("Amazon VPC pricing", aws.amazon.com/vpc/pricing/).
-NAT_GATEWAY_USD_PER_HOUR = 0.045
 # S3 Standard, first 50 TB a month ("Amazon S3 pricing", aws.amazon.com/s3/pricing/).
 S3_STANDARD_USD_PER_GB_MONTH = 0.023
 # CloudWatch Logs storage ("Amazon CloudWatch pricing", aws.amazon.com/cloudwatch/pricing/).
@@ -60,12 +59,12 @@ def volumes_and_addresses(region: str) -> VolumeAndAddressPrices:
 def network_usd_per_hour(
     region: str, *, public_ipv4_addresses: int = 0, nat_gateways: int = 0
 ) -> float:
-    """What leftover addresses (at `region`'s rate) and NAT gateways (at us-east-1's) bill an
-    hour, for `down`'s report; a planned cluster network is priced per region from
-    data/parallelcluster.toml."""
+    """What leftover addresses and NAT gateways bill an hour in `region`, for `down`'s report,
+    at the rates a planned cluster's network is priced with."""
+    nat_gateway = load_parallelcluster().network.price_in(region).nat_gateway_usd_per_hour
     return (
         public_ipv4_addresses * volumes_and_addresses(region).public_ipv4_usd_per_hour
-        + nat_gateways * NAT_GATEWAY_USD_PER_HOUR
+        + nat_gateways * nat_gateway
     )
 
 

@@ -112,16 +112,17 @@ def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():
 
 
 @pytest.mark.parametrize(
-    ("region", "gp3_usd_per_gb_month"),
+    ("region", "gp3_usd_per_gb_month", "nat_gateway_usd_per_hour"),
     # Amazon EBS pricing (aws.amazon.com/ebs/pricing/): gp3 in US East (N. Virginia) and in
-    # EU (Ireland).
-    [("us-east-1", 0.08), ("eu-west-1", 0.088)],
+    # EU (Ireland); Amazon VPC pricing (aws.amazon.com/vpc/pricing/): a NAT gateway-hour.
+    [("us-east-1", 0.08, 0.045), ("eu-west-1", 0.088, 0.048)],
 )
 def test_idle_root_volumes_and_leftover_addresses_are_priced_at_the_regions_rates(
-    region, gp3_usd_per_gb_month
+    region, gp3_usd_per_gb_month, nat_gateway_usd_per_hour
 ):
     plan = resolve("g5.xlarge", nodes=2, region=region)
     # Two stopped nodes keep their 500 GiB gp3 root volumes.
     assert idle_cost(plan, 500).root_volumes_usd == pytest.approx(2 * 500 * gp3_usd_per_gb_month)
     # Two public IPv4 addresses at $0.005/h each, in every commercial region.
     assert network_usd_per_hour(region, public_ipv4_addresses=2) == pytest.approx(0.01)
+    assert network_usd_per_hour(region, nat_gateways=1) == pytest.approx(nat_gateway_usd_per_hour)
