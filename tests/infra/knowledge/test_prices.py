@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import calendar
 import datetime
 import re
 
@@ -9,7 +10,7 @@ import pytest
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
-from infra.knowledge.prices import MAX_PRICE_AGE_DAYS
+from infra.knowledge.prices import MAX_PRICE_AGE_DAYS, PRICE_CUT
 from tests.support.infra import modified_catalog
 
 
@@ -88,28 +89,34 @@ def test_every_row_has_a_source_for_each_price_and_is_recent():
             assert not price.on_demand_upper_bound, row
 
 
-# A dated source: a day, a month and year, or a git commit of a dated snapshot.
-DATED = re.compile(
-    r"\d{4}-\d{2}-\d{2}|(January|February|March|April|May|June|July|August|September|"
-    r"October|November|December) \d{4}|commit [0-9a-f]{40}"
-)
+MONTHS = list(calendar.month_name)[1:]  # January ... December
 
 
-def test_every_observed_price_names_a_dated_source():
-    """An estimate says how it was made; every other figure says when it was true."""
+def source_dates(source: str) -> list[datetime.date]:
+    """The days (2025-06-05) and months (May 2026, as its first day) a source names."""
+    days = [datetime.date.fromisoformat(day) for day in re.findall(r"\d{4}-\d{2}-\d{2}", source)]
+    months = re.findall(rf"({'|'.join(MONTHS)}) (\d{{4}})", source)
+    return days + [datetime.date(int(year), MONTHS.index(month) + 1, 1) for month, year in months]
+
+
+def test_every_price_names_a_source_dated_after_the_june_2025_cut():
+    """On-demand, spot and Capacity Block: each figure's source says when it was true (an
+    estimate, when what it was made from was true), on or after 2025-06-01."""
     for region, table in load_catalog().prices.regions.items():
         for instance_type, price in table.items():
-            observed = [
-                source
-                for source, estimated in [
-                    (price.sources.on_demand, price.on_demand_estimated),
-                    (price.sources.spot, price.spot_estimated),
-                    (price.sources.capacity_block, False),
-                ]
-                if source is not None and not estimated
-            ]
-            for source in observed:
-                assert DATED.search(source), f"{region} {instance_type}: {source}"
+            sources = [price.sources.on_demand, price.sources.spot, price.sources.capacity_block]
+            for source in filter(None, sources):
+                assert any(day >= PRICE_CUT for day in source_dates(source)), (
+                    f"{region} {instance_type}: {source}"
+                )
+
+
+def test_a_source_date_is_read_as_written():
+    assert source_dates("AWS What's New 2025-06-05; a playbook of May 2026") == [
+        datetime.date(2025, 6, 5),
+        datetime.date(2026, 5, 1),
+    ]
+    assert source_dates("SkyPilot AWS catalog vms.csv, us-east-1") == []
 
 
 def test_a_region_is_priced_with_its_own_figures():
