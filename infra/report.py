@@ -80,7 +80,8 @@ def format_cluster(plan: Plan, parallelcluster: ParallelCluster) -> str:
             f"and stop after {SCALEDOWN_IDLE_MINUTES} min idle",
             f"head node      {head_node.instance_type} on-demand, "
             f"${price.on_demand_usd_per_hour:.3f}/h in {region}{estimated}",
-            f"network        NAT gateway and its address, ${network.usd_per_hour:.3f}/h"
+            f"network        NAT gateway and its address, "
+            f"${parallelcluster.network_usd_per_hour(region):.3f}/h"
             f"{network_estimated}",
             f"idle cost      ${parallelcluster.idle_usd_per_hour(region):.3f}/h (head node and "
             "network: no job, no compute nodes)",

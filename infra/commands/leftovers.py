@@ -7,7 +7,8 @@ checkpoint bucket and image repository) and what ParallelCluster keeps for every
 the region (its `parallelcluster-*-v1-do-not-delete` bucket: aws-parallelcluster v3.15.1,
 cli/src/pcluster/models/s3_bucket.py, S3Bucket.get_bucket_name).
 
-Monthly figures are the us-east-1 list prices of infra/knowledge/costs.py. Instances are
+Monthly figures are those of infra/knowledge/costs.py: volumes (by type), addresses and NAT
+gateways at the region's rates, the rest at us-east-1 list prices. Instances are
 listed at $0 a month once terminated; a stopped one bills only its volumes
 (listed on their own).
 """
@@ -17,12 +18,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infra.functions.volumes import usd_per_month
 from infra.knowledge.costs import (
-    GP3_USD_PER_GB_MONTH,
     HOURS_PER_MONTH,
     LOG_STORAGE_USD_PER_GB_MONTH,
     SNAPSHOT_USD_PER_GB_MONTH,
     network_usd_per_hour,
+    volumes_and_addresses,
 )
 
 PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
@@ -56,6 +58,8 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
     key, value = cost_tag
     tag_filter = [{"Name": f"tag:{key}", "Values": [value]}]
     ec2 = clients("ec2")
+    region = ec2.meta.region_name
+    ebs_usd_per_gb_month = volumes_and_addresses(region).ebs_usd_per_gb_month
     found: list[Leftover] = []
     for page in ec2.get_paginator("describe_instances").paginate(Filters=tag_filter):
         for reservation in page["Reservations"]:
@@ -72,7 +76,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
             Leftover(
                 "volume",
                 volume["VolumeId"],
-                volume["Size"] * GP3_USD_PER_GB_MONTH,
+                usd_per_month(volume, ebs_usd_per_gb_month),
                 f"{volume['Size']} GiB, {volume['State']}",
             )
         )
@@ -82,7 +86,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
             Leftover(
                 "elastic IP",
                 address.get("AllocationId", address["PublicIp"]),
-                network_usd_per_hour(public_ipv4_addresses=1) * HOURS_PER_MONTH,
+                network_usd_per_hour(region, public_ipv4_addresses=1) * HOURS_PER_MONTH,
                 f"{address['PublicIp']}, {'attached' if attached else 'unattached'}",
             )
         )
@@ -101,7 +105,7 @@ def tagged_leftovers(clients: Any, cost_tag: tuple[str, str]) -> list[Leftover]:
                 Leftover(
                     "NAT gateway",
                     gateway["NatGatewayId"],
-                    network_usd_per_hour(nat_gateways=1) * HOURS_PER_MONTH,
+                    network_usd_per_hour(region, nat_gateways=1) * HOURS_PER_MONTH,
                 )
             )
     for interface in ec2.describe_network_interfaces(Filters=tag_filter)["NetworkInterfaces"]:

@@ -1,6 +1,7 @@
 """`python -m infra prices [--refresh]`: show a region's prices, or refresh them from AWS.
 
-Shown from infra/knowledge/data/prices.toml; `--refresh` rewrites that file from AWS's
+Shown from infra/knowledge/data/prices.toml (and the region's EBS and public IPv4 rates from
+volume_and_address_prices.toml); `--refresh` rewrites prices.toml from AWS's
 Price List API and spot price history (infra/knowledge/price_refresh.py says how). The
 refresh needs AWS credentials (boto3's usual chain); showing works offline.
 """
@@ -9,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from collections.abc import Mapping
 from pathlib import Path
 
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.price_refresh import PRICE_LIST_REGION, refresh
-from infra.knowledge.prices import InstancePrice
+from infra.knowledge.prices import VOLUME_AND_ADDRESS_PRICES_FILE, PriceTable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> str:
     catalog = load_catalog(args.catalog)
     regions = args.region or sorted(catalog.prices.regions)
     if not args.refresh:
-        return "\n".join(_show(region, catalog.prices.region(region)) for region in regions)
+        return "\n".join(_show(catalog.prices, region) for region in regions)
     import boto3  # only the refresh talks to AWS
 
     session = boto3.Session()
@@ -52,12 +52,28 @@ def run(args: argparse.Namespace) -> str:
     )
 
 
-def _show(region: str, prices: Mapping[str, InstancePrice]) -> str:
+def _show(prices: PriceTable, region: str) -> str:
+    """The region's instance prices, then what bills beside them (EBS, public IPv4)."""
     lines = [f"{region}"]
-    for instance_type, price in prices.items():
+    for instance_type, price in prices.region(region).items():
         marks = " (estimate)" if price.estimated else ""
+        block = price.capacity_block_usd_per_hour
         lines.append(
             f"  {instance_type:<15} on-demand ${price.on_demand_usd_per_hour:>8.3f}/h  "
-            f"spot ${price.spot_usd_per_hour:>7.3f}/h  checked {price.checked}{marks}"
+            f"spot ${price.spot_usd_per_hour:>7.3f}/h  "
+            + (f"block ${block:>7.3f}/h  " if block is not None else " " * 18)
+            + f"checked {price.checked}{marks}"
         )
+    beside = prices.volumes_and_addresses_by_region.get(region)
+    if beside is None:
+        lines.append(
+            f"  no EBS and public IPv4 rates: add them to {VOLUME_AND_ADDRESS_PRICES_FILE}"
+        )
+        return "\n".join(lines)
+    ebs = ", ".join(f"{kind} ${rate:g}" for kind, rate in beside.ebs_usd_per_gb_month.items())
+    marks = " (EBS estimates)" if beside.ebs_estimated else ""
+    lines.append(
+        f"  EBS per GB-month: {ebs}; public IPv4 ${beside.public_ipv4_usd_per_hour:g}/h  "
+        f"checked {beside.checked}{marks}"
+    )
     return "\n".join(lines)

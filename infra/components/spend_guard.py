@@ -1,10 +1,10 @@
 """The spend guard around one stack: its ledger table, its function, its role and its schedule.
 
 The function (infra/functions/spend_guard.py) runs every SPEND_GUARD_PERIOD_MINUTES, counts the
-running time of every instance carrying the stack's cost tag at the prices of the stack's region,
-keeps the period's spend in the ledger table, notifies the alert topic at each threshold and
-stops the stack's instances at the budget. Billing data plays no part, so it acts within minutes
-where AWS Budgets acts within hours.
+running time of every instance carrying the stack's cost tag at the prices of the stack's region
+(its volumes and public addresses at that region's rates), keeps the period's spend in the ledger
+table, notifies the alert topic at each threshold and stops the stack's instances at the budget.
+Billing data plays no part, so it acts within minutes where AWS Budgets acts within hours.
 
 AWS behaviour the resources rely on (mocks accept anything):
 - Lambda's Python runtimes include boto3, so the code ships as a plain archive of
@@ -191,11 +191,14 @@ def _schedule(
 
 def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulumi.Output[dict]:
     """The guard's settings (infra/functions/settings.py) as its Lambda environment, with the
-    price of every instance type it may find carrying the stack's tag."""
+    price of every instance type it may find carrying the stack's tag, and the EBS and public
+    IPv4 rates, all of the stack's region."""
+    price_table = load_catalog().prices
     prices = {
         instance_type: price.by_market()
-        for instance_type, price in load_catalog().prices.region(args.plan.price.region).items()
+        for instance_type, price in price_table.region(args.plan.price.region).items()
     }
+    volumes_and_addresses = price_table.volumes_and_addresses(args.plan.price.region)
     if args.head_node is not None:
         head_node = args.head_node.price_in(args.plan.price.region)
         prices[args.head_node.instance_type] = {"on-demand": head_node.on_demand_usd_per_hour}
@@ -209,6 +212,8 @@ def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulum
             thresholds_percent=args.guardrails.actual_thresholds_percent,
             region=args.plan.price.region,
             prices=prices,
+            ebs_usd_per_gb_month=volumes_and_addresses.ebs_usd_per_gb_month,
+            public_ipv4_usd_per_hour=volumes_and_addresses.public_ipv4_usd_per_hour,
             cluster_name=args.cluster_name,
             capacity_block_id=args.capacity_block_id,
         ).to_environment()

@@ -156,5 +156,5 @@ def _cluster_standing_prices(plan: Plan) -> tuple[float | None, float]:
     parallelcluster, region = load_parallelcluster(), plan.price.region
     return (
         parallelcluster.head_node.price_in(region).on_demand_usd_per_hour,
-        parallelcluster.network.price_in(region).usd_per_hour,
+        parallelcluster.network_usd_per_hour(region),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from infra.functions.market import PRICED_MARKETS
 
@@ -25,26 +25,9 @@ _KEYS = {
     "thresholds_percent": "THRESHOLDS_PERCENT",
     "region": "PRICE_REGION",
     "prices": "PRICES_USD_PER_HOUR",
-}
-# Priced beside the instances: absent means the us-east-1 rates below.
-_STORAGE_KEYS = {
     "ebs_usd_per_gb_month": "EBS_USD_PER_GB_MONTH",
     "public_ipv4_usd_per_hour": "PUBLIC_IPV4_USD_PER_HOUR",
 }
-# Amazon EBS pricing, us-east-1, per GB-month of provisioned size
-# (https://aws.amazon.com/ebs/pricing/, read 2026-12-01).
-EBS_USD_PER_GB_MONTH = {
-    "gp3": 0.08,
-    "gp2": 0.10,
-    "io1": 0.125,
-    "io2": 0.125,
-    "st1": 0.045,
-    "sc1": 0.015,
-    "standard": 0.05,
-}
-# Every public IPv4 address, in use or not, since 2024-02-01
-# (https://aws.amazon.com/blogs/aws/new-aws-public-ipv4-address-charge-public-ip-insights/).
-PUBLIC_IPV4_USD_PER_HOUR = 0.005
 # Set only for the stacks that have one: absent means none.
 _OPTIONAL_KEYS = {
     "cluster_name": "CLUSTER_NAME",
@@ -59,7 +42,8 @@ class SettingsError(ValueError):
 @dataclass(frozen=True)
 class GuardSettings:
     """`prices` maps instance type -> market (PRICED_MARKETS) -> $/h per instance, for
-    `region`."""
+    `region`; `ebs_usd_per_gb_month` (volume type -> $/GB-month) and `public_ipv4_usd_per_hour`
+    are `region`'s rates too (infra/knowledge/data/volume_and_address_prices.toml)."""
 
     table: str
     topic_arn: str
@@ -69,15 +53,12 @@ class GuardSettings:
     thresholds_percent: tuple[float, ...]
     region: str
     prices: Mapping[str, Mapping[str, float]]
+    ebs_usd_per_gb_month: Mapping[str, float]  # a volume type missing counts at the dearest
+    public_ipv4_usd_per_hour: float
     # A Slurm cluster's ParallelCluster name: the guard stops its compute fleet the way
     # `pcluster update-compute-fleet --status STOP_REQUESTED` does.
     cluster_name: str = ""
     capacity_block_id: str = ""  # the Capacity Block the stack's nodes launch into
-    # The stack's region's rates; a volume type missing here counts at the dearest one.
-    ebs_usd_per_gb_month: Mapping[str, float] = field(
-        default_factory=lambda: dict(EBS_USD_PER_GB_MONTH)
-    )
-    public_ipv4_usd_per_hour: float = PUBLIC_IPV4_USD_PER_HOUR
 
     def __post_init__(self) -> None:
         if self.budget_period not in PERIODS:
@@ -108,14 +89,12 @@ class GuardSettings:
             "thresholds_percent": ",".join(f"{t:g}" for t in self.thresholds_percent),
             "region": self.region,
             "prices": json.dumps(self.prices, separators=(",", ":"), sort_keys=True),
+            "ebs_usd_per_gb_month": json.dumps(
+                self.ebs_usd_per_gb_month, separators=(",", ":"), sort_keys=True
+            ),
+            "public_ipv4_usd_per_hour": repr(float(self.public_ipv4_usd_per_hour)),
         }
         environment = {_KEYS[name]: value for name, value in values.items()}
-        environment[_STORAGE_KEYS["ebs_usd_per_gb_month"]] = json.dumps(
-            self.ebs_usd_per_gb_month, separators=(",", ":"), sort_keys=True
-        )
-        environment[_STORAGE_KEYS["public_ipv4_usd_per_hour"]] = repr(
-            float(self.public_ipv4_usd_per_hour)
-        )
         for name, key in _OPTIONAL_KEYS.items():
             if getattr(self, name):
                 environment[key] = getattr(self, name)
@@ -132,15 +111,6 @@ class GuardSettings:
             raise SettingsError(f"COST_TAG {raw['cost_tag']!r} is not KEY=VALUE")
         try:
             thresholds = tuple(float(t) for t in raw["thresholds_percent"].split(",") if t)
-            storage: dict[str, object] = {}
-            if _STORAGE_KEYS["ebs_usd_per_gb_month"] in environ:
-                storage["ebs_usd_per_gb_month"] = json.loads(
-                    environ[_STORAGE_KEYS["ebs_usd_per_gb_month"]]
-                )
-            if _STORAGE_KEYS["public_ipv4_usd_per_hour"] in environ:
-                storage["public_ipv4_usd_per_hour"] = float(
-                    environ[_STORAGE_KEYS["public_ipv4_usd_per_hour"]]
-                )
             return cls(
                 table=raw["table"],
                 topic_arn=raw["topic_arn"],
@@ -150,8 +120,9 @@ class GuardSettings:
                 thresholds_percent=thresholds,
                 region=raw["region"],
                 prices=json.loads(raw["prices"]),
+                ebs_usd_per_gb_month=json.loads(raw["ebs_usd_per_gb_month"]),
+                public_ipv4_usd_per_hour=float(raw["public_ipv4_usd_per_hour"]),
                 **{name: environ.get(key, "") for name, key in _OPTIONAL_KEYS.items()},
-                **storage,
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"the function's environment is malformed: {exc}") from None

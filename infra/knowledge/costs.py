@@ -10,7 +10,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
-from infra.functions.settings import EBS_USD_PER_GB_MONTH, PUBLIC_IPV4_USD_PER_HOUR
+from infra.knowledge.catalog import load_catalog
+from infra.knowledge.parallelcluster import load_parallelcluster
+from infra.knowledge.prices import VolumeAndAddressPrices
 
 if TYPE_CHECKING:
     from infra.knowledge.resolver import Plan
@@ -34,28 +36,35 @@ SPEND_GUARD_PERIOD_MINUTES = 5
 SPEND_GUARD_TIMEOUT_SECONDS = 60
 
 
-# What the stack costs beside its instances, at us-east-1 list prices (other regions differ by
-# a few percent), 730 hours a month:
+# What the stack costs beside its instances, 730 hours a month. EBS storage, public IPv4
+# addresses (volumes_and_addresses) and NAT gateways (data/parallelcluster.toml) are priced per
+# region; the rest at us-east-1 list prices (other regions differ by a few percent).
 HOURS_PER_MONTH = 730
-# gp3 storage, billed while the volume exists, the instance running or stopped ("Amazon EBS
-# pricing", aws.amazon.com/ebs/pricing/); snapshots.
-GP3_USD_PER_GB_MONTH = EBS_USD_PER_GB_MONTH["gp3"]  # the spend guard's table, one copy
+# EBS snapshots ("Amazon EBS pricing", aws.amazon.com/ebs/pricing/).
 SNAPSHOT_USD_PER_GB_MONTH = 0.05
-# Every public IPv4 address, attached or not (PUBLIC_IPV4_USD_PER_HOUR, the spend guard's);
-# a NAT gateway before data ("Amazon VPC pricing", aws.amazon.com/vpc/pricing/).
-NAT_GATEWAY_USD_PER_HOUR = 0.045
 # S3 Standard, first 50 TB a month ("Amazon S3 pricing", aws.amazon.com/s3/pricing/).
 S3_STANDARD_USD_PER_GB_MONTH = 0.023
 # CloudWatch Logs storage ("Amazon CloudWatch pricing", aws.amazon.com/cloudwatch/pricing/).
 LOG_STORAGE_USD_PER_GB_MONTH = 0.03
+# The stack's nodes' root volumes (infra/components/compute.py).
+ROOT_VOLUME_TYPE = "gp3"
 
 
-def network_usd_per_hour(*, public_ipv4_addresses: int = 0, nat_gateways: int = 0) -> float:
-    """What leftover addresses and NAT gateways bill an hour (us-east-1 list prices), for
-    `down`'s report; a planned cluster network is priced per region from
-    data/parallelcluster.toml."""
+def volumes_and_addresses(region: str) -> VolumeAndAddressPrices:
+    """`region`'s EBS and public IPv4 rates: the ones the spend guard counts with
+    (infra/knowledge/data/volume_and_address_prices.toml)."""
+    return load_catalog().prices.volumes_and_addresses(region)
+
+
+def network_usd_per_hour(
+    region: str, *, public_ipv4_addresses: int = 0, nat_gateways: int = 0
+) -> float:
+    """What leftover addresses and NAT gateways bill an hour in `region`, for `down`'s report,
+    at the rates a planned cluster's network is priced with."""
+    nat_gateway = load_parallelcluster().network.price_in(region).nat_gateway_usd_per_hour
     return (
-        public_ipv4_addresses * PUBLIC_IPV4_USD_PER_HOUR + nat_gateways * NAT_GATEWAY_USD_PER_HOUR
+        public_ipv4_addresses * volumes_and_addresses(region).public_ipv4_usd_per_hour
+        + nat_gateways * nat_gateway
     )
 
 
@@ -85,8 +94,9 @@ def idle_cost(
     pre-creates its interface without one: cli/src/pcluster/templates/cluster_stack.py,
     _add_head_eni, v3.15.1)."""
     cluster = plan.cluster is not None
+    ebs = volumes_and_addresses(plan.price.region).ebs_usd_per_gb_month
     return IdleCost(
-        root_volumes_usd=0.0 if cluster else plan.nodes * root_volume_gib * GP3_USD_PER_GB_MONTH,
+        root_volumes_usd=(0.0 if cluster else plan.nodes * root_volume_gib * ebs[ROOT_VOLUME_TYPE]),
         head_node_usd=(head_node_usd_per_hour or 0.0) * HOURS_PER_MONTH,
         network_usd=network_hourly_usd * HOURS_PER_MONTH,
         checkpoint_usd_per_100_gib=100 * S3_STANDARD_USD_PER_GB_MONTH,

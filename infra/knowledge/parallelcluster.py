@@ -18,7 +18,7 @@ from pydantic import Field, StrictBool, field_validator
 from common.records import DataFile, record
 from common.versions import dotted_version, version_key
 from infra.errors import ConfigError
-from infra.knowledge.catalog import CATALOG_DIR
+from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from infra.knowledge.prices import Usd
 
 PARALLELCLUSTER_PATH = CATALOG_DIR / "parallelcluster.toml"
@@ -77,16 +77,12 @@ class HeadNode:
 
 @record
 class NetworkPrice:
-    """$/h of the cluster's route out in one region: its NAT gateway and the NAT's address."""
+    """$/h of the cluster's NAT gateway in one region (its public IPv4 address bills at the
+    region's rate, infra/knowledge/data/volume_and_address_prices.toml)."""
 
     nat_gateway_usd_per_hour: Usd
-    public_ipv4_usd_per_hour: Usd
     estimated: StrictBool  # not observed for this region: see source
     source: str
-
-    @property
-    def usd_per_hour(self) -> float:
-        return self.nat_gateway_usd_per_hour + self.public_ipv4_usd_per_hour
 
 
 @record
@@ -114,11 +110,17 @@ class ParallelCluster:
     network: ClusterNetwork
     releases: dict[str, Release] = field(hash=False)  # oldest first
 
+    def network_usd_per_hour(self, region: str) -> float:
+        """The cluster's route out in `region`: its NAT gateway and the gateway's address."""
+        return (
+            self.network.price_in(region).nat_gateway_usd_per_hour
+            + load_catalog().prices.volumes_and_addresses(region).public_ipv4_usd_per_hour
+        )
+
     def idle_usd_per_hour(self, region: str) -> float:
         """What the cluster costs in `region` with no job: the head node and its route out."""
-        return (
-            self.head_node.price_in(region).on_demand_usd_per_hour
-            + self.network.price_in(region).usd_per_hour
+        return self.head_node.price_in(region).on_demand_usd_per_hour + self.network_usd_per_hour(
+            region
         )
 
     def release(self, version: str | None = None) -> Release:

@@ -1,6 +1,7 @@
-"""Prices per AWS region: infra/knowledge/data/prices.toml loaded into checked, frozen records.
+"""Prices per AWS region: infra/knowledge/data/prices.toml (instances) and
+volume_and_address_prices.toml (EBS storage, public IPv4) loaded into checked, frozen records.
 
-The stack's region (aws:region) picks its table. A region or an instance type without a price
+The stack's region (aws:region) picks its tables. A region or an instance type without a price
 is refused in one sentence naming the regions that have prices: a stack is never priced with
 another region's figures. `python -m infra prices --refresh` (infra/commands/prices.py) rewrites
 the file from AWS's APIs (infra/knowledge/price_refresh.py).
@@ -21,6 +22,7 @@ from infra.errors import ConfigError
 from infra.functions.market import Market
 
 PRICES_FILE = "prices.toml"
+VOLUME_AND_ADDRESS_PRICES_FILE = "volume_and_address_prices.toml"  # beside PRICES_FILE
 Usd = Annotated[StrictFloat, Field(gt=0)]
 # AWS cut P4d/P4de on-demand prices by up to 33% and P5 by up to 45% from June 2025 (AWS
 # What's New, 2025-06-05, "Announcing up to 45% price reduction for Amazon EC2 NVIDIA
@@ -82,9 +84,31 @@ class InstancePrice:
         return markets
 
 
+@record
+class VolumeAndAddressSources:
+    ebs: str
+    public_ipv4: str
+
+
+@record
+class VolumeAndAddressPrices:
+    """What bills beside the instances' running time in one region."""
+
+    region: str
+    # EBS volume type (DescribeVolumes' VolumeType) -> $ per GB-month of provisioned size
+    ebs_usd_per_gb_month: Annotated[dict[str, Usd], Field(min_length=1)] = field(hash=False)
+    public_ipv4_usd_per_hour: Usd  # each public IPv4 address, in use or not
+    ebs_estimated: StrictBool  # not observed for this region: see sources.ebs
+    public_ipv4_estimated: StrictBool  # not observed for this region: see sources.public_ipv4
+    checked: datetime.date
+    sources: VolumeAndAddressSources
+
+
 @dataclasses.dataclass(frozen=True)
 class PriceTable:
     regions: dict[str, dict[str, InstancePrice]] = field(hash=False)  # region -> type -> price
+    # region -> its EBS and public IPv4 rates
+    volumes_and_addresses_by_region: dict[str, VolumeAndAddressPrices] = field(hash=False)
 
     def region(self, region: str) -> dict[str, InstancePrice]:
         try:
@@ -95,6 +119,20 @@ class PriceTable:
                 f"{', '.join(sorted(self.regions))}); deploy to one of those, or add "
                 f"{region}'s prices to infra/knowledge/data/{PRICES_FILE} with "
                 f"`python -m infra prices --refresh --region {region}`"
+            ) from None
+
+    def volumes_and_addresses(self, region: str) -> VolumeAndAddressPrices:
+        """`region`'s EBS and public IPv4 rates, or a one-line ConfigError: a stack is never
+        counted with another region's (a refresh may add a region's instance prices first)."""
+        self.region(region)
+        try:
+            return self.volumes_and_addresses_by_region[region]
+        except KeyError:
+            raise ConfigError(
+                f"the catalog has no EBS and public IPv4 rates for region {region!r} (regions "
+                f"with them: {', '.join(sorted(self.volumes_and_addresses_by_region))}); add "
+                f'[region."{region}"] with its rates from the Amazon EBS and VPC pricing pages '
+                f"to infra/knowledge/data/{VOLUME_AND_ADDRESS_PRICES_FILE}"
             ) from None
 
     def price(self, region: str, instance_type: str) -> InstancePrice:
@@ -112,7 +150,8 @@ class PriceTable:
 
 
 def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
-    """Read and check prices.toml; every type priced must be a catalog instance type."""
+    """Read and check prices.toml and, beside it, volume_and_address_prices.toml; every type
+    priced must be a catalog instance type."""
     file = DataFile.read(path, {"region"}, ConfigError)
     regions: dict[str, dict[str, InstancePrice]] = {}
     for region, table in file.raw.get("region", {}).items():
@@ -136,4 +175,14 @@ def load_prices(path: Path, instance_types: set[str]) -> PriceTable:
             )
     if not regions:
         raise file.fail('no [region."REGION"."TYPE"] tables')
-    return PriceTable(regions=regions)
+    volumes_and_addresses = _load_volume_and_address_prices(
+        path.with_name(VOLUME_AND_ADDRESS_PRICES_FILE)
+    )
+    return PriceTable(regions=regions, volumes_and_addresses_by_region=volumes_and_addresses)
+
+
+def _load_volume_and_address_prices(path: Path) -> dict[str, VolumeAndAddressPrices]:
+    file = DataFile.read(path, {"region"}, ConfigError)
+    return file.tables(
+        VolumeAndAddressPrices, "region", name_field="region", header='region."REGION"'
+    )

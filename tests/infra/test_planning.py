@@ -141,11 +141,11 @@ def test_overrides_resolve_against_the_profile():
     ("market", "hourly"),
     [
         # p4d.24xlarge in us-east-1 (prices.toml): $21.96 on-demand (AWS What's New
-        # 2025-06-05), $9.90 spot (upper end seen), $14.75 a Capacity Block (EC2 Capacity
-        # Blocks for ML pricing page); a reservation bills the on-demand rate.
+        # 2025-06-05), $14.1051 spot (upper end seen), $11.80 a Capacity Block (EC2 Capacity
+        # Blocks for ML pricing page, 2026-07-22); a reservation bills the on-demand rate.
         ({}, 21.96),
-        ({"spot": "true"}, 9.90),
-        ({"capacityBlockId": "cr-0123456789abcdef0"}, 14.75),
+        ({"spot": "true"}, 14.1051),
+        ({"capacityBlockId": "cr-0123456789abcdef0"}, 11.80),
         ({"capacityReservationId": "cr-0123456789abcdef0"}, 21.96),
     ],
 )

@@ -13,7 +13,7 @@ from infra.knowledge.catalog import CATALOG_DIR
 
 def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
     """A copy of the real catalog with the first `old` in `file` replaced by `new`."""
-    for name in ("instances.toml", "amis.toml", "prices.toml"):
+    for name in ("instances.toml", "amis.toml", "prices.toml", "volume_and_address_prices.toml"):
         shutil.copy(CATALOG_DIR / name, tmp_path / name)
     text = (tmp_path / file).read_text()
     assert old in text, f"test fixture out of date: {old!r} not in {file}"
@@ -56,14 +56,15 @@ def data_file_head_node(region: str = "us-east-1") -> SimpleNamespace:
 
 
 def data_file_cluster_idle_usd_per_hour(region: str = "us-east-1") -> float:
-    """A Slurm cluster's $/h with no job in `region`: the head node, the NAT gateway and its
-    public address, as parallelcluster.toml writes them (read without the loader)."""
+    """A Slurm cluster's $/h with no job in `region`: the head node and the NAT gateway, as
+    parallelcluster.toml writes them, and the gateway's public address, as
+    volume_and_address_prices.toml does (read without the loaders)."""
     network = tomllib.loads((CATALOG_DIR / "parallelcluster.toml").read_text())["network"]
-    prices = network["prices"][region]
+    rates = tomllib.loads((CATALOG_DIR / "volume_and_address_prices.toml").read_text())["region"]
     return (
         data_file_head_node(region).on_demand_usd_per_hour
-        + prices["nat_gateway_usd_per_hour"]
-        + prices["public_ipv4_usd_per_hour"]
+        + network["prices"][region]["nat_gateway_usd_per_hour"]
+        + rates[region]["public_ipv4_usd_per_hour"]
     )
 
 

@@ -44,11 +44,12 @@ def test_a100_with_eight_gpus_lists_p4d_then_p4de_cheapest_first():
 def test_l4_is_offered_with_its_profile():
     result = run_cli("offers", "--gpu", "L4")
     assert result.returncode == 0, result.stderr
-    assert _type_column(result.stdout) == ["g6.2xlarge"]
-    row = result.stdout.splitlines()[1].split()
-    # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.4575/h spot in us-east-1.
+    # us-east-1 on demand: g6.xlarge $0.8048/h, g6.2xlarge $0.9776/h, g6.48xlarge $13.3504/h.
+    assert _type_column(result.stdout) == ["g6.xlarge", "g6.2xlarge", "g6.48xlarge"]
+    row = result.stdout.splitlines()[2].split()
+    # g6.2xlarge: 1x L4 24 GB, $0.9776/h on-demand and $0.5324/h spot in us-east-1.
     assert row[:5] == ["g6.2xlarge", "L4", "1", "24", "none"]
-    assert row[5:7] == ["$0.98", "$0.46"] and row[-1] == "l4x1"
+    assert row[5:7] == ["$0.98", "$0.53"] and row[-1] == "l4x1"
 
 
 def test_every_row_of_the_selection_guide_has_its_types_to_compare():
@@ -75,14 +76,16 @@ def test_spot_sorts_by_spot_and_caps_by_the_spot_price():
 def test_capacity_blocks_list_only_the_types_with_a_block_price():
     chosen = select_offers(load_catalog(), market=Market.CAPACITY_BLOCK)
     # us-east-1 effective rates, EC2 Capacity Blocks for ML pricing page
-    # (aws.amazon.com/ec2/capacityblocks/pricing/), cheapest first.
+    # (aws.amazon.com/ec2/capacityblocks/pricing/, as of 2026-07-22), cheapest first.
     assert [(o.instance.type, o.price.capacity_block_usd_per_hour) for o in chosen] == [
-        ("p4d.24xlarge", 14.75),
-        ("p5.48xlarge", 39.33),
+        ("p4d.24xlarge", 11.8),
+        ("p4de.24xlarge", 17.712),
+        ("p5.48xlarge", 41.528),
+        ("p5en.48xlarge", 54.92),
     ]
     result = run_cli("offers", "--market", "capacity-block", "--max-price", "20")
     assert result.returncode == 0, result.stderr
-    assert _type_column(result.stdout) == ["p4d.24xlarge"]
+    assert _type_column(result.stdout) == ["p4d.24xlarge", "p4de.24xlarge"]
     assert "sorted by capacity-block" in result.stdout
     refused = run_cli("offers", "--market", "reservation")
     assert refused.returncode != 0 and "invalid choice: 'reservation'" in refused.stderr

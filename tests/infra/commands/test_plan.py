@@ -28,7 +28,7 @@ def test_default_profile_prints_the_plan():
         "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-amazon-linux-2023"
         "/latest/ami-id" in out
     )
-    assert "$21.96/h" in out and "$9.90/h" in out  # on-demand and spot
+    assert "$21.96/h" in out and "$14.11/h" in out  # on-demand and spot
     assert "0.1.0-torch2.13.0-cu130-py3.12" in out and "595.91.07" in out
     assert "upper bound" not in out  # priced after the June 2025 cut
 
@@ -97,7 +97,8 @@ def test_instance_variant_nodes_instead_of_a_profile():
     result = run_cli("plan", "--instance", "g5.xlarge", "--variant", "cu128", "--nodes", "2")
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "2 x g5.xlarge" in out and "$2.01/h" in out and "$0.60/h" in out
+    # Two g5.xlarge in us-east-1: 2 x $1.006 on-demand, 2 x $0.507 spot (prices.toml).
+    assert "2 x g5.xlarge" in out and "$2.01/h" in out and "$1.01/h" in out
     assert "cu128" in out and "no EFA" in out
 
 
@@ -189,10 +190,10 @@ def test_bad_matrix_file_is_one_line_exit_2(tmp_path):
 def test_plan_prices_the_region_asked_for_and_refuses_one_without_prices():
     ireland = run_cli("plan", "a100x8", "--region", "eu-west-1")
     assert ireland.returncode == 0, ireland.stderr
-    # p4d.24xlarge in eu-west-1: an estimate of $23.716/h (Ireland's pre-cut $35.397 less the
-    # 33% P4d cut, prices.toml's source), not us-east-1's $21.96.
+    # p4d.24xlarge in eu-west-1: $23.71569/h (the SkyPilot AWS catalog's eu-west-1 row,
+    # prices.toml's source), not us-east-1's $21.96.
     assert any(line.startswith("on-demand      $23.72/h") for line in ireland.stdout.split("\n"))
-    assert "prices         eu-west-1 (estimates), checked " in ireland.stdout
+    assert "prices         eu-west-1, checked " in ireland.stdout
     missing = run_cli("plan", "a100x8", "--region", "eu-west-3")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "'eu-west-3'" in missing.stderr and "eu-west-1, us-east-1, us-west-2" in missing.stderr
@@ -213,7 +214,9 @@ CAPACITY_BLOCK_STACK = (
     "  gpu:capacityBlockId: cr-0123456789abcdef0\n"
     "  gpu:alertEmails: [ml@example.com]\n  gpu:budgetUsd: {budget}\n"
 )
-P4D_CAPACITY_BLOCK_RATE = 14.75  # $/h, below p4d's $21.96 on-demand
+# $/h in us-east-1, below p4d's $21.96 on-demand (EC2 Capacity Blocks for ML pricing page,
+# aws.amazon.com/ec2/capacityblocks/pricing/, as of 2026-07-22).
+P4D_CAPACITY_BLOCK_RATE = 11.80
 
 
 def test_a_capacity_block_stack_is_planned_and_budget_checked_at_the_blocks_price(

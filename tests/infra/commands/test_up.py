@@ -70,10 +70,11 @@ def test_a_capacity_block_stack_is_described_in_its_market_at_the_blocks_price()
         {"capacityBlockId": "cr-0123456789abcdef0", "alertEmails": ["ml@example.com"]}
     )
     text = up.describe("blocks", config, resolve_plan(config, "us-east-1"))
-    # p4d.24xlarge Capacity Block, us-east-1: $14.75/h (EC2 Capacity Blocks pricing page).
+    # p4d.24xlarge Capacity Block, us-east-1: $11.80/h (EC2 Capacity Blocks pricing page,
+    # as of 2026-07-22).
     assert text.splitlines()[0].endswith("(8 x A100 40 GiB), capacity-block")
     row = next(line for line in text.splitlines() if line.startswith("capacity-block *"))
-    assert row.split()[2] == "$14.75"
+    assert row.split()[2] == "$11.80"
 
 
 def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):

@@ -59,6 +59,12 @@ def test_the_function_counts_with_the_stacks_budget_tag_and_regional_prices(prof
     assert settings.region == "us-east-1"
     assert settings.price(instance_type, "on-demand") == price.on_demand_usd_per_hour
     assert settings.price(instance_type, "spot") == price.spot_usd_per_hour
+    # us-east-1's gp3 and gp2 storage (Amazon EBS pricing) and a public IPv4 address.
+    assert (settings.ebs_usd_per_gb_month["gp3"], settings.ebs_usd_per_gb_month["gp2"]) == (
+        0.08,
+        0.10,
+    )
+    assert settings.public_ipv4_usd_per_hour == 0.005
 
 
 def test_the_schedule_runs_the_function_every_five_minutes_as_its_own_role(profile_run):
@@ -120,6 +126,18 @@ def test_a_stack_in_eu_west_1_hands_the_function_eu_west_1_prices():
     # p3.2xlarge in eu-west-1: $3.305/h on-demand (prices.toml's eu-west-1 row), not
     # us-east-1's $3.06.
     assert settings.price("p3.2xlarge", "on-demand") == 3.305
+    # EU (Ireland)'s EBS rates per GB-month (volume_and_address_prices.toml), not us-east-1's
+    # ($0.08 gp3); public IPv4 is $0.005/h in every commercial region.
+    assert settings.ebs_usd_per_gb_month == {
+        "gp3": 0.088,
+        "gp2": 0.11,
+        "io1": 0.138,
+        "io2": 0.138,
+        "st1": 0.05,
+        "sc1": 0.0168,
+        "standard": 0.055,
+    }
+    assert settings.public_ipv4_usd_per_hour == 0.005
 
 
 def test_a_cluster_stacks_guard_may_stop_only_its_own_clusters_compute_fleet():

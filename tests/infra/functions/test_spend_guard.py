@@ -305,6 +305,13 @@ def test_settings_travel_through_the_environment_and_a_broken_one_is_named():
         GuardSettings.from_environment(broken)
     with pytest.raises(SettingsError, match="lacks LEDGER_TABLE"):
         GuardSettings.from_environment({})
+    # The region's EBS and public IPv4 rates come with the prices: none is assumed.
+    without_ebs = {k: v for k, v in config.to_environment().items() if k != "EBS_USD_PER_GB_MONTH"}
+    with pytest.raises(SettingsError, match="lacks EBS_USD_PER_GB_MONTH"):
+        GuardSettings.from_environment(without_ebs)
+    free_address = {**config.to_environment(), "PUBLIC_IPV4_USD_PER_HOUR": "0"}
+    with pytest.raises(SettingsError, match=r"public IPv4 price 0\.0 is invalid"):
+        GuardSettings.from_environment(free_address)
 
 
 def test_an_instance_ec2_will_not_stop_does_not_keep_the_others_running(aws, topic):

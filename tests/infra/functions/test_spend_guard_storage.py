@@ -9,9 +9,9 @@ import pytest
 from moto.ec2.models import ec2_backends
 
 from infra.functions.ledger import read_ledger
-from infra.functions.settings import EBS_USD_PER_GB_MONTH
 from infra.functions.volumes import usd_per_month
 from tests.infra.functions.world import (
+    EBS_USD_PER_GB_MONTH,
     GP2_USD_PER_GB_MONTH,
     PUBLIC_IPV4_USD_PER_HOUR,
     ROOT_VOLUME_GIB,

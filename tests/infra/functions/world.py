@@ -39,6 +39,16 @@ SCHEDULE = datetime.timedelta(minutes=5)
 ROOT_VOLUME_GIB = 8
 GP2_USD_PER_GB_MONTH = 0.10
 PUBLIC_IPV4_USD_PER_HOUR = 0.005
+# The rest of that page's us-east-1 table, per GB-month.
+EBS_USD_PER_GB_MONTH = {
+    "gp3": 0.08,
+    "gp2": GP2_USD_PER_GB_MONTH,
+    "io1": 0.125,
+    "io2": 0.125,
+    "st1": 0.045,
+    "sc1": 0.015,
+    "standard": 0.05,
+}
 
 
 def root_volume_hourly(days_in_month: int) -> float:
@@ -59,6 +69,8 @@ def settings(topic_arn: str, budget: float, prices=PRICES, **extra: str) -> Guar
         thresholds_percent=THRESHOLDS,
         region="us-east-1",
         prices=prices,
+        ebs_usd_per_gb_month=EBS_USD_PER_GB_MONTH,
+        public_ipv4_usd_per_hour=PUBLIC_IPV4_USD_PER_HOUR,
         **extra,
     )
 

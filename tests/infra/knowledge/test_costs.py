@@ -3,7 +3,7 @@ import pytest
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
 from infra.functions.market import Market
-from infra.knowledge.costs import cost_summary, hourly_usd
+from infra.knowledge.costs import cost_summary, hourly_usd, idle_cost, network_usd_per_hour
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
@@ -12,24 +12,24 @@ PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 
 
 def test_p4d_on_demand_runway():
-    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $9.9/h spot
+    plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $14.1051/h spot
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
     assert summary["instance_type"] == "p4d.24xlarge"
     assert summary["market"] == "on-demand"
     assert summary["on_demand_usd_per_hour"] == 21.96
-    assert summary["spot_usd_per_hour"] == 9.9
+    assert summary["spot_usd_per_hour"] == 14.11
     assert summary["hourly_usd"] == 21.96
     assert summary["monthly_budget_usd"] == 500
     assert summary["runway_hours"] == 22.8  # 500 / 21.96
-    assert summary["runway_hours_spot"] == 50.5  # 500 / 9.9
+    assert summary["runway_hours_spot"] == 35.4  # 500 / 14.1051
 
 
 def test_spot_market_sets_the_runway():
     plan = resolve_profile("a100x8")
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500), market=Market.SPOT)
     assert summary["market"] == "spot"
-    assert summary["hourly_usd"] == 9.9
-    assert summary["runway_hours"] == summary["runway_hours_spot"] == 50.5
+    assert summary["hourly_usd"] == 14.11
+    assert summary["runway_hours"] == summary["runway_hours_spot"] == 35.4
     assert summary["runway_hours_on_demand"] == 22.8
 
 
@@ -68,14 +68,14 @@ def test_every_profile_has_hourly_cost_and_runway(profile):
 
 @pytest.mark.parametrize(("period", "hours"), [("MONTHLY", 730.0), ("DAILY", 24.0)])
 def test_the_runway_is_at_most_the_budget_period(period, hours):
-    plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.4575/h spot
+    plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.5324/h spot
     config = GuardrailConfig(budget_usd=1_000_000, budget_period=period)
     summary = cost_summary(plan, config, market=Market.SPOT)
     assert summary["runway_hours"] == summary["runway_hours_on_demand"] == hours
     small = cost_summary(
         plan, GuardrailConfig(budget_usd=5, budget_period=period), market=Market.SPOT
     )
-    assert small["runway_hours"] == round(5 / 0.4575, 1) == 10.9
+    assert small["runway_hours"] == round(5 / 0.5324, 1) == 9.4
 
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
@@ -89,8 +89,8 @@ def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_pric
     ("market", "expected"),
     [
         (Market.ON_DEMAND, 2 * 21.96),
-        (Market.SPOT, 2 * 9.9),
-        (Market.CAPACITY_BLOCK, 2 * 14.75),  # the block's effective rate, not on-demand's
+        (Market.SPOT, 2 * 14.1051),
+        (Market.CAPACITY_BLOCK, 2 * 11.8),  # the block's effective rate, not on-demand's
         (Market.RESERVATION, 2 * 21.96),  # a reservation bills at the on-demand rate
     ],
 )
@@ -109,3 +109,20 @@ def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():
     assert "\n" not in message
     assert "no capacity-block price for g5.xlarge in us-east-1" in message
     assert "capacity_block_usd_per_hour" in message
+
+
+@pytest.mark.parametrize(
+    ("region", "gp3_usd_per_gb_month", "nat_gateway_usd_per_hour"),
+    # Amazon EBS pricing (aws.amazon.com/ebs/pricing/): gp3 in US East (N. Virginia) and in
+    # EU (Ireland); Amazon VPC pricing (aws.amazon.com/vpc/pricing/): a NAT gateway-hour.
+    [("us-east-1", 0.08, 0.045), ("eu-west-1", 0.088, 0.048)],
+)
+def test_idle_root_volumes_and_leftover_addresses_are_priced_at_the_regions_rates(
+    region, gp3_usd_per_gb_month, nat_gateway_usd_per_hour
+):
+    plan = resolve("g5.xlarge", nodes=2, region=region)
+    # Two stopped nodes keep their 500 GiB gp3 root volumes.
+    assert idle_cost(plan, 500).root_volumes_usd == pytest.approx(2 * 500 * gp3_usd_per_gb_month)
+    # Two public IPv4 addresses at $0.005/h each, in every commercial region.
+    assert network_usd_per_hour(region, public_ipv4_addresses=2) == pytest.approx(0.01)
+    assert network_usd_per_hour(region, nat_gateways=1) == pytest.approx(nat_gateway_usd_per_hour)

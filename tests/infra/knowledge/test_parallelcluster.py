@@ -115,6 +115,7 @@ def test_the_clusters_network_is_priced_in_every_region_the_head_node_is():
         assert "https://aws.amazon.com/vpc/pricing/" in price.source
     # Amazon VPC pricing, us-east-1: NAT gateway $0.045/h, public IPv4 $0.005/h; m5.large
     # $0.096/h.
+    assert PARALLELCLUSTER.network_usd_per_hour("us-east-1") == pytest.approx(0.05)
     assert PARALLELCLUSTER.idle_usd_per_hour("us-east-1") == pytest.approx(0.146)
     assert not PARALLELCLUSTER.network.price_in("us-east-1").estimated
 

@@ -61,7 +61,7 @@ def price_list_entry(instance_type: str, region: str, usd: str) -> str:
 
 @pytest.fixture
 def catalog_copy(tmp_path):
-    for name in ("instances.toml", "amis.toml", "prices.toml"):
+    for name in ("instances.toml", "amis.toml", "prices.toml", "volume_and_address_prices.toml"):
         shutil.copy(CATALOG_DIR / name, tmp_path / name)
     return tmp_path
 
