@@ -81,7 +81,7 @@ def test_save_with_wait_returns_committed(single_rank, tmp_path):
 def test_too_little_host_memory_says_so_once_and_saves_while_training_waits(
     single_rank, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(writer_module, "host_copy_budget", lambda ranks_per_node: 100)
+    monkeypatch.setattr(writer_module, "host_copy_budget", lambda ranks_per_node, staging: 100)
     checkpointer = Checkpointer(tmp_path, asynchronous=True)
     engine = trained_engine(1)
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
@@ -145,7 +145,9 @@ def test_a_file_saved_while_training_waits_keeps_its_shapes_as_torch_size():
         "param_shapes": [collections.OrderedDict(w=torch.Size([2, 3]))],
         "w": weights[:4],  # a view, saved without the rest of its storage
     }
-    engine = writer_module.HostCopyWriter(Recording(), budget=0)
+    engine = writer_module.HostCopyWriter(
+        Recording(), budget=0, staging=writer_module.StagingBuffers()
+    )
     engine.save(state, "model_states.pt")
     saved = written["model_states.pt"]
     assert type(saved["param_shapes"][0]["w"]) is torch.Size
