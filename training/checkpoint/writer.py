@@ -51,8 +51,9 @@ class StagingBuffers:
     A fresh allocation per save pays, on every save, a page fault and the kernel's zeroing
     for each page of a multi-GB copy: glibc serves large blocks with mmap and unmaps them
     when freed (mallopt(3), M_MMAP_THRESHOLD). And a device-to-host copy into pageable
-    memory goes through a driver staging buffer, synchronously; into page-locked memory it
-    is a direct DMA (CUDA C++ Programming Guide, "Page-Locked Host Memory"). So the buffers
+    memory is synchronous and goes through a driver staging buffer, while page-locked
+    memory gets the full bandwidth (CUDA C++ Programming Guide, "Page-Locked Host Memory";
+    CUDA Runtime API, "API synchronization behavior"). So the buffers
     of a save are kept once its write is over, and the next save copies into those of the
     same shape, strides and dtype, allocating only what has none. PyTorch's distributed
     checkpoint does the same for its async_save: ``BlockingAsyncStager`` with
