@@ -121,6 +121,8 @@ class Trainer:
                 raise explain(
                     self.config, job.batch, step=job.step, first_step=first_step
                 ) from None
+            finally:
+                job.checkpointer.close()
         finally:
             stop.close()
 

@@ -19,7 +19,8 @@ fetches what it lacks.
 
 Saves are asynchronous when asked for: the writer copies the state to host memory,
 and writing, checksums, fsyncs, the commit, the upload and pruning then run in a
-background thread, one save at a time.
+background thread, one save at a time. The host buffers of a save are kept once its
+write is over, for the next save to copy into (``writer.StagingBuffers``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ from training.checkpoint.pruning import prune_local, prune_mirror
 from training.checkpoint.resume import ResumePoint, choose, load
 from training.checkpoint.resume_check import engine_precision
 from training.checkpoint.store import CheckpointStore
-from training.checkpoint.writer import HostCopyWriter, writing_through
+from training.checkpoint.writer import HostCopyWriter, StagingBuffers, writing_through
 
 __all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
 
@@ -89,6 +90,7 @@ class Checkpointer:
         self._ranks = Ranks(node_first_rank=node_first_rank)
         self._background: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
+        self._staging = StagingBuffers()
         self._said_short_of_memory = False
         # What choose_resume picked, for the next resume: (point,), or None when not chosen.
         self._chosen: tuple[ResumePoint | None] | None = None
@@ -115,8 +117,12 @@ class Checkpointer:
         ranks.on_writers(lambda: self._clear_save_dir(step_dir))
         ranks.on_writers(self._warn_if_short_of_space)
         in_background = self.asynchronous and not wait
-        budget = writer_module.host_copy_budget(self.ranks_per_node) if in_background else 0
-        files = HostCopyWriter(engine.checkpoint_engine, budget=budget)
+        budget = (
+            writer_module.host_copy_budget(self.ranks_per_node, self._staging)
+            if in_background
+            else 0
+        )
+        files = HostCopyWriter(engine.checkpoint_engine, budget=budget, staging=self._staging)
         saved_state = {CLIENT_STATE_KEY: client_state, **UNIVERSAL_INFO}
         with writing_through(engine, files):
             try:
@@ -132,6 +138,8 @@ class Checkpointer:
                 remove_step_dir(step_dir)
                 error = CheckpointError(f"could not write DeepSpeed's files in {self.root}: {exc}")
                 raise self._explain(error, step_dir) from exc
+            finally:
+                self._staging.copies_done()
         if in_background and files.short_of_memory and not self._said_short_of_memory:
             self._said_short_of_memory = True
             log.warning(
@@ -160,8 +168,24 @@ class Checkpointer:
         """Every rank: return once the save in flight (if any) is committed, or raise its
         error (a CheckpointError)."""
         in_flight, self._in_flight = self._in_flight, None
-        if in_flight is not None:
+        if in_flight is None:
+            return
+        try:
             in_flight.result()
+        finally:
+            # Written (or failed): its staging buffers are free for the next save's copy.
+            self._staging.writes_done()
+
+    def close(self) -> None:
+        """Every rank, once done saving: wait for the save in flight, then let go of the
+        staging buffers and the writer thread."""
+        try:
+            self.wait()
+        finally:
+            self._staging.release()
+            if self._background is not None:
+                self._background.shutdown()
+                self._background = None
 
     @property
     def in_flight(self) -> bool:

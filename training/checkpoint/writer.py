@@ -5,8 +5,8 @@ https://deepspeed.readthedocs.io/en/latest/model-checkpointing.html) hands every
 state to ``engine.checkpoint_engine``, an implementation of its ``CheckpointEngine``
 interface (deepspeed/runtime/checkpoint_engine/checkpoint_engine.py, DeepSpeed 0.19.8).
 ``HostCopyWriter`` implements that interface: it copies each file's tensors to host
-memory (the save then returns while the files are written) and writes through the
-engine DeepSpeed was configured with.
+memory, into ``StagingBuffers`` kept from one save to the next (the save then returns
+while the files are written), and writes through the engine DeepSpeed was configured with.
 
 DeepSpeed picks its checkpoint engine from the ``checkpoint.writer`` config only
 (``create_checkpoint_engine`` in deepspeed/runtime/checkpoint_engine/utils.py): torch.save,
@@ -25,8 +25,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import torch
@@ -43,22 +45,98 @@ from training.checkpoint.layout import describe_file
 _HOST_COPY_SHARE = 0.5
 
 
+class StagingBuffers:
+    """The host tensors asynchronous saves copy the state into, kept from one save to the next.
+
+    A fresh allocation per save pays, on every save, a page fault and the kernel's zeroing
+    for each page of a multi-GB copy: glibc serves large blocks with mmap and unmaps them
+    when freed (mallopt(3), M_MMAP_THRESHOLD). And a device-to-host copy into pageable
+    memory is synchronous and goes through a driver staging buffer, while page-locked
+    memory gets the full bandwidth (CUDA C++ Programming Guide, "Page-Locked Host Memory";
+    CUDA Runtime API, "API synchronization behavior"). So the buffers
+    of a save are kept once its write is over, and the next save copies into those of the
+    same shape, strides and dtype, allocating only what has none. PyTorch's distributed
+    checkpoint does the same for its async_save: ``BlockingAsyncStager`` with
+    ``cache_staged_state_dict=True`` allocates pinned buffers once
+    (``_create_cpu_state_dict(pin_memory=True)``) and copies into them on every later save
+    (``_copy_state_dict``) (torch/distributed/checkpoint/staging.py, torch 2.13.0); so does
+    DeepSpeed's FastPersist with the one pinned I/O buffer it writes every file through
+    (``_setup_for_aio`` in deepspeed/runtime/model_checkpointing/writer_factory.py,
+    DeepSpeed 0.19.8).
+
+    A buffer is pinned when its source is on a GPU, plain memory for a CPU source. Buffers
+    go out during a save's copy (``copy``) and come back only once that save's write is
+    over (``writes_done``): with at most one save in flight, no byte still to be written
+    can be overwritten by the next save's copy.
+    """
+
+    def __init__(self):
+        self._kept: dict[_BufferKey, list[torch.Tensor]] = defaultdict(list)
+        self._in_use: list[tuple[_BufferKey, torch.Tensor]] = []
+        self._keep_in_use = True
+
+    @property
+    def kept_bytes(self) -> int:
+        """Host memory the kept buffers hold: the next save reuses it, not more."""
+        return sum(_buffer_bytes(b, key.pinned) for key, kept in self._kept.items() for b in kept)
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host copy of ``tensor``, in a kept buffer that fits, or in a new one."""
+        key = _buffer_key(tensor)
+        kept = self._kept[key]
+        if kept:
+            buffer = kept.pop()
+        else:
+            # Strides as the source's where it is dense (torch.empty_like's preserve_format),
+            # as a plain .to("cpu", copy=True) would give.
+            buffer = torch.empty_like(tensor, device="cpu", pin_memory=key.pinned)
+        buffer.copy_(tensor.detach())
+        self._in_use.append((key, buffer))
+        return buffer
+
+    def copies_done(self) -> None:
+        """The save's copy is over: kept buffers it did not take (the state changed shape)
+        are let go, so that the memory the save was counted on for is there."""
+        unused = [(key, b) for key, kept in self._kept.items() for b in kept]
+        self._kept = defaultdict(list)
+        _let_go(unused)
+
+    def writes_done(self) -> None:
+        """The buffers handed out have been written: they are kept for the next save
+        (unless ``release`` came in between)."""
+        in_use, self._in_use = self._in_use, []
+        if self._keep_in_use:
+            for key, buffer in in_use:
+                self._kept[key].append(buffer)
+        else:
+            _let_go(in_use)
+        self._keep_in_use = True
+
+    def release(self) -> None:
+        """Keep nothing: the kept buffers go now, those in use once their write is over."""
+        self.copies_done()
+        self._keep_in_use = False
+
+
 class HostCopyWriter(CheckpointEngine):
     """The checkpoint engine DeepSpeed writes through during one save.
 
-    Each file's state is copied to host memory while ``budget`` bytes last, and written
-    later by ``write_pending`` through the engine DeepSpeed was configured with; past
-    the budget (and with a budget of 0: a blocking save) it is written at once. Every
+    Each file's state is copied to host memory, into ``staging``'s buffers, while
+    ``budget`` bytes last, and written later by ``write_pending`` through the engine
+    DeepSpeed was configured with; past
+    the budget (and with a budget of 0: a blocking save) it is written at once, and
+    ``staging`` keeps nothing: host memory is short. Every
     file written is noted. A failed write is recorded rather than raised: DeepSpeed's
     save goes through barriers after each file, and a rank leaving early would leave
     the others waiting there; ``entries`` turns it into an error.
     """
 
-    def __init__(self, writer: CheckpointEngine, *, budget: int):
+    def __init__(self, writer: CheckpointEngine, *, budget: int, staging: StagingBuffers):
         super().__init__()
         self.name = "host copy"
         self.writer = writer
         self.budget = budget
+        self.staging = staging
         self.short_of_memory = False
         self.pending: list[tuple[dict, str]] = []
         self.paths: list[Path] = []
@@ -73,19 +151,21 @@ class HostCopyWriter(CheckpointEngine):
         self.writer.makedirs(path, exist_ok=exist_ok)
 
     def save(self, state_dict, path: str) -> None:
-        size = _tensor_bytes(state_dict)
+        size = _staged_bytes(state_dict)
         if size <= self.budget:
             self.budget -= size
-            self.pending.append((_host_copy(state_dict), path))
+            self.pending.append((_host_copy(state_dict, self.staging.copy), path))
             return
-        self.short_of_memory = self.short_of_memory or self.budget > 0
+        if self.budget > 0:
+            self.short_of_memory = True
+            self.staging.release()
         self.budget = 0  # the files stay in order: all the rest is written now
         if self.writer.preserves_storage_sharing():
             # What DeepSpeed does for such an engine (a view is saved alone, not its storage),
             # but keeping the containers' types: DeepSpeed's clone_tensors_for_torch_save turns
             # a ZeRO-3 checkpoint's torch.Size param_shapes into tuples, which its own
             # zero_to_fp32 cannot export (shape.numel()).
-            state_dict = _host_copy(state_dict)
+            state_dict = _host_copy(state_dict, _fresh_host_copy)
         self._write(state_dict, path)
 
     def load(self, path: str, map_location=None):
@@ -107,7 +187,7 @@ class HostCopyWriter(CheckpointEngine):
         while self.pending:
             state, path = self.pending.pop(0)
             self._write(state, path)
-            del state  # its host memory goes back file by file
+            del state  # the staging buffers hold the tensors until writes_done
         if self._info is not None:
             self.writer.commit(self._info)
 
@@ -144,31 +224,71 @@ def writing_through(engine, writer: HostCopyWriter) -> Iterator[None]:
         engine.checkpoint_engine = configured
 
 
-def host_copy_budget(ranks_per_node: int) -> int:
-    """The bytes this rank may copy to host memory: its share of a share of what is free."""
-    return int(psutil.virtual_memory().available * _HOST_COPY_SHARE) // ranks_per_node
+def host_copy_budget(ranks_per_node: int, staging: StagingBuffers) -> int:
+    """The bytes this rank may copy to host memory: its share of a share of what is free,
+    plus the buffers ``staging`` kept (the copy reuses them: they are not more memory)."""
+    available = int(psutil.virtual_memory().available * _HOST_COPY_SHARE) // ranks_per_node
+    return available + staging.kept_bytes
 
 
-def _host_copy(value):
-    """``value`` with every tensor copied to host memory, each into storage of its own."""
+def _host_copy(value, copy_tensor):
+    """``value`` with every tensor replaced by ``copy_tensor``'s host copy of it."""
     if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
+        return copy_tensor(value)
     if isinstance(value, dict):
-        return type(value)((key, _host_copy(item)) for key, item in value.items())
+        return type(value)((key, _host_copy(item, copy_tensor)) for key, item in value.items())
     if isinstance(value, list | tuple):
-        items = [_host_copy(item) for item in value]
+        items = [_host_copy(item, copy_tensor) for item in value]
         return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
     return value
 
 
-def _tensor_bytes(value) -> int:
+def _fresh_host_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy in storage of its own, dropped once written."""
+    return tensor.detach().to("cpu", copy=True)
+
+
+class _BufferKey(NamedTuple):
+    """What a kept buffer must match to take a tensor's copy."""
+
+    shape: tuple[int, ...]
+    stride: tuple[int, ...]
+    dtype: torch.dtype
+    pinned: bool  # the source is on a GPU
+
+
+def _buffer_key(tensor: torch.Tensor) -> _BufferKey:
+    return _BufferKey(tuple(tensor.shape), tensor.stride(), tensor.dtype, tensor.is_cuda)
+
+
+def _buffer_bytes(tensor: torch.Tensor, pinned: bool) -> int:
+    """The host memory a buffer for ``tensor`` takes. Pinned memory comes from torch's host
+    caching allocator, which rounds every block up to a power of two
+    (``CachingHostAllocatorImpl::allocate``, aten/src/ATen/core/CachingHostAllocator.h)."""
+    size = tensor.numel() * tensor.element_size()
+    return 1 << (size - 1).bit_length() if pinned and size > 0 else size
+
+
+def _staged_bytes(value) -> int:
+    """The host memory the staging of ``value``'s tensors takes."""
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        return _buffer_bytes(value, value.is_cuda)
     if isinstance(value, dict):
-        return sum(_tensor_bytes(item) for item in value.values())
+        return sum(_staged_bytes(item) for item in value.values())
     if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(item) for item in value)
+        return sum(_staged_bytes(item) for item in value)
     return 0
+
+
+def _let_go(buffers: list[tuple[_BufferKey, torch.Tensor]]) -> None:
+    """Drop ``buffers``. Pinned ones would stay in torch's cache of pinned blocks, out of
+    the OS's reach, until it is emptied: ``torch._C._host_emptyCache`` does that (added for
+    this in pytorch/pytorch#134332, torch 2.5; the public torch.accelerator.empty_host_cache
+    came with pytorch/pytorch#171270, after the torch 2.10 of the cu128 image)."""
+    pinned = any(key.pinned for key, _ in buffers)
+    buffers.clear()
+    if pinned:
+        torch._C._host_emptyCache()
 
 
 def _reason(exc: BaseException) -> str:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 
 import pytest
+import torch
 
 from tests.training.checkpoint.test_checkpointer import assert_same_weights, trained_engine
 from tests.training.checkpoint_engine import build_engine, train_step
@@ -81,7 +83,7 @@ def test_save_with_wait_returns_committed(single_rank, tmp_path):
 def test_too_little_host_memory_says_so_once_and_saves_while_training_waits(
     single_rank, tmp_path, monkeypatch, caplog
 ):
-    monkeypatch.setattr(writer_module, "host_copy_budget", lambda ranks_per_node: 100)
+    monkeypatch.setattr(writer_module, "host_copy_budget", lambda ranks_per_node, staging: 100)
     checkpointer = Checkpointer(tmp_path, asynchronous=True)
     engine = trained_engine(1)
     with caplog.at_level(logging.WARNING, logger="training.checkpoint"):
@@ -119,7 +121,6 @@ def test_a_file_saved_while_training_waits_keeps_its_shapes_as_torch_size():
     """The fallback's copy keeps what ZeRO-3's param_shapes need for an export (Size.numel)."""
     import collections
 
-    import torch
     from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
 
     written = {}
@@ -145,9 +146,154 @@ def test_a_file_saved_while_training_waits_keeps_its_shapes_as_torch_size():
         "param_shapes": [collections.OrderedDict(w=torch.Size([2, 3]))],
         "w": weights[:4],  # a view, saved without the rest of its storage
     }
-    engine = writer_module.HostCopyWriter(Recording(), budget=0)
+    engine = writer_module.HostCopyWriter(
+        Recording(), budget=0, staging=writer_module.StagingBuffers()
+    )
     engine.save(state, "model_states.pt")
     saved = written["model_states.pt"]
     assert type(saved["param_shapes"][0]["w"]) is torch.Size
     assert saved["param_shapes"][0]["w"].numel() == 6
     assert saved["w"].untyped_storage().nbytes() == 4 * 4 and torch.equal(saved["w"], weights[:4])
+
+
+def assert_same(saved, expected, where="state"):
+    """Bit for bit: every tensor equal (dtype and shape included), every other value equal."""
+    if isinstance(expected, torch.Tensor):
+        assert saved.dtype == expected.dtype and torch.equal(saved, expected), where
+    elif isinstance(expected, dict):
+        assert saved.keys() == expected.keys(), where
+        for key in expected:
+            assert_same(saved[key], expected[key], f"{where}[{key!r}]")
+    elif isinstance(expected, list):
+        assert len(saved) == len(expected), where
+        for index, (a, b) in enumerate(zip(saved, expected, strict=True)):
+            assert_same(a, b, f"{where}[{index}]")
+    elif hasattr(expected, "__dict__"):  # DeepSpeed's loss scaler, saved as an object
+        assert type(saved) is type(expected), where
+        assert_same(vars(saved), vars(expected), where)
+    else:
+        assert saved == expected, where
+
+
+def engine_state(engine) -> dict:
+    """Copies of what the ZeRO-2 save writes: the weights and the optimizer's state dict."""
+    return cloned(
+        {"module": engine.module.state_dict(), "optimizer": engine.optimizer.state_dict()}
+    )
+
+
+def cloned(value):
+    """``value`` with every tensor cloned and every other object copied, kept apart from it."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone()
+    if isinstance(value, dict):
+        return {key: cloned(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [cloned(item) for item in value]
+    return copy.deepcopy(value)
+
+
+def assert_files_hold(step_dir, expected):
+    model = torch.load(step_dir / "mp_rank_00_model_states.pt", weights_only=False)
+    optim = torch.load(step_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt", weights_only=False)
+    assert_same(model["module"], expected["module"], f"{step_dir.name} module")
+    assert_same(optim["optimizer_state_dict"], expected["optimizer"], f"{step_dir.name} optimizer")
+
+
+class HandedOut:
+    """The staging buffers each save copied into (StagingBuffers.copy's results), per save."""
+
+    def __init__(self, monkeypatch):
+        self.per_save: list[list[torch.Tensor]] = []
+        copy = writer_module.StagingBuffers.copy
+
+        def recording(staging, tensor):
+            buffer = copy(staging, tensor)
+            self.per_save[-1].append(buffer)
+            return buffer
+
+        monkeypatch.setattr(writer_module.StagingBuffers, "copy", recording)
+
+    def next_save(self) -> None:
+        self.per_save.append([])
+
+    def pointers(self, save: int) -> list[int]:
+        return sorted(buffer.data_ptr() for buffer in self.per_save[save])
+
+
+def test_each_save_copies_into_the_last_ones_buffers_and_its_files_hold_its_own_step(
+    single_rank, tmp_path, monkeypatch
+):
+    """Three saves with training in between: the second and third copy into the first's
+    buffers (no new allocation), and each checkpoint holds, bit for bit, the state of its
+    step, cloned apart when it was saved."""
+    engine = trained_engine(1)
+    handed_out = HandedOut(monkeypatch)
+    checkpointer = Checkpointer(tmp_path, keep_last=3, asynchronous=True)
+    expected = {}
+    for step in (1, 2, 3):
+        train_step(engine, step)
+        expected[step] = engine_state(engine)
+        handed_out.next_save()
+        checkpointer.save(engine, step, {"step": step})
+        checkpointer.wait()
+    # Every tensor of both files went through a buffer: 4 weights and biases in the model
+    # file; in the optimizer's, Adam's two moments and the fp32 partition of the one group.
+    assert len(handed_out.per_save[0]) > 4 + 3
+    assert handed_out.pointers(1) == handed_out.pointers(0)
+    assert handed_out.pointers(2) == handed_out.pointers(0)
+    assert {id(b) for b in handed_out.per_save[1]} == {id(b) for b in handed_out.per_save[0]}
+    for step in (1, 2, 3):
+        assert examine(tmp_path / tag_for(step), verify=True)[0] == COMPLETE
+        assert_files_hold(tmp_path / tag_for(step), expected[step])
+    checkpointer.close()
+    assert checkpointer._staging.kept_bytes == 0
+
+
+def test_a_save_started_while_the_last_one_is_written_waits_before_it_reuses_a_buffer(
+    single_rank, tmp_path, monkeypatch
+):
+    """Step 1's write is held while step 2's save is asked for: step 2 copies nothing until
+    step 1 is written, then copies into step 1's buffers; each file holds its own step."""
+    engine = trained_engine(1)
+    handed_out = HandedOut(monkeypatch)
+    release = held_writer(engine)
+    checkpointer = Checkpointer(tmp_path, asynchronous=True)
+    expected = {1: engine_state(engine)}
+    handed_out.next_save()
+    checkpointer.save(engine, 1, {"step": 1})
+    train_step(engine, 1)
+    expected[2] = engine_state(engine)
+    handed_out.next_save()
+    second = threading.Thread(target=checkpointer.save, args=(engine, 2, {"step": 2}))
+    second.start()
+    second.join(1.0)
+    assert second.is_alive() and handed_out.per_save[1] == []  # nothing overwritten yet
+    release.set()
+    second.join(60)
+    checkpointer.wait()
+    assert handed_out.pointers(1) == handed_out.pointers(0)
+    for step in (1, 2):
+        assert_files_hold(tmp_path / tag_for(step), expected[step])
+
+
+def test_short_of_host_memory_the_kept_buffers_go_and_a_later_save_stages_again(
+    single_rank, tmp_path, monkeypatch
+):
+    engine = trained_engine(1)
+    checkpointer = Checkpointer(tmp_path, asynchronous=True)
+    checkpointer.save(engine, 1, {"step": 1})
+    checkpointer.wait()
+    kept = checkpointer._staging.kept_bytes
+    assert kept > 0
+    budget = writer_module.host_copy_budget
+    monkeypatch.setattr(writer_module, "host_copy_budget", lambda ranks_per_node, staging: 100)
+    checkpointer.save(engine, 2, {"step": 2})
+    assert checkpointer._staging.kept_bytes == 0  # let go before the files were written
+    checkpointer.wait()
+    assert checkpointer._staging.kept_bytes == 0
+    monkeypatch.setattr(writer_module, "host_copy_budget", budget)
+    checkpointer.save(engine, 3, {"step": 3})
+    checkpointer.wait()
+    assert checkpointer._staging.kept_bytes == kept
+    assert [examine(tmp_path / tag_for(s), verify=True)[0] for s in (1, 2, 3)] == [COMPLETE] * 3
