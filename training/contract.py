@@ -122,9 +122,9 @@ HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"
 # reads: the whole run's goodput, and its cost per billion tokens (per thousand images).
 GOODPUT_FIELD = "goodput"
 RUN_USD_FIELD = "usd"  # what the whole run has cost so far: its wall time at the stack's $/h
-# When the run first started (ISO 8601, UTC): `status` reads the stack's spend since then
-# from the spend guard's ledger.
-RUN_STARTED_FIELD = "run_started_at"
+# Each start of the job (attempt) as [began, last counted] (ISO 8601, UTC): `status` and
+# `jobs` read the stack's spend over those spans from the spend guard's ledger.
+RUN_SPANS_FIELD = "run_spans"
 PRICE_PER = {"tokens": ("billion tokens", 1e9), "images": ("thousand images", 1e3)}
 
 

@@ -220,10 +220,10 @@ class GoodputClock:
             [*self.earlier, self.attempt], gpus=self.gpus, usd_per_hour=self.usd_per_hour
         )
 
-    @property
-    def run_started_at(self) -> float:
-        """When the run's first attempt started (Unix time)."""
-        return min(a.started_at for a in [*self.earlier, self.attempt])
+    def spans(self) -> list[tuple[float, float]]:
+        """(start, end) of each attempt so far, this one up to now (Unix time)."""
+        self._stamp()
+        return [(a.started_at, a.started_at + a.wall_s) for a in [*self.earlier, self.attempt]]
 
     def save(self, step: int | None = None) -> None:
         """Replace goodput.json with every attempt so far (a crash loses one window);

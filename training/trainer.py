@@ -21,7 +21,7 @@ from training import rng, startup
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset
-from training.contract import RUN_STARTED_FIELD, ExitCode
+from training.contract import RUN_SPANS_FIELD, ExitCode
 from training.data import worker_processes
 from training.engine import build_engine, mean_over_ranks, seed_everything
 from training.environment import TrainerEnv
@@ -382,7 +382,7 @@ class StepMetrics:
             "seconds_left": (total - self.job.step) * record["step_time_s"],
             # The whole run's, every start of the job together.
             **self.clock.run_report().fields(self.unit),
-            RUN_STARTED_FIELD: _iso(self.clock.run_started_at),
+            RUN_SPANS_FIELD: [[_iso(start), _iso(end)] for start, end in self.clock.spans()],
             # A rank persistently slower than the others (training/stragglers.py), or None.
             "straggler_rank": record.get("straggler_rank"),
             "updated_at": _iso(time.time()),

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from infra.commands import head_node, workspace
+from infra.commands import head_node, ledger_spend, workspace
 from infra.commands.checkpoints import job_status
 from infra.commands.job_target import job_target
 from infra.jobs import spool
 from infra.report import format_table
+from training.contract import RUN_SPANS_FIELD, RUN_USD_FIELD
 
 # SINCE: when the job took its state (started, yielded, ended; submitted while queued).
 COLUMNS = ("JOB", "STATE", "STEP", "LOSS", "RATE", "SINCE", "GPU-HOURS", "COST")
@@ -43,23 +44,46 @@ def run(args: argparse.Namespace) -> str:
             f"no job on {target.stack.name}: start one with "
             f"`python -m infra run {target.stack.name} --config JOB.toml`"
         )
+    statuses = [
+        (name, state, job_status(s3, target.run_uri(name)), since) for name, state, since in listed
+    ]
     return format_table(
         COLUMNS,
         [
-            _row(name, state, job_status(s3, target.run_uri(name)), since)
-            for name, state, since in listed
+            _row(name, state, status, since, _cost(target, status))
+            for name, state, status, since in statuses
         ],
     )
 
 
+def _cost(target, status: dict | None) -> float | None:
+    """The job's cost so far: on a single-node stack with a spend ledger, the stack's spend
+    over each start of the job (one job holds the node at a time); otherwise the trainer's
+    figure (its wall time at the stack's $/h: a cluster's ledger counts every job's nodes)."""
+    if status is None:
+        return None
+    table = target.stack.outputs.spend_ledger_table
+    if target.is_cluster or not table or RUN_SPANS_FIELD not in status:
+        return status.get(RUN_USD_FIELD)
+    return ledger_spend.spend_over(
+        workspace.aws("dynamodb", target.stack.region),
+        table,
+        target.stack.budget_period,
+        ledger_spend.spans_from(status[RUN_SPANS_FIELD]),
+    )
+
+
 def _row(
-    name: str, state: str, status: dict | None, since: datetime.datetime | None
+    name: str,
+    state: str,
+    status: dict | None,
+    since: datetime.datetime | None,
+    cost: float | None,
 ) -> tuple[str, ...]:
     started = f"{since.astimezone(datetime.UTC):%Y-%m-%d %H:%M} UTC" if since else "-"
     if status is None:
         return (name, state, "-", "-", "-", started, "-", "-")
     unit = status.get("unit", "tokens")
-    cost = status.get("usd")
     return (
         name,
         state,

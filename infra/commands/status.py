@@ -16,14 +16,14 @@ import time
 from collections.abc import Callable
 
 from infra.cluster.control import QueuedJob
-from infra.commands import head_node, nodes, workspace
+from infra.commands import head_node, ledger_spend, nodes, workspace
 from infra.commands.checkpoints import job_status, last_checkpoint
 from infra.errors import ConfigError
 from infra.jobs.spool import current_run_uri
 from infra.report import format_table
 from training.contract import (
     GOODPUT_FIELD,
-    RUN_STARTED_FIELD,
+    RUN_SPANS_FIELD,
     RUN_USD_FIELD,
     price_field,
     price_words,
@@ -89,10 +89,8 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     rate = unit_cost(out.hourly_cost_usd, progress)
     if rate:
         lines.append(f"cost        {rate}")
-    if progress is not None and RUN_STARTED_FIELD in progress:
-        run_spend = _run_spend(stack, progress[RUN_STARTED_FIELD], now)
-        if run_spend:
-            lines.append(f"run spend   {run_spend}")
+    if progress is not None and RUN_SPANS_FIELD in progress and stack.outputs.spend_ledger_table:
+        lines.append(f"run spend   {_run_spend(stack, progress[RUN_SPANS_FIELD])}")
     checkpoint = last_checkpoint(s3, run_uri)
     lines.append(f"checkpoint  {checkpoint.describe() if checkpoint else 'none yet'}")
     lines.append(f"spend       {_spend(stack, now)}")
@@ -213,35 +211,19 @@ def _duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-# A run reaches back at most this many budget periods (a year of monthly ones).
-_RUN_SPEND_PERIODS = 12
-
-
-def _run_spend(stack: workspace.Deployed, started_at: str, now: datetime.datetime) -> str:
-    """What the stack spent since the run began, from the spend guard's ledger (each period's
-    item marks its spend as it goes: Ledger.spent_by). One job runs at a time on a single-node
-    stack, so that is the run's cost, volumes and addresses included, unless another job of
-    the spool took the node in between (`jobs` gives each job's own); "" without a ledger."""
-    table = stack.outputs.spend_ledger_table
-    if not table:
-        return ""
-    from infra.functions.ledger import read_ledger
-    from infra.functions.spend_guard import budget_period
-
-    dynamodb = workspace.aws("dynamodb", stack.region)
-    started = datetime.datetime.fromisoformat(started_at)
-    spent, instant = 0.0, now
-    for _ in range(_RUN_SPEND_PERIODS):
-        period, period_start = budget_period(instant, stack.budget_period)
-        ledger = read_ledger(dynamodb, table, period)
-        if ledger is not None:
-            spent += ledger.spent_usd - ledger.spent_by(max(started, period_start), period_start)
-        if started >= period_start:
-            break
-        instant = period_start - datetime.timedelta(microseconds=1)
+def _run_spend(stack: workspace.Deployed, published_spans) -> str:
+    """What the stack spent while the job ran (each of its starts), from the spend guard's
+    ledger: on a single-node stack, the job's cost with its volumes and address."""
+    spans = ledger_spend.spans_from(published_spans)
+    spent = ledger_spend.spend_over(
+        workspace.aws("dynamodb", stack.region),
+        stack.outputs.spend_ledger_table,
+        stack.budget_period,
+        spans,
+    )
     return (
-        f"${spent:,.2f} spent by the stack since the run began "
-        f"({started:%Y-%m-%d %H:%M} UTC), from the spend guard's ledger"
+        f"${spent:,.2f} over its {len(spans)} start(s) since "
+        f"{spans[0][0]:%Y-%m-%d %H:%M} UTC, from the spend guard's ledger"
     )
 
 

@@ -126,11 +126,11 @@ def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_u
     status = read_status(mirror)
     assert (status["state"], status["step"]) == ("interrupted", step)
     assert status["loss"] > 0 and status["tokens_per_s"] > 0
-    # When the run began, for `status` to read its spend from the spend guard's ledger.
-    run_started_at = datetime.datetime.fromisoformat(status["run_started_at"])
+    # When the job ran, for `status` and `jobs` to read its spend from the spend guard's ledger.
+    [(began, counted)] = spans(status)
     # (The launcher's process start time, as the kernel tells it: within a second or two.)
     slack = datetime.timedelta(seconds=2)
-    assert launched - slack <= run_started_at <= datetime.datetime.now(datetime.UTC)
+    assert launched - slack <= began < counted <= datetime.datetime.now(datetime.UTC)
 
     shutil.rmtree(tmp_path / "ckpt")  # the replacement instance starts with an empty disk
     log = resumed_run(tmp_path, step, env={"TRAIN_S3_URI": s3_uri})
@@ -138,7 +138,12 @@ def test_spot_notice_checkpoints_to_s3_and_a_new_instance_resumes(tmp_path, s3_u
     status = read_status(mirror)
     assert (status["state"], status["step"], status["seconds_left"]) == ("done", step + 4, 0)
     assert status["total_steps"] == step + 4
-    assert status["run_started_at"] == run_started_at.isoformat()  # the run's first start
+    first, second = spans(status)  # the first start as it was, then the one that resumed
+    assert first[0] == began and first[1] >= counted and second[0] >= first[1] - slack
+
+
+def spans(status: dict) -> list[tuple[datetime.datetime, datetime.datetime]]:
+    return [tuple(map(datetime.datetime.fromisoformat, span)) for span in status["run_spans"]]
 
 
 def read_status(mirror: S3Mirror) -> dict:

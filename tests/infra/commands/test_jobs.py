@@ -15,6 +15,7 @@ import pytest
 from infra.commands import cancel, jobs
 from infra.commands import run as run_job
 from infra.errors import ConfigError
+from infra.functions.ledger import PERIOD_KEY, Ledger, write_ledger
 from infra.jobs.spool import JobSpec, current_run_uri
 from tests.infra.commands.conftest import BUCKET, stack_outputs
 
@@ -135,6 +136,42 @@ def test_jobs_lists_each_job_with_the_trainers_progress(stack, tmp_path):
     assert first[:5] == ["first", "yielded", "-", "-", "-"]
     assert second[:6] == ["second", "running", "120/200", "2.7183", "51,234", "tokens/s"]
     assert second[-2:] == ["1.25", "$3.83"]
+
+
+def test_on_a_stack_with_a_ledger_a_jobs_cost_is_the_spend_over_its_starts(
+    aws, stub_stack, tmp_path
+):
+    """One job holds the node at a time: its cost is what the ledger counted while it ran."""
+    stub_stack.outputs_ = stack_outputs(["i-0"], spot=False, spend_ledger_table="ledger")
+    s3, dynamodb = aws.client("s3"), aws.client("dynamodb")
+    s3.create_bucket(Bucket=BUCKET)
+    dynamodb.create_table(
+        TableName="ledger",
+        KeySchema=[{"AttributeName": PERIOD_KEY, "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": PERIOD_KEY, "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    # December: $30.00 by 06:00, marked $10.00 at 02:00 and $12.00 at 04:00.
+    ledger = Ledger(
+        "2026-12", 30.0, 500.0, False, (), "2026-12-01T06:00:00+00:00",
+        "2026-12-01T06:00:00+00:00", 5,
+        marks=(("2026-12-01T02:00:00+00:00", 10.0), ("2026-12-01T04:00:00+00:00", 12.0)),
+    )  # fmt: skip
+    write_ledger(dynamodb, "ledger", ledger, after=0)
+    run_job.run(run_args(write(tmp_path, "first.toml", GOOD_JOB)))
+    s3.put_object(Bucket=BUCKET, Key="jobs/first/state", Body=b"yielded")
+    status = {
+        "state": "interrupted", "step": 50, "total_steps": 200, "loss": 3.0,
+        "tokens_per_s": 1000.0, "unit": "tokens", "gpu_hours": 16.0, "usd": 99.0,
+        # 00:00-02:00 ($10.00) and 04:00-06:00 ($30.00 - $12.00): not 02:00-04:00.
+        "run_spans": [["2026-12-01T00:00:00+00:00", "2026-12-01T02:00:00+00:00"],
+                      ["2026-12-01T04:00:00+00:00", "2026-12-01T06:00:00+00:00"]],
+    }  # fmt: skip
+    s3.put_object(
+        Bucket=BUCKET, Key="checkpoints/first/status.json", Body=json.dumps(status).encode()
+    )
+    row = jobs.run(argparse.Namespace(stack=STACK)).splitlines()[1].split()
+    assert row[0] == "first" and row[-1] == "$28.00"  # not the trainer's $99.00
 
 
 def test_jobs_on_an_empty_spool_says_how_to_start_one(stack):

@@ -184,34 +184,35 @@ def _marked(period: str, until: str, spent: float, marks) -> Ledger:
     )
 
 
-def _with_run_started(aws, started_at: str) -> None:
+def _with_run_spans(aws, spans) -> None:
     key = f"checkpoints/{STATUS_NAME}"
     progress = json.loads(aws.client("s3").get_object(Bucket=BUCKET, Key=key)["Body"].read())
-    progress["run_started_at"] = started_at
+    progress["run_spans"] = spans
     aws.client("s3").put_object(Bucket=BUCKET, Key=key, Body=json.dumps(progress))
 
 
+# The ledgers below: November's $99.00 by midnight, $90.00 marked at 20:00; December's $8.00
+# by 08:00 (NOW), $4.00 marked at 04:00. Between marks, spend reads as linear.
 @pytest.mark.parametrize(
-    ("started_at", "expected"),
+    ("spans", "expected"),
     [
-        # Since 02:00 today: $8.00 now less $2.00 by 02:00 (halfway from $0 at midnight to
-        # the $4.00 marked at 04:00).
-        (
-            "2026-12-01T02:00:00+00:00",
-            "$6.00 spent by the stack since the run began (2026-12-01 02:00 UTC)",
-        ),
-        # Since 22:00 yesterday, across the month's end: November's $99.00 less $94.50 by
-        # 22:00 (halfway between the $90.00 marked at 20:00 and $99.00 at midnight), plus
-        # December's $8.00.
-        (
-            "2026-11-30T22:00:00+00:00",
-            "$12.50 spent by the stack since the run began (2026-11-30 22:00 UTC)",
-        ),
+        # Since 02:00: $8.00 less $2.00 by 02:00 (halfway from $0 at midnight to $4.00).
+        ([["2026-12-01T02:00:00+00:00", "2026-12-01T08:00:00+00:00"]],
+         "$6.00 over its 1 start(s) since 2026-12-01 02:00 UTC"),
+        # Across the month's end: November's $99.00 less $94.50 by 22:00 (halfway between
+        # $90.00 at 20:00 and $99.00 at midnight), plus December's $8.00.
+        ([["2026-11-30T22:00:00+00:00", "2026-12-01T08:00:00+00:00"]],
+         "$12.50 over its 1 start(s) since 2026-11-30 22:00 UTC"),
+        # Two starts, the node doing something else from midnight to 04:00: $4.50 of
+        # November, then $8.00 less the $4.00 marked at 04:00.
+        ([["2026-11-30T22:00:00+00:00", "2026-12-01T00:00:00+00:00"],
+          ["2026-12-01T04:00:00+00:00", "2026-12-01T08:00:00+00:00"]],
+         "$8.50 over its 2 start(s) since 2026-11-30 22:00 UTC"),
     ],
-)
-def test_the_runs_spend_from_the_ledgers_marks(aws, stub_stack, started_at, expected):
+)  # fmt: skip
+def test_the_runs_spend_from_the_ledgers_marks(aws, stub_stack, spans, expected):
     _deploy(aws, stub_stack, spend_ledger_table="ledger")
-    _with_run_started(aws, started_at)
+    _with_run_spans(aws, spans)
     dynamodb = aws.client("dynamodb")
     _ledger_table(dynamodb, "ledger")
     november = _marked(
@@ -227,7 +228,7 @@ def test_the_runs_spend_from_the_ledgers_marks(aws, stub_stack, started_at, expe
 
 def test_no_run_spend_without_a_ledger(aws, stub_stack):
     _deploy(aws, stub_stack)
-    _with_run_started(aws, "2026-12-01T02:00:00+00:00")
+    _with_run_spans(aws, [["2026-12-01T02:00:00+00:00", "2026-12-01T08:00:00+00:00"]])
     assert not any(
         line.startswith("run spend") for line in status.run(ARGS, now=lambda: NOW).splitlines()
     )
