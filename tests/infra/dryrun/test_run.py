@@ -183,10 +183,10 @@ def test_a_stack_file_in_eu_west_1_prints_eu_west_1_prices(tmp_path, capsys):
     )
     assert main(["plan", "--resources", "--stack-file", str(stack)]) == 0
     out = capsys.readouterr().out
-    # p4d.24xlarge in eu-west-1: an estimate of $23.716/h (Ireland's pre-cut $35.397 less the
-    # 33% P4d cut, prices.toml's source), not us-east-1's $21.96.
+    # p4d.24xlarge in eu-west-1: $23.71569/h as observed after the June 2025 cut (prices.toml's
+    # source, the post-cut SkyPilot catalog), not us-east-1's $21.96.
     assert "market         on-demand: $23.72/h for the stack" in out.splitlines()
-    assert "prices         eu-west-1 (estimates)" in out
+    assert "prices         eu-west-1, checked 2026-12-01; CNY at 7.1 per USD (2025-12-31)" in out
 
 
 def test_a_missing_stack_file_names_the_profiles_that_have_one():
