@@ -47,30 +47,30 @@ def run(args: argparse.Namespace) -> str:
     statuses = [
         (name, state, job_status(s3, target.run_uri(name)), since) for name, state, since in listed
     ]
+    # A cluster's ledger counts every job's nodes together: its jobs keep the trainer's figure.
+    spend_over = (
+        ledger_spend.spend_reader(target.stack)
+        if not target.is_cluster and target.stack.outputs.spend_ledger_table
+        else None
+    )
     return format_table(
         COLUMNS,
         [
-            _row(name, state, status, since, _cost(target, status))
+            _row(name, state, status, since, _cost(status, spend_over))
             for name, state, status, since in statuses
         ],
     )
 
 
-def _cost(target, status: dict | None) -> float | None:
-    """The job's cost so far: on a single-node stack with a spend ledger, the stack's spend
-    over each start of the job (one job holds the node at a time); otherwise the trainer's
-    figure (its wall time at the stack's $/h: a cluster's ledger counts every job's nodes)."""
+def _cost(status: dict | None, spend_over) -> float | None:
+    """The job's cost so far: with a spend reader (a single-node stack with a ledger, one job
+    holding the node at a time), the stack's spend over each start of the job; otherwise the
+    trainer's figure (its wall time at the stack's $/h)."""
     if status is None:
         return None
-    table = target.stack.outputs.spend_ledger_table
-    if target.is_cluster or not table or RUN_SPANS_FIELD not in status:
+    if spend_over is None or RUN_SPANS_FIELD not in status:
         return status.get(RUN_USD_FIELD)
-    return ledger_spend.spend_over(
-        workspace.aws("dynamodb", target.stack.region),
-        table,
-        target.stack.budget_period,
-        ledger_spend.spans_from(status[RUN_SPANS_FIELD]),
-    )
+    return spend_over(ledger_spend.spans_from(status[RUN_SPANS_FIELD]))
 
 
 def _row(

@@ -9,8 +9,10 @@ periods the span crosses. `status` and `jobs` price a job's starts with it.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+
+from infra.commands import workspace
 
 Span = tuple[datetime.datetime, datetime.datetime]
 
@@ -23,27 +25,35 @@ def spans_from(published: Iterable[Iterable[str]]) -> list[Span]:
     ]
 
 
-def spend_over(dynamodb: Any, table: str, budget_period: str, spans: Iterable[Span]) -> float:
-    """The stack's spend over `spans`, as the ledger of each period they cross counted it.
-    A period the guard has not counted adds nothing."""
+def spend_reader(stack: workspace.Deployed) -> Callable[[Iterable[Span]], float]:
+    """The stack's spend over spans, as the ledger of each period they cross counted it (a
+    period the guard has not counted adds nothing). Each period's item is read once, however
+    many spans (jobs) are priced with the same reader."""
     # The spend guard's own code (it imports boto3: not at start-up, see infra/commands).
     from infra.functions.ledger import read_ledger
-    from infra.functions.spend_guard import budget_period as period_of
+    from infra.functions.spend_guard import budget_period
 
+    dynamodb = workspace.aws("dynamodb", stack.region)
     ledgers: dict[str, Any] = {}
-    spent = 0.0
-    for start, end in spans:
-        instant = end
-        while True:
-            period, period_start = period_of(instant, budget_period)
-            if period not in ledgers:
-                ledgers[period] = read_ledger(dynamodb, table, period)
-            ledger = ledgers[period]
-            if ledger is not None:
-                spent += ledger.spent_by(instant, period_start) - ledger.spent_by(
-                    max(start, period_start), period_start
-                )
-            if start >= period_start:
-                break
-            instant = period_start - datetime.timedelta(microseconds=1)
-    return spent
+
+    def spend_over(spans: Iterable[Span]) -> float:
+        spent = 0.0
+        for start, end in spans:
+            instant = end
+            while True:
+                period, period_start = budget_period(instant, stack.budget_period)
+                if period not in ledgers:
+                    ledgers[period] = read_ledger(
+                        dynamodb, stack.outputs.spend_ledger_table, period
+                    )
+                ledger = ledgers[period]
+                if ledger is not None:
+                    spent += ledger.spent_by(instant, period_start) - ledger.spent_by(
+                        max(start, period_start), period_start
+                    )
+                if start >= period_start:
+                    break
+                instant = period_start - datetime.timedelta(microseconds=1)
+        return spent
+
+    return spend_over

@@ -215,12 +215,7 @@ def _run_spend(stack: workspace.Deployed, published_spans) -> str:
     """What the stack spent while the job ran (each of its starts), from the spend guard's
     ledger: on a single-node stack, the job's cost with its volumes and address."""
     spans = ledger_spend.spans_from(published_spans)
-    spent = ledger_spend.spend_over(
-        workspace.aws("dynamodb", stack.region),
-        stack.outputs.spend_ledger_table,
-        stack.budget_period,
-        spans,
-    )
+    spent = ledger_spend.spend_reader(stack)(spans)
     return (
         f"${spent:,.2f} over its {len(spans)} start(s) since "
         f"{spans[0][0]:%Y-%m-%d %H:%M} UTC, from the spend guard's ledger"
