@@ -1,0 +1,115 @@
+"""The suite's time, kept visible and bounded.
+
+- Every test has a time limit (`test_time_limit`, seconds of setup and call together):
+  one that runs past it fails, unless it is marked `slow(reason=..., seconds=N)`, which
+  says what the time buys and the most it may take on a 2-core machine.
+- The marked-slow set has a stated total (`slow_time_budget`): tests/test_suite_time.py
+  fails when the declared seconds add up past it, so a new long story has to make room.
+- Tests that share one piece of machinery run on one xdist worker (`--dist loadgroup`):
+  the loopback Slurm cluster, and the image build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+SLOW_MARKS = pytest.StashKey[dict[str, float]]()
+_SETUP_S = pytest.StashKey[float]()
+# Tests that use these fixtures share one cluster per worker: keep them on one worker.
+_GROUP_OF_FIXTURE = {"slurm": "slurm"}
+_GROUP_OF_MARK = {"image": "image"}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow-marks-json",
+        metavar="PATH",
+        help="write every collected test's slow seconds to PATH (a JSON object)",
+    )
+    parser.addini(
+        "test_time_limit",
+        "seconds a test may take (setup and call) unless it is marked slow",
+        default="20",
+    )
+    parser.addini(
+        "slow_time_budget",
+        "seconds that the slow marks' declared times may add up to",
+        default="0",
+    )
+
+
+def slow_seconds(item: pytest.Item) -> float | None:
+    """The seconds a slow mark allows the test, None if it is not marked slow.
+
+    A slow mark without a reason or a positive number of seconds is a usage error.
+    """
+    mark = item.get_closest_marker("slow")
+    if mark is None:
+        return None
+    reason, seconds = mark.kwargs.get("reason"), mark.kwargs.get("seconds")
+    if mark.args or not isinstance(reason, str) or not reason.strip():
+        raise pytest.UsageError(
+            f"{item.nodeid}: mark it slow(reason='what the time buys', seconds=N)"
+        )
+    if not isinstance(seconds, int | float) or seconds <= 0:
+        raise pytest.UsageError(
+            f"{item.nodeid}: slow(seconds=...) must be the most it may take, in seconds"
+        )
+    return float(seconds)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Before any deselection: note every slow mark, and add the markers that follow from
+    what a test uses (`slurm` from the fixture, the xdist group that keeps it on one worker)."""
+    slow: dict[str, float] = {}
+    for item in items:
+        seconds = slow_seconds(item)
+        if seconds is not None:
+            slow[item.nodeid] = seconds
+            # Room for a hang to be told from a slow run: pytest-timeout's own limit.
+            if item.get_closest_marker("timeout") is None:
+                item.add_marker(pytest.mark.timeout(max(600, 3 * seconds)))
+        fixtures = getattr(item, "fixturenames", ())
+        for fixture, group in _GROUP_OF_FIXTURE.items():
+            if fixture in fixtures:
+                item.add_marker(getattr(pytest.mark, group))
+                item.add_marker(pytest.mark.xdist_group(group))
+        for mark, group in _GROUP_OF_MARK.items():
+            if item.get_closest_marker(mark) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+    config.stash[SLOW_MARKS] = slow
+    if config.getoption("slow_marks_json"):
+        Path(config.getoption("slow_marks_json")).write_text(json.dumps(slow))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report: pytest.TestReport = yield
+    if report.when == "setup":
+        item.stash[_SETUP_S] = report.duration
+    elif report.when == "call" and report.passed:
+        took = item.stash.get(_SETUP_S, 0.0) + report.duration
+        allowed = slow_seconds(item)
+        limit = allowed if allowed is not None else time_limit(item.config)
+        if took > limit:
+            report.outcome = "failed"
+            how = (
+                f"its slow mark allows {limit:g} s"
+                if allowed is not None
+                else f"the limit is {limit:g} s: make it shorter, or mark it "
+                "slow(reason='what the time buys', seconds=N)"
+            )
+            report.longrepr = f"{item.nodeid} took {took:.1f} s; {how}"
+    return report
+
+
+def time_limit(config: pytest.Config) -> float:
+    return float(config.getini("test_time_limit"))
+
+
+def slow_budget(config: pytest.Config) -> float:
+    return float(config.getini("slow_time_budget"))

@@ -1,0 +1,109 @@
+"""The suite's time limits (tests/support/suite_time.py) hold, and the slow set stays in budget."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.suite_time import SLOW_MARKS, slow_budget
+
+pytest_plugins = ["pytester"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def suite(pytester, monkeypatch):
+    """An inner test session with the plugin, a 0.5 s limit and a 5 s slow budget."""
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    # Only the plugins the inner session needs: loading every installed one takes seconds.
+    monkeypatch.setenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "1")
+    pytester.makeini(
+        "[pytest]\ntest_time_limit = 0.5\nslow_time_budget = 5\n"
+        "markers =\n    slow: long\n    slurm: cluster\n    image: build\n"
+    )
+    return pytester
+
+
+def _run(pytester, source: str):
+    pytester.makepyfile(test_inner=source)
+    return pytester.runpytest_inprocess("-p", "tests.support.suite_time", "-p", "pytest_timeout")
+
+
+def test_a_test_past_the_limit_fails_and_says_how_to_mend_it(suite):
+    result = _run(
+        suite,
+        "import time\ndef test_quick():\n    pass\ndef test_long():\n    time.sleep(0.7)\n",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        ["*test_long took 0.* s; the limit is 0.5 s: make it shorter, or mark it slow(*"]
+    )
+
+
+def test_setup_time_counts_towards_the_limit(suite):
+    result = _run(
+        suite,
+        "import time, pytest\n"
+        "@pytest.fixture\ndef heavy():\n    time.sleep(0.35)\n"
+        "def test_light_call(heavy):\n    time.sleep(0.25)\n",
+    )
+    result.assert_outcomes(failed=1)
+
+
+def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
+    result = _run(
+        suite,
+        "import time, pytest\n"
+        "@pytest.mark.slow(reason='a real story', seconds=1)\n"
+        "def test_allowed():\n    time.sleep(0.7)\n"
+        "@pytest.mark.slow(reason='a real story', seconds=0.6)\n"
+        "def test_past_its_mark():\n    time.sleep(0.7)\n",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*test_past_its_mark took 0.* s; its slow mark allows 0.6 s*"])
+
+
+@pytest.mark.parametrize(
+    "mark",
+    ["pytest.mark.slow", "pytest.mark.slow(seconds=3)", "pytest.mark.slow(reason='x')"],
+)
+def test_a_slow_mark_needs_a_reason_and_seconds(suite, mark):
+    result = _run(suite, f"import pytest\n@{mark}\ndef test_it():\n    pass\n")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*test_it: *slow(*"])
+
+
+def test_a_failing_test_keeps_its_own_failure(suite):
+    result = _run(suite, "import time\ndef test_it():\n    time.sleep(0.7)\n    assert 1 == 2\n")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*assert 1 == 2*"])
+
+
+def _slow_marks_of_the_whole_suite(config: pytest.Config, tmp_path: Path) -> dict[str, float]:
+    """The slow marks this session collected, when it collected every test; else those of a
+    collection of the whole suite in a subprocess (a run of this file alone)."""
+    args = [Path(arg).resolve() for arg in config.args]
+    if args in ([], [REPO], [REPO / "tests"]) and not config.option.keyword:
+        return config.stash[SLOW_MARKS]
+    out = tmp_path / "slow.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly",
+         "-p", "no:xdist", "-o", "addopts=", f"--slow-marks-json={out}", "tests"],
+        cwd=REPO, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return json.loads(out.read_text())
+
+
+def test_the_slow_set_stays_within_its_stated_budget(pytestconfig, tmp_path):
+    slow = _slow_marks_of_the_whole_suite(pytestconfig, tmp_path)
+    budget, total = slow_budget(pytestconfig), sum(slow.values())
+    listing = "\n".join(f"{s:6.0f} s  {n}" for n, s in sorted(slow.items(), key=lambda x: -x[1]))
+    assert total <= budget, (
+        f"the slow marks add up to {total:.0f} s, past the budget of {budget:.0f} s "
+        f"(pyproject.toml, slow_time_budget): make room before adding one\n{listing}"
+    )
