@@ -92,7 +92,8 @@ def test_startup_phases_add_up_and_memory_partitions(results):
 def test_the_interrupted_run_reports_its_goodput_against_the_uninterrupted_one(results):
     runs = json.loads((results / "goodput.json").read_text())["runs"]
     clean, stopped = runs["uninterrupted"], runs["interrupted"]
-    assert clean["exits"] == [0] and stopped["exits"] == [75, 75, -9, 0]
-    assert len(stopped["attempts"]) == 4
+    # The quick shape: killed once (-9) between two checkpoints, then run to the end.
+    assert clean["exits"] == [0] and stopped["exits"] == [-9, 0]
+    assert len(stopped["attempts"]) == 2
     assert 0 < stopped["run"]["goodput"] < clean["run"]["goodput"] < 1
     assert stopped["run"]["recomputed_s"] > 0 == clean["run"]["recomputed_s"]
