@@ -1,6 +1,13 @@
 # Two entry points for a newcomer: `make demo` runs the main job locally,
 # `make test` runs the test suite. Both prepare .venv on first use.
-.PHONY: demo test lint bootstrap
+# `make test-fast` is the inner loop: every test that needs no Slurm cluster, no image
+# build and no training processes.
+.PHONY: demo test test-fast lint bootstrap
+
+# Parallel test workers (pytest-xdist). Tests that share the loopback Slurm cluster, or the
+# image build, stay together on one worker (--dist loadgroup, tests/support/suite_time.py).
+TEST_WORKERS ?= 3
+PYTEST = .venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
 bootstrap:
 	scripts/bootstrap
@@ -10,7 +17,10 @@ demo: bootstrap
 	.venv/bin/python -m training
 
 test: bootstrap lint
-	.venv/bin/python -m pytest
+	$(PYTEST)
+
+test-fast: bootstrap lint
+	$(PYTEST) -m "not slurm and not image and not multiprocess"
 
 lint:
 	.venv/bin/ruff check .
