@@ -70,9 +70,14 @@ def test_matrix_job_prints_every_variant_of_matrix_toml(tmp_path):
             for key in ("cuda", "cudnn", "nccl"):
                 assert expect[expect.index(f"--{key}") + 1] == variant[key]
             assert expect[expect.index("--net-plugin") + 1] == "ofi"
-            efa = MATRIX_TOML["efa"]
-            assert expect[expect.index("--net-plugin-version") + 1] == efa["aws_ofi_nccl"]
+            # The newest aws-ofi-nccl release whose notes name the variant's NCCL series.
+            series = ".".join(variant["nccl"].split(".")[:2])
+            plugins = MATRIX_TOML["aws_ofi_nccl"]
+            tested = [v for v, release in plugins.items() if series in release["tested_nccl"]]
+            newest = max(tested, key=lambda v: tuple(map(int, v.split("."))))
+            assert expect[expect.index("--net-plugin-version") + 1] == newest
             assert expect[expect.index("--net-plugin-dir") + 1] == "/opt/amazon/ofi-nccl/lib"
+            assert expect[expect.index("--nccl-tests") + 1] == "/opt/nccl-tests/bin/all_reduce_perf"
         else:
             assert expect[expect.index("--net-plugin") + 1] == "none"
         assert expect[expect.index("--cpu-isa") + 1] == MATRIX_TOML["cpu_isa"]["march"]
