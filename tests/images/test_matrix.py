@@ -102,14 +102,14 @@ BAD_MATRICES = [
         id="duplicate-name",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"',
-        'base_runtime = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@',
+        'base_runtime = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@',
         ["variant 'cu128'", "field 'base_runtime'", "-cudnn-", "-base"],
         id="cudnn-runtime-base",
     ),
     pytest.param(
-        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu24.04@sha256:520292dbb4f755fd360766059e62956e9379485d9e073bbd2f6e3c20c270ed66"',
-        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu24.04@sha256:520292dbb4f755fd360766059e62956e9379485d9e073bbd2f6e3c20c270ed66"',
+        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu24.04@',
+        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu24.04@',
         ["variant 'cu128'", "field 'base_build'", "CUDA 12.6"],
         id="base-image-cuda-mismatch",
     ),
@@ -138,8 +138,8 @@ BAD_MATRICES = [
         id="python-not-the-base-os-system-python",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"',
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu22.04@sha256:133c78a0575303be34164d0b90137a042172bdf60696af01a3c424ab402d86e2"',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu22.04@',
         ["variant 'cu128'", "field 'base_runtime'", "ubuntu22.04", "one OS"],
         id="build-and-runtime-on-different-os",
     ),
@@ -258,10 +258,16 @@ def test_pins_agree_with_requirements_train():
     assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}
 
 
+CU130_RUNTIME = (
+    "nvidia/cuda:13.0.3-base-ubuntu24.04"
+    "@sha256:7c7413a56200486f71f181cad9310f6fd31b6bb21816ade15fc9c1e1e927a5c1"
+)
+
+
 def test_a_cuda_base_must_be_pinned_by_a_whole_digest(tmp_path):
     tag_only = write_modified(
         tmp_path,
-        'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04@sha256:7c7413a56200486f71f181cad9310f6fd31b6bb21816ade15fc9c1e1e927a5c1"',
+        f'base_runtime = "{CU130_RUNTIME}"',
         'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04"',
     )
     message = load_error(tag_only)
@@ -269,7 +275,7 @@ def test_a_cuda_base_must_be_pinned_by_a_whole_digest(tmp_path):
     assert "a tag without a digest" in message and "@sha256:<digest>" in message
     short = write_modified(
         tmp_path,
-        'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04@sha256:7c7413a56200486f71f181cad9310f6fd31b6bb21816ade15fc9c1e1e927a5c1"',
+        f'base_runtime = "{CU130_RUNTIME}"',
         'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04@sha256:abc"',
     )
     assert "is not an nvidia/cuda -base/-runtime image" in load_error(short)
