@@ -2,6 +2,9 @@
 
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
   python -m images push <variant> REGISTRY ...
+  python -m images stage <variant> REGISTRY --run ID [--cache REF]
+  python -m images release-check <variant> REGISTRY
+  python -m images promote <variant> REGISTRY STAGED@sha256:...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
@@ -20,7 +23,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, ci_matrix, disk_budget, locks, smoke
+from images import base, builder, ci_matrix, disk_budget, locks, release, smoke
 from images.build_args import build_args, commit_time, git_revision, source_url
 from images.errors import CannotRun, RunFailed
 from images.matrix import MatrixError, load_matrix
@@ -94,6 +97,33 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
     push.add_argument("--engine", choices=("docker", "buildah", "podman"), help="as for build")
     push.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
+
+    staging = commands.add_parser(
+        "stage",
+        help="build and push to REGISTRY/<image name>-staging:<tag>-<run> with an SBOM and "
+        "provenance (docker buildx); print name@digest",
+    )
+    staging.add_argument("variant")
+    staging.add_argument("registry")
+    staging.add_argument("--run", required=True, help="this run's id (one staging tag per run)")
+    staging.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+    staging.add_argument("--cache", metavar="REF", help="registry ref of the layer cache (read)")
+
+    for name, what in (
+        ("release-check", "exit 1 if REGISTRY already holds the variant's release tag"),
+        ("promote", "copy a staged image, by digest, to its release tag; print name:tag@digest"),
+    ):
+        command = commands.add_parser(name, help=what)
+        command.add_argument("variant")
+        command.add_argument("registry")
+        if name == "promote":
+            command.add_argument("staged", help="the staged image, NAME@sha256:...")
+        command.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+        command.add_argument(
+            "--insecure-registry",
+            action="store_true",
+            help="plain HTTP, no TLS check (a test registry on loopback only)",
+        )
 
     args = commands.add_parser("build-args", help="print the variant's build args")
     args.add_argument("variant")
@@ -200,6 +230,31 @@ def _run(options: argparse.Namespace) -> int:
             print(builder.build(request, engine))
         if request.registries:
             print("\n".join(builder.push(request, engine)))
+    elif options.command == "stage":
+        request = builder.make_request(
+            matrix,
+            variant,
+            revision=git_revision(),
+            created=commit_time(),
+            source_url=source_url(),
+            cache=options.cache,
+            image_name=options.image_name,
+        )
+        repository = release.staging_repository(
+            f"{options.registry.rstrip('/')}/{options.image_name}"
+        )
+        tag = release.staging_tag(variant.tag(matrix.release), options.run)
+        print(builder.stage(request, f"{repository}:{tag}"))
+    elif options.command in ("release-check", "promote"):
+        target = (
+            f"{options.registry.rstrip('/')}/{options.image_name}:{variant.tag(matrix.release)}"
+        )
+        registry = release.Registry(tls_verify=not options.insecure_registry)
+        if options.command == "release-check":
+            release.check_absent(target, registry)
+            print(f"{target}: not yet released")
+        else:
+            print(release.promote(options.staged, target, registry))
     elif options.command == "disk-budget":
         return disk_budget.main(variant, options.path)
     elif options.command == "smoke":
@@ -217,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     except (MatrixError, CannotRun, locks.LockError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (RunFailed, smoke.SmokeError) as error:
+    except (RunFailed, smoke.SmokeError, release.ReleaseRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 
