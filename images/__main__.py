@@ -4,6 +4,7 @@
   python -m images push <variant> REGISTRY ...
   python -m images stage <variant> REGISTRY --run ID [--cache REF]
   python -m images release-check <variant> REGISTRY
+  python -m images refresh-bases [--registry HOST]
   python -m images promote <variant> REGISTRY STAGED@sha256:...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
@@ -23,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, ci_matrix, disk_budget, locks, release, smoke
+from images import base, base_digests, builder, ci_matrix, disk_budget, locks, release, smoke
 from images.build_args import build_args, commit_time, git_revision, source_url
 from images.errors import CannotRun, RunFailed
 from images.matrix import MatrixError, load_matrix
@@ -154,6 +155,16 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
+    refresh = commands.add_parser(
+        "refresh-bases", help="re-read each CUDA base tag's digest; rewrite matrix.toml"
+    )
+    refresh.add_argument(
+        "--registry", default="docker.io", help="where the bases are read (a mirror of Docker Hub)"
+    )
+    refresh.add_argument(
+        "--insecure-registry", action="store_true", help="plain HTTP (a test registry only)"
+    )
+
     disk = commands.add_parser(
         "disk-budget", help="disk the build needs (from registry and PyPI sizes) vs free"
     )
@@ -164,6 +175,16 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="where the build writes (the first that exists is checked; default /)",
+    )
+    disk.add_argument(
+        "--cache-write", action="store_true", help="count the mode=max registry cache export"
+    )
+    disk.add_argument(
+        "--peak-log",
+        type=_existing_file,
+        metavar="FILE",
+        help="bytes used on --path, sampled during the build (`df -B1 --output=used`, first "
+        "sample before it): print the measured peak and fail when it exceeds the budget",
     )
 
     run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
@@ -182,6 +203,11 @@ def _run(options: argparse.Namespace) -> int:
     matrix = load_matrix()
     if options.command == "ci-matrix":
         print(ci_matrix.render(matrix))
+        return 0
+    if options.command == "refresh-bases":
+        registry = release.Registry(tls_verify=not options.insecure_registry)
+        changes = base_digests.main(matrix, options.registry, registry)
+        print("\n".join(changes) or "every CUDA base digest is current")
         return 0
     variant = matrix.variant(options.variant)
     if options.command == "build-args":
@@ -256,7 +282,9 @@ def _run(options: argparse.Namespace) -> int:
         else:
             print(release.promote(options.staged, target, registry))
     elif options.command == "disk-budget":
-        return disk_budget.main(variant, options.path)
+        return disk_budget.main(
+            variant, options.path, cache_write=options.cache_write, peak_log=options.peak_log
+        )
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)
     return 0
@@ -269,7 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--cache-write needs --cache REF (the registry ref to write the cache to)")
     try:
         return _run(options)
-    except (MatrixError, CannotRun, locks.LockError) as error:
+    except (MatrixError, CannotRun, locks.LockError, LookupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     except (RunFailed, smoke.SmokeError, release.ReleaseRefused) as error:
