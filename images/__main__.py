@@ -108,7 +108,8 @@ def _parser() -> argparse.ArgumentParser:
     staging.add_argument("registry")
     staging.add_argument("--run", required=True, help="this run's id (one staging tag per run)")
     staging.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
-    staging.add_argument("--cache", metavar="REF", help="registry ref of the layer cache (read)")
+    staging.add_argument("--cache", metavar="REF", help="registry ref of the layer cache")
+    staging.add_argument("--cache-write", action="store_true", help="also write --cache")
 
     for name, what in (
         ("release-check", "exit 1 if REGISTRY already holds the variant's release tag"),
@@ -264,6 +265,7 @@ def _run(options: argparse.Namespace) -> int:
             created=commit_time(),
             source_url=source_url(),
             cache=options.cache,
+            cache_write=options.cache_write,
             image_name=options.image_name,
         )
         repository = release.staging_repository(
