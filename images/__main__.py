@@ -295,7 +295,7 @@ def _run(options: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     options = parser.parse_args(argv)
-    if getattr(options, "cache_write", False) and not options.cache:
+    if options.command in ("build", "stage") and options.cache_write and not options.cache:
         parser.error("--cache-write needs --cache REF (the registry ref to write the cache to)")
     try:
         return _run(options)
