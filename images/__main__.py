@@ -2,6 +2,10 @@
 
   python -m images build <variant> [--push REGISTRY ...] [--wheelhouse DIR [--offline]] ...
   python -m images push <variant> REGISTRY ...
+  python -m images stage <variant> REGISTRY --run ID [--cache REF]
+  python -m images release-check <variant> REGISTRY
+  python -m images refresh-bases [--registry HOST]
+  python -m images promote <variant> REGISTRY STAGED@sha256:...
   python -m images build-args <variant>
   python -m images bootstrap-base <variant> [--storage-driver vfs]
   python -m images lock <variant> [--find-links DIR]
@@ -20,7 +24,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from images import base, builder, ci_matrix, disk_budget, locks, smoke
+from images import base, base_digests, builder, ci_matrix, disk_budget, locks, release, smoke
 from images.build_args import build_args, commit_time, git_revision, source_url
 from images.errors import CannotRun, RunFailed
 from images.matrix import MatrixError, load_matrix
@@ -95,6 +99,34 @@ def _parser() -> argparse.ArgumentParser:
     push.add_argument("--engine", choices=("docker", "buildah", "podman"), help="as for build")
     push.add_argument("--storage-driver", help="buildah/podman storage driver (e.g. vfs)")
 
+    staging = commands.add_parser(
+        "stage",
+        help="build and push to REGISTRY/<image name>-staging:<tag>-<run> with an SBOM and "
+        "provenance (docker buildx); print name@digest",
+    )
+    staging.add_argument("variant")
+    staging.add_argument("registry")
+    staging.add_argument("--run", required=True, help="this run's id (one staging tag per run)")
+    staging.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+    staging.add_argument("--cache", metavar="REF", help="registry ref of the layer cache")
+    staging.add_argument("--cache-write", action="store_true", help="also write --cache")
+
+    for name, what in (
+        ("release-check", "exit 1 if REGISTRY already holds the variant's release tag"),
+        ("promote", "copy a staged image, by digest, to its release tag; print name:tag@digest"),
+    ):
+        command = commands.add_parser(name, help=what)
+        command.add_argument("variant")
+        command.add_argument("registry")
+        if name == "promote":
+            command.add_argument("staged", help="the staged image, NAME@sha256:...")
+        command.add_argument("--image-name", default=builder.IMAGE_NAME, help="as for build")
+        command.add_argument(
+            "--insecure-registry",
+            action="store_true",
+            help="plain HTTP, no TLS check (a test registry on loopback only)",
+        )
+
     args = commands.add_parser("build-args", help="print the variant's build args")
     args.add_argument("variant")
 
@@ -124,6 +156,16 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
+    refresh = commands.add_parser(
+        "refresh-bases", help="re-read each CUDA base tag's digest; rewrite matrix.toml"
+    )
+    refresh.add_argument(
+        "--registry", default="docker.io", help="where the bases are read (a mirror of Docker Hub)"
+    )
+    refresh.add_argument(
+        "--insecure-registry", action="store_true", help="plain HTTP (a test registry only)"
+    )
+
     disk = commands.add_parser(
         "disk-budget", help="disk the build needs (from registry and PyPI sizes) vs free"
     )
@@ -134,6 +176,16 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="where the build writes (the first that exists is checked; default /)",
+    )
+    disk.add_argument(
+        "--cache-write", action="store_true", help="count the mode=max registry cache export"
+    )
+    disk.add_argument(
+        "--peak-log",
+        type=_existing_file,
+        metavar="FILE",
+        help="bytes used on --path, sampled during the build (`df -B1 --output=used`, first "
+        "sample before it): print the measured peak and fail when it exceeds the budget",
     )
 
     run = commands.add_parser("smoke", help="build-and-run check of an image (buildah)")
@@ -152,6 +204,11 @@ def _run(options: argparse.Namespace) -> int:
     matrix = load_matrix()
     if options.command == "ci-matrix":
         print(ci_matrix.render(matrix))
+        return 0
+    if options.command == "refresh-bases":
+        registry = release.Registry(tls_verify=not options.insecure_registry)
+        changes = base_digests.main(matrix, options.registry, registry)
+        print("\n".join(changes) or "every CUDA base digest is current")
         return 0
     variant = matrix.variant(options.variant)
     if options.command == "build-args":
@@ -200,8 +257,36 @@ def _run(options: argparse.Namespace) -> int:
             print(builder.build(request, engine))
         if request.registries:
             print("\n".join(builder.push(request, engine)))
+    elif options.command == "stage":
+        request = builder.make_request(
+            matrix,
+            variant,
+            revision=git_revision(),
+            created=commit_time(),
+            source_url=source_url(),
+            cache=options.cache,
+            cache_write=options.cache_write,
+            image_name=options.image_name,
+        )
+        repository = release.staging_repository(
+            f"{options.registry.rstrip('/')}/{options.image_name}"
+        )
+        tag = release.staging_tag(variant.tag(matrix.release), options.run)
+        print(builder.stage(request, f"{repository}:{tag}"))
+    elif options.command in ("release-check", "promote"):
+        target = (
+            f"{options.registry.rstrip('/')}/{options.image_name}:{variant.tag(matrix.release)}"
+        )
+        registry = release.Registry(tls_verify=not options.insecure_registry)
+        if options.command == "release-check":
+            release.check_absent(target, registry)
+            print(f"{target}: not yet released")
+        else:
+            print(release.promote(options.staged, target, registry))
     elif options.command == "disk-budget":
-        return disk_budget.main(variant, options.path)
+        return disk_budget.main(
+            variant, options.path, cache_write=options.cache_write, peak_log=options.peak_log
+        )
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)
     return 0
@@ -210,14 +295,14 @@ def _run(options: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     options = parser.parse_args(argv)
-    if getattr(options, "cache_write", False) and not options.cache:
+    if options.command in ("build", "stage") and options.cache_write and not options.cache:
         parser.error("--cache-write needs --cache REF (the registry ref to write the cache to)")
     try:
         return _run(options)
-    except (MatrixError, CannotRun, locks.LockError) as error:
+    except (MatrixError, CannotRun, locks.LockError, LookupError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except (RunFailed, smoke.SmokeError) as error:
+    except (RunFailed, smoke.SmokeError, release.ReleaseRefused) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
 

@@ -20,22 +20,54 @@ IMAGE_NAME = "gpu-training-stack"
 OFI_NCCL_PREFIX = "/opt/amazon/ofi-nccl"
 
 
+# Where nccl-tests' all_reduce_perf lives in the CUDA images (image_check.py and
+# gpu_check.py run it from there).
+NCCL_TESTS_PREFIX = "/opt/nccl-tests"
+
+
+def _nvcc_arches(variant: Variant, nvcc_refuses: tuple[str, ...]) -> list[str]:
+    """The wheels' arches that the variant's nvcc can still target."""
+    if variant.cuda is None:
+        return []
+    return [cc for cc in variant.compute_capabilities if cc not in nvcc_refuses]
+
+
 def torch_cuda_arch_list(variant: Variant, nvcc_refuses: tuple[str, ...] = ()) -> str:
     """TORCH_CUDA_ARCH_LIST for the ops build: the wheels' arches nvcc can still target.
 
     The last arch also gets PTX so that newer GPUs can JIT the ops instead of failing.
     """
-    arches = [cc for cc in variant.compute_capabilities if cc not in nvcc_refuses]
-    if variant.cuda is None or not arches:
+    arches = _nvcc_arches(variant, nvcc_refuses)
+    if not arches:
         return ""
     return " ".join([*arches[:-1], f"{arches[-1]}+PTX"])
 
 
+def nvcc_gencode(variant: Variant, nvcc_refuses: tuple[str, ...] = ()) -> str:
+    """NVCC_GENCODE for nccl-tests (its src/common.mk): the same arches as the ops, each as
+    SASS, and the last as PTX too."""
+    arches = [cc.replace(".", "") for cc in _nvcc_arches(variant, nvcc_refuses)]
+    if not arches:
+        return ""
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in arches]
+    return " ".join([*flags, f"-gencode=arch=compute_{arches[-1]},code=compute_{arches[-1]}"])
+
+
 def nvidia_require_cuda(variant: Variant) -> str:
-    """The NVIDIA container toolkit refuses to start the image on a host that fails this."""
+    """The NVIDIA container toolkit refuses to start the image on a host that fails this.
+
+    One clause, its parts joined by commas: in libnvidia-container's grammar a comma is
+    AND and a space is OR (src/cli/dsl.c, dsl_evaluate). The bound is the driver below
+    which nothing of the image can run: CUDA minor-version compatibility's floor
+    (`compat_driver_floor`). Between it and `min_driver` the container starts and the
+    trainer refuses with a message naming both versions (TRAIN_MIN_DRIVER); without the
+    base's forward-compatibility clauses (brand=tesla,driver>=535,...) because the image
+    ships no start step that puts the CUDA compat libraries in front of the host's driver.
+    """
     if variant.cuda is None:
         return ""
-    return f"cuda>={variant.cuda} driver>={variant.min_driver}"
+    major = variant.cuda.split(".")[0]
+    return f"cuda>={major}.0,driver>={variant.compat_driver_floor}"
 
 
 def build_args(
@@ -61,6 +93,7 @@ def build_args(
         "TORCH_CUDA_ARCH_LIST": torch_cuda_arch_list(
             variant, toolkit.nvcc_refuses if toolkit else ()
         ),
+        "NCCL_TESTS_GENCODE": nvcc_gencode(variant, toolkit.nvcc_refuses if toolkit else ()),
         "DS_ACCELERATOR": variant.accelerator,
         "DEEPSPEED_OPS": " ".join(matrix.ops(variant)),
         "CPU_OPS_MARCH": matrix.cpu_isa.march,
@@ -77,18 +110,32 @@ def build_args(
 
 
 def efa_args(matrix: Matrix, variant: Variant) -> dict[str, str]:
-    """The EFA installer and aws-ofi-nccl pins and what verifies them; empty for cpu."""
-    efa = matrix.efa
-    pins = {
-        "EFA_INSTALLER_VERSION": efa.installer,
-        "EFA_INSTALLER_GPG_FINGERPRINT": efa.installer_gpg_fingerprint,
-        "AWS_OFI_NCCL_VERSION": efa.aws_ofi_nccl,
-        "AWS_OFI_NCCL_SHA512": efa.aws_ofi_nccl_sha512,
-    }
-    # The folder exists in every image (the runtime stage copies it), empty for cpu.
+    """The EFA installer, the variant's aws-ofi-nccl release and nccl-tests, with what
+    verifies each; empty for cpu."""
+    plugin = matrix.net_plugin(variant)
+    pins = {}
+    if plugin is not None:
+        pins = {
+            "EFA_INSTALLER_VERSION": matrix.efa.installer,
+            "EFA_INSTALLER_GPG_FINGERPRINT": matrix.efa.installer_gpg_fingerprint,
+            "AWS_OFI_NCCL_VERSION": plugin.version,
+            "AWS_OFI_NCCL_COMMIT": plugin.commit,
+            "NCCL_TESTS_VERSION": matrix.nccl_tests.version,
+            "NCCL_TESTS_COMMIT": matrix.nccl_tests.commit,
+        }
+    names = (
+        "EFA_INSTALLER_VERSION",
+        "EFA_INSTALLER_GPG_FINGERPRINT",
+        "AWS_OFI_NCCL_VERSION",
+        "AWS_OFI_NCCL_COMMIT",
+        "NCCL_TESTS_VERSION",
+        "NCCL_TESTS_COMMIT",
+    )
+    # The folders exist in every image (the runtime stage copies them), empty for cpu.
     return {
-        **{key: value if variant.cuda else "" for key, value in pins.items()},
+        **{name: pins.get(name, "") for name in names},
         "OFI_NCCL_PREFIX": OFI_NCCL_PREFIX,
+        "NCCL_TESTS_PREFIX": NCCL_TESTS_PREFIX,
     }
 
 

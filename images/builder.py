@@ -8,6 +8,7 @@ and `push` only pick the engine and run what they return.
 
 from __future__ import annotations
 
+import json
 import shlex
 import shutil
 import subprocess
@@ -89,13 +90,22 @@ def make_request(
     return request
 
 
-def _common(request: BuildRequest) -> list[str]:
+def _common(request: BuildRequest, tag: str | None = None) -> list[str]:
     argv = ["--file", str(DOCKERFILE), "--target", "runtime"]
     for key, value in request.effective_args().items():
         argv += ["--build-arg", f"{key}={value}"]
-    argv += ["--tag", request.local_tag]
+    argv += ["--tag", tag or request.local_tag]
     if request.wheelhouse:
         argv += ["--build-context", f"wheelhouse={request.wheelhouse}"]
+    return argv
+
+
+def _cache(request: BuildRequest) -> list[str]:
+    if not request.cache:
+        return []
+    argv = ["--cache-from", f"type=registry,ref={request.cache}"]
+    if request.cache_write:
+        argv += ["--cache-to", f"type=registry,ref={request.cache},mode=max"]
     return argv
 
 
@@ -105,12 +115,26 @@ def docker_argv(request: BuildRequest) -> list[str]:
         raise CannotRun(
             "--ca-bundle is for buildah builds; a Docker daemon uses its host's CA store"
         )
-    argv = ["docker", "buildx", "build", *_common(request)]
-    if request.cache:
-        argv += ["--cache-from", f"type=registry,ref={request.cache}"]
-        if request.cache_write:
-            argv += ["--cache-to", f"type=registry,ref={request.cache},mode=max"]
+    argv = ["docker", "buildx", "build", *_common(request), *_cache(request)]
     return [*argv, "--load", str(request.context)]
+
+
+def stage_argv(request: BuildRequest, staging_ref: str, metadata: Path) -> list[str]:
+    """docker buildx build pushed straight to a staging tag, with an SBOM and full
+    provenance attached to the pushed index (BuildKit attestations: `--load` into Docker's
+    image store would drop them). The digest lands in `metadata` (containerimage.digest)."""
+    argv = ["docker", "buildx", "build", *_common(request, staging_ref), *_cache(request)]
+    argv += ["--sbom=true", "--provenance=mode=max", "--metadata-file", str(metadata)]
+    return [*argv, "--push", str(request.context)]
+
+
+def stage(request: BuildRequest, staging_ref: str) -> str:
+    """Build and push to `staging_ref` (docker buildx only); return `name@sha256:...`."""
+    with tempfile.TemporaryDirectory(prefix="stage-") as folder:
+        metadata = Path(folder) / "metadata.json"
+        _run(stage_argv(request, staging_ref, metadata), request.variant)
+        digest = json.loads(metadata.read_text())["containerimage.digest"]
+    return f"{staging_ref.rsplit(':', 1)[0]}@{digest}"
 
 
 def buildah_argv(request: BuildRequest, engine: str = "buildah") -> list[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from images.build_args import OFI_NCCL_PREFIX
+from images.build_args import NCCL_TESTS_PREFIX, OFI_NCCL_PREFIX
 from images.matrix import Matrix, Variant
 
 
@@ -18,8 +18,14 @@ def expectations(matrix: Matrix, variant: Variant) -> list[str]:
     expect = ["--torch", variant.torch, "--deepspeed", variant.deepspeed]
     if variant.cuda:
         expect += ["--cuda", variant.cuda, "--cudnn", variant.cudnn, "--nccl", variant.nccl]
-        expect += ["--net-plugin", "ofi", "--net-plugin-version", matrix.efa.aws_ofi_nccl]
+        expect += [
+            "--net-plugin",
+            "ofi",
+            "--net-plugin-version",
+            matrix.net_plugin(variant).version,
+        ]
         expect += ["--net-plugin-dir", f"{OFI_NCCL_PREFIX}/lib"]
+        expect += ["--nccl-tests", f"{NCCL_TESTS_PREFIX}/bin/all_reduce_perf"]
     else:
         expect += ["--cuda", "none", "--net-plugin", "none"]
     expect += [arg for op in matrix.ops(variant).values() for arg in ("--op", op)]

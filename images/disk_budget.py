@@ -7,9 +7,20 @@ locked wheel's size from PyPI's JSON API (the file whose sha256 the lock pins). 
 figure cannot be read (no docker, a wheel that is not on PyPI such as torch's +cpu build)
 it is named and counted as 0, so the budget is a floor.
 
-A buildx build into the runner's Docker holds, at its peak: both bases unpacked in
-BuildKit; the wheels pip downloaded; the build stage's virtualenv; the runtime stage's
-copy of it; and, after `--load`, the runtime image unpacked once more in Docker's store.
+A buildx build into the runner's Docker (docker-container driver) holds, at its peak:
+- both bases in BuildKit, compressed (its content store keeps the pulled blobs) and
+  unpacked (its snapshots), and the runtime base unpacked once more in Docker's store
+  after `--load`;
+- the wheels pip downloaded;
+- the virtualenv three times unpacked: the build stage, the runtime stage, Docker's copy;
+- the runtime image's layers compressed, which BuildKit writes to its content store to
+  export the image (`--load`, or a push); the virtualenv compresses about as its wheels
+  did, so the wheels' size stands for it;
+- with `--cache-to ...,mode=max`, every stage's layers compressed for the cache export:
+  the build stage's virtualenv once more, again about the wheels' size.
+`main` prints the figure, and given the disk use sampled during the build (`--peak-log`)
+checks it against the measured peak: a budget below what a build used fails, so the model
+is corrected instead of trusted.
 """
 
 from __future__ import annotations
@@ -45,21 +56,32 @@ class Budget:
     wheels: float  # downloaded bytes
     venv: float  # installed bytes
     unknown: tuple[str, ...]  # figures that could not be read (counted as 0)
+    cache_write: bool = False  # the build also exports a mode=max registry cache
+
+    def rows(self) -> list[tuple[str, float]]:
+        bases = self.base_build + self.base_runtime
+        rows = [
+            ("bases, compressed (BuildKit's content store)", bases),
+            ("bases, unpacked (BuildKit)", bases * UNPACKED_PER_COMPRESSED),
+            (
+                "base_runtime, unpacked (Docker, --load)",
+                self.base_runtime * UNPACKED_PER_COMPRESSED,
+            ),
+            ("wheels downloaded", self.wheels),
+            ("virtualenv x3 (build, runtime, --load)", 3 * self.venv),
+            ("image layers compressed for the export", self.wheels),
+        ]
+        if self.cache_write:
+            rows.append(("build stage compressed for the cache export", self.wheels))
+        return rows
 
     @property
     def needed(self) -> float:
-        bases = (self.base_build + 2 * self.base_runtime) * UNPACKED_PER_COMPRESSED
-        return bases + self.wheels + 3 * self.venv
+        return sum(size for _, size in self.rows())
 
     def lines(self) -> list[str]:
-        rows = [
-            ("base_build, unpacked", self.base_build * UNPACKED_PER_COMPRESSED),
-            ("base_runtime, unpacked, twice", 2 * self.base_runtime * UNPACKED_PER_COMPRESSED),
-            ("wheels downloaded", self.wheels),
-            ("virtualenv x3 (build, runtime, --load)", 3 * self.venv),
-        ]
-        out = [f"  {name:<42}{size / GB:7.1f} GB" for name, size in rows]
-        out.append(f"  {'needed':<42}{self.needed / GB:7.1f} GB")
+        out = [f"  {name:<48}{size / GB:7.1f} GB" for name, size in self.rows()]
+        out.append(f"  {'needed':<48}{self.needed / GB:7.1f} GB")
         out += [f"  (not counted: {name})" for name in self.unknown]
         return out
 
@@ -124,7 +146,9 @@ def wheel_bytes(
     return downloaded, installed, unknown
 
 
-def budget(variant: Variant, inspect=_inspect_raw, files=_pypi_files) -> Budget:
+def budget(
+    variant: Variant, inspect=_inspect_raw, files=_pypi_files, *, cache_write: bool = False
+) -> Budget:
     unknown: list[str] = []
     bases = []
     for base in (variant.base_build, variant.base_runtime):
@@ -135,17 +159,41 @@ def budget(variant: Variant, inspect=_inspect_raw, files=_pypi_files) -> Budget:
             unknown.append(f"base image {base}")
     wheels, venv, missing = wheel_bytes(locks.read_lock(locks.lock_path(variant)), files)
     unknown += [f"wheel {name}" for name in missing]
-    return Budget(bases[0], bases[1], wheels, venv, tuple(unknown))
+    return Budget(bases[0], bases[1], wheels, venv, tuple(unknown), cache_write)
 
 
-def main(variant: Variant, paths: list[Path]) -> int:
-    """Print the budget and the free space; 1 when the first existing path has too little."""
-    plan = budget(variant)
+def peak_use(samples: list[int]) -> int:
+    """Bytes a build added at its peak: the most used minus the first sample, taken before it
+    started (`df -B1 --output=used` lines, one per sample)."""
+    return max(samples) - samples[0] if samples else 0
+
+
+def read_samples(log: Path) -> list[int]:
+    return [int(line) for line in log.read_text().split() if line.isdigit()]
+
+
+def main(
+    variant: Variant, paths: list[Path], *, cache_write: bool = False, peak_log: Path | None = None
+) -> int:
+    """Print the budget and the free space; 1 when the first existing path has too little.
+    With `peak_log`, print the build's measured peak instead, and 1 when it exceeded the
+    budget (the model undercounts: fix it)."""
+    plan = budget(variant, cache_write=cache_write)
     where = next((path for path in paths if path.exists()), Path("/"))
-    free = shutil.disk_usage(where).free
     print(f"disk budget for {variant.name}:")
     print("\n".join(plan.lines()))
-    print(f"  {'free on ' + str(where):<42}{free / GB:7.1f} GB")
+    if peak_log is not None:
+        peak = peak_use(read_samples(peak_log))
+        print(f"  {'peak disk use of the build on ' + str(where):<48}{peak / GB:7.1f} GB")
+        if plan.unknown or peak <= plan.needed:
+            return 0
+        print(
+            f"error: the {variant.name} build used {peak / GB:.1f} GB at its peak, more than "
+            f"the {plan.needed / GB:.1f} GB budget: images/disk_budget.py undercounts"
+        )
+        return 1
+    free = shutil.disk_usage(where).free
+    print(f"  {'free on ' + str(where):<48}{free / GB:7.1f} GB")
     if free < plan.needed:
         print(
             f"error: the {variant.name} build needs about {plan.needed / GB:.1f} GB and {where} "

@@ -2,13 +2,16 @@
 
   docker run --rm -i IMAGE python - --torch 2.13.0 --deepspeed 0.19.8 \\
       [--cuda 13.0 --cudnn 9.20.0.48 --nccl 2.29.7 --net-plugin ofi \\
-       --net-plugin-version 1.19.2 --net-plugin-dir /opt/amazon/ofi-nccl/lib | --cuda none] \\
+       --net-plugin-version 1.20.0 --net-plugin-dir /opt/amazon/ofi-nccl/lib \\
+       --nccl-tests /opt/nccl-tests/bin/all_reduce_perf | --cuda none] \\
       [--op fused_adam ...] [--cpu-isa x86-64-v3] < images/image_check.py
 
 Needs no GPU. NCCL's version is the one of the libnccl the process loaded (ncclGetVersion),
 not the one torch was compiled against; the NCCL network plugin is loaded the way NCCL
-loads it (by NCCL_NET_PLUGIN), and its folder and release must be the matrix's; the
-pre-built ops' host code must target the stated instruction set and carry no AVX-512.
+loads it (by NCCL_NET_PLUGIN), and its folder and release must be the matrix's;
+all_reduce_perf must link that same libnccl; every pre-built op is loaded the way DeepSpeed
+loads it at run time (OpBuilder.load(), with compiling forbidden), and its host code must
+target the stated instruction set and carry no AVX-512.
 Prints what it found; exits 1 naming every mismatch. Standalone on purpose (the image has
 no `images` package).
 """
@@ -19,6 +22,7 @@ import argparse
 import ctypes
 import os
 import re
+import subprocess
 import sys
 
 
@@ -126,6 +130,48 @@ def net_plugin_problems(
     return problems
 
 
+def nccl_tests_problems(binary: str, loaded_nccl_path: str) -> list[str]:
+    """all_reduce_perf is there and the dynamic loader resolves its libnccl to the library
+    torch loaded: it measures the NCCL that trains."""
+    if not os.access(binary, os.X_OK):
+        return [f"{binary} is missing: the image carries no all_reduce_perf"]
+    linked = subprocess.run(["ldd", binary], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"libnccl\.so\.2 => (\S+)", linked)
+    print(f"all_reduce_perf: {binary} links {found[1] if found else 'no libnccl'}")
+    if found is None or found[1] == "not":
+        return [f"{binary} links no libnccl.so.2 the loader can find"]
+    if os.path.realpath(found[1]) != os.path.realpath(loaded_nccl_path):
+        return [f"{binary} links {found[1]}, but torch loads {loaded_nccl_path}"]
+    return []
+
+
+def load_ops(names: list[str]) -> list[str]:
+    """Load each op as DeepSpeed does at run time (OpBuilder.load: the pre-built module if
+    `installed_ops` says so, else a JIT build), with the JIT build replaced by an error: an
+    op that is not pre-built, or whose module does not import (a missing library, a torch
+    ABI mismatch), is named. deepspeed/ops/op_builder/builder.py, OpBuilder.load."""
+    from deepspeed.ops.op_builder.all_ops import ALL_OPS
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    def refuse(self, *args, **kwargs):
+        raise RuntimeError("not pre-built: DeepSpeed would compile it at run time")
+
+    OpBuilder.jit_load = refuse
+    problems = []
+    for name in names:
+        builder = ALL_OPS.get(name)
+        if builder is None:
+            problems.append(f"DeepSpeed op {name!r}: no such op for this accelerator")
+            continue
+        try:
+            module = builder.load()
+        except Exception as error:  # ImportError, RuntimeError, OSError: all say why
+            problems.append(f"DeepSpeed op {name!r} does not load: {error}")
+            continue
+        print(f"DeepSpeed op {name}: loaded {getattr(module, '__file__', module)}")
+    return problems
+
+
 # DWARF producer strings GCC records with -g (-grecord-gcc-switches is its default).
 _PRODUCER = re.compile(rb"GNU C[^\x00]*")
 
@@ -198,7 +244,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--net-plugin-version", default="", help="the plugin's release")
     parser.add_argument("--net-plugin-dir", default="", help="the folder it must load from")
-    parser.add_argument("--op", action="append", default=[], help="op that must be pre-built")
+    parser.add_argument("--nccl-tests", default="", help="all_reduce_perf, linked to torch's NCCL")
+    parser.add_argument(
+        "--op", action="append", default=[], help="op that must be pre-built and load"
+    )
     parser.add_argument("--cpu-isa", help="the -march the pre-built ops' host code targets")
     args = parser.parse_args(argv)
     found, ops = found_versions()
@@ -214,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
         problems += net_plugin_problems(
             args.net_plugin, dict(os.environ), args.net_plugin_version, args.net_plugin_dir
         )
+    if args.nccl_tests:
+        problems += nccl_tests_problems(args.nccl_tests, loaded_nccl()[0])
+    problems += load_ops(args.op)
     if args.cpu_isa:
         libraries = op_libraries()
         print("pre-built op libraries:", ", ".join(map(os.path.basename, libraries)) or "none")

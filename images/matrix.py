@@ -95,28 +95,50 @@ class DeepSpeedOps:
 
 @record
 class Efa:
-    """The EFA installer and the one aws-ofi-nccl release every CUDA image carries, with
-    what the image build verifies them by and the NCCL series the plugin was tested with."""
+    """The EFA installer every CUDA image carries, and the key its signature must come from."""
 
     installer: str
     installer_gpg_fingerprint: str
-    aws_ofi_nccl: str
-    aws_ofi_nccl_sha512: str
-    aws_ofi_nccl_tested_nccl: tuple[str, ...]
     source: str
 
-    _check_versions = field_validator("installer", "aws_ofi_nccl")(dotted_version)
+    _check_versions = field_validator("installer")(dotted_version)
 
     _fingerprint = field_validator("installer_gpg_fingerprint")(
         matching(r"[0-9A-F]{40}", "must be 40 upper-case hex digits, without spaces")
     )
-    _sha512 = field_validator("aws_ofi_nccl_sha512")(
-        matching(r"[0-9a-f]{128}", "must be 128 lower-case hex digits (the release notes' sha512)")
-    )
 
-    def plugin_matches(self, nccl: str) -> bool:
-        """True when the plugin release was tested with this NCCL's major.minor series."""
-        return ".".join(nccl.split(".")[:2]) in self.aws_ofi_nccl_tested_nccl
+
+_COMMIT = matching(r"[0-9a-f]{40}", "must be the 40 lower-case hex digits of a git commit")
+
+
+@record
+class NetPlugin:
+    """One aws-ofi-nccl release: the commit its tag must point at, and the NCCL series its
+    release notes say it was tested with."""
+
+    version: str
+    commit: str
+    tested_nccl: tuple[str, ...]
+    source: str
+
+    _check_version = field_validator("version")(dotted_version)
+    _check_commit = field_validator("commit")(_COMMIT)
+
+    def tested_with(self, nccl: str) -> bool:
+        """True when the release notes name this NCCL's major.minor series."""
+        return ".".join(nccl.split(".")[:2]) in self.tested_nccl
+
+
+@record
+class NcclTests:
+    """The nccl-tests release whose all_reduce_perf the CUDA images carry."""
+
+    version: str
+    commit: str
+    source: str
+
+    _check_version = field_validator("version")(dotted_version)
+    _check_commit = field_validator("commit")(_COMMIT)
 
 
 @record
@@ -197,6 +219,8 @@ class Matrix:
     cuda_majors: dict[str, CudaMajor] = field(hash=False)
     deepspeed_ops: dict[str, DeepSpeedOps] = field(hash=False)
     efa: Efa
+    net_plugins: tuple[NetPlugin, ...]  # oldest release first
+    nccl_tests: NcclTests
     cpu_isa: CpuIsa
 
     @property
@@ -225,6 +249,13 @@ class Matrix:
         """The DeepSpeed ops the variant's image pre-builds: DS_BUILD_<KEY> -> op name."""
         return self.deepspeed_ops[variant.accelerator].ops
 
+    def net_plugin(self, variant: Variant) -> NetPlugin | None:
+        """The newest aws-ofi-nccl release tested with the variant's NCCL (None: cpu)."""
+        if variant.nccl is None:
+            return None
+        tested = [p for p in self.net_plugins if p.tested_with(variant.nccl)]
+        return tested[-1] if tested else None
+
 
 _TABLES = {
     "release",
@@ -234,6 +265,8 @@ _TABLES = {
     "cuda_major",
     "deepspeed_ops",
     "efa",
+    "aws_ofi_nccl",
+    "nccl_tests",
     "cpu_isa",
 }
 
@@ -253,6 +286,8 @@ def load_matrix(path: Path | str | None = None) -> Matrix:
         "cuda_majors": file.tables(CudaMajor, "cuda_major", header="cuda_major.<name>"),
         "deepspeed_ops": file.tables(DeepSpeedOps, "deepspeed_ops", header="deepspeed_ops.<name>"),
         "efa": file.table(Efa, "efa"),
+        "net_plugins": _load_net_plugins(file.raw.get("aws_ofi_nccl", {}), where),
+        "nccl_tests": file.table(NcclTests, "nccl_tests"),
         "cpu_isa": file.table(CpuIsa, "cpu_isa"),
     }
     variants: list[Variant] = []
@@ -291,6 +326,26 @@ def _load_torch_wheels(raw: Any, where: str) -> dict[str, dict[str, TorchWheels]
     return releases
 
 
+def _load_net_plugins(raw: Any, where: str) -> tuple[NetPlugin, ...]:
+    if not isinstance(raw, dict) or not raw:
+        raise MatrixError(
+            f"{where}: 'aws_ofi_nccl' must be a table of releases ([aws_ofi_nccl.\"X.Y.Z\"])"
+        )
+    plugins = []
+    for version, table in raw.items():
+        if not isinstance(table, dict):
+            raise MatrixError(f"{where}: aws_ofi_nccl.{version} must be a table")
+        plugins.append(
+            build_record(
+                NetPlugin,
+                {"version": version, **table},
+                where=f"{where}: aws_ofi_nccl '{version}'",
+                error=MatrixError,
+            )
+        )
+    return tuple(sorted(plugins, key=lambda p: version_key(p.version)))
+
+
 def _check_variant(v: Variant, matrix: Matrix, where: str) -> None:
     def fail(field_name: str, problem: str) -> MatrixError:
         return MatrixError(f"{where}, field '{field_name}': {problem}")
@@ -316,12 +371,12 @@ def _check_variant(v: Variant, matrix: Matrix, where: str) -> None:
         have, want = getattr(v, name), getattr(facts, name)
         if have != want:
             raise fail(name, f"{have} disagrees with torch {v.torch} {v.wheel_variant} ({want})")
-    if v.nccl and not matrix.efa.plugin_matches(v.nccl):
+    if v.nccl and matrix.net_plugin(v) is None:
+        known = ", ".join(p.version for p in matrix.net_plugins)
         raise fail(
             "nccl",
-            f"{v.nccl} is not a series aws-ofi-nccl {matrix.efa.aws_ofi_nccl} was tested with "
-            f"({', '.join(matrix.efa.aws_ofi_nccl_tested_nccl)}): pick the plugin release whose "
-            "notes name it ([efa] aws_ofi_nccl)",
+            f"no aws-ofi-nccl release in the matrix was tested with NCCL {v.nccl} (known: "
+            f'{known}): add the release whose notes name it ([aws_ofi_nccl."X.Y.Z"])',
         )
 
     # Checked before the arch list so the message names the real cause.
@@ -380,6 +435,12 @@ def _check_bases(v: Variant, fail) -> None:
             raise fail(name, f"{image} is not an nvidia/cuda -{'/-'.join(kinds)} image ({example})")
         if match.group(1) != v.cuda:
             raise fail(name, f"{image} carries CUDA {match.group(1)}, the variant says {v.cuda}")
+        if match.group(3) is None:
+            raise fail(
+                name,
+                f"{image} is a tag without a digest: pin it as {image}@sha256:<digest> "
+                f"(`docker buildx imagetools inspect {image}` prints it)",
+            )
 
 
 def _check_python(v: Variant, base_os: dict[str, BaseOs], fail) -> None:

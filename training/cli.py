@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 import torch
@@ -38,6 +39,7 @@ from training.spec.config import (
     load_config,
     validate,
 )
+from training.spec.ops import accelerator, check_ops, installed_ops, ops_needed
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
 log = logging.getLogger("training")
@@ -110,6 +112,9 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             on_gpu=torch.cuda.is_available(),
             capability=gpu_capability(),
         )
+        on_gpu = torch.cuda.is_available()
+        built = installed_ops(accelerator(os.environ, on_gpu=on_gpu))
+        check_ops(ops_needed(config, on_gpu=on_gpu), built)
     except (ConfigError, SelfCheckError) as error:  # TopologyError is a ConfigError
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG

@@ -49,10 +49,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def repository_name(image_uri: str | None) -> str | None:
-    """`<account>.dkr.ecr.<region>.amazonaws.com/<name>:<tag>` -> `<name>`."""
+    """`<account>.dkr.ecr.<region>.amazonaws.com/<name>:<tag>[@sha256:...]` -> `<name>`."""
     if not image_uri or "/" not in image_uri:
         return None
-    return image_uri.split("/", 1)[1].rsplit(":", 1)[0]
+    return image_uri.split("@", 1)[0].split("/", 1)[1].rsplit(":", 1)[0]
 
 
 def run(

@@ -147,6 +147,9 @@ def foundation(
         opts=child,
     )
     image_tag = config.image_tag or plan.image_tag
+    # name:tag@digest: Docker and Enroot (4.0+, src/docker.sh _parse_uri) pull the digest; the
+    # tag stays for people reading it.
+    pinned = f"@{config.image_digest}" if config.image_digest else ""
     region = aws.get_region_output(opts=pulumi.InvokeOutputOptions(parent=stack, provider=provider))
     return Foundation(
         child=child,
@@ -155,7 +158,7 @@ def foundation(
         guardrails=guardrails,
         spend_guard=spend_guard,
         region=region.region,
-        image_uri=storage.repository_url.apply(lambda url: f"{url}:{image_tag}"),
+        image_uri=storage.repository_url.apply(lambda url: f"{url}:{image_tag}{pinned}"),
         # What the stack costs (infra.knowledge.costs): $/h of all nodes in each market and
         # in the one it uses, and the budget per month.
         costs=cost_summary(plan, config.guardrails, market=config.market),

@@ -44,6 +44,7 @@ LOG_RETENTION_DAYS = (
 _S3_URI = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(?:/(?P<prefix>\S*))?$")
 # Docker/OCI tag grammar: https://docs.docker.com/reference/cli/docker/image/tag/
 _IMAGE_TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+_IMAGE_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _RESERVATION_ID = re.compile(r"^cr-[0-9a-f]{8,17}$")
 _AVAILABILITY_ZONE = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d[a-z]$")
 
@@ -102,6 +103,13 @@ class StackConfig(BaseModel):
         json_schema_extra={
             "default_text": "the variant's release tag, e.g. `0.1.0-torch2.13.0-cu130-py3.12`"
         },
+    )
+    image_digest: str | None = Field(
+        None,
+        description="`sha256:<64 hex digits>`: nodes pull the image by this digest (the "
+        "`name:tag@sha256:...` a release or `python -m images push` prints), so what runs is "
+        "exactly what was tested, whatever the tag holds",
+        json_schema_extra={"default_text": "none: nodes pull by tag"},
     )
     train_config: Path | None = Field(
         None,
@@ -194,6 +202,13 @@ class StackConfig(BaseModel):
     def _image_tag(cls, value: str | None) -> str | None:
         if value is not None and not _IMAGE_TAG.match(value):
             raise ValueError("not a valid image tag (letters, digits, '_', '.', '-'; at most 128)")
+        return value
+
+    @field_validator("image_digest")
+    @classmethod
+    def _image_digest(cls, value: str | None) -> str | None:
+        if value is not None and not _IMAGE_DIGEST.fullmatch(value):
+            raise ValueError("not an image digest: write sha256: and its 64 lower-case hex digits")
         return value
 
     @field_validator("data_s3_uri", mode="before")

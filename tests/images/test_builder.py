@@ -230,3 +230,26 @@ def test_buildah_keeps_layers_when_the_image_is_pushed():
     pushed = builder.buildah_argv(request(registries=("ghcr.io/org",)))
     assert "--layers" in pushed
     assert pairs(pushed, "--tag") == [f"{IMAGE_NAME}:{CPU.tag(MATRIX.release)}"]
+
+
+def test_a_staged_build_pushes_once_with_its_sbom_and_provenance(tmp_path):
+    req = request(CUDA, cache="ghcr.io/org/cache:cu")
+    staging = f"ghcr.io/org/{IMAGE_NAME}-staging:{CUDA.tag(MATRIX.release)}-41"
+    argv = builder.stage_argv(req, staging, tmp_path / "metadata.json")
+    assert pairs(argv, "--tag") == [staging]  # the staging tag only, never the release's
+    assert argv[-2:] == ["--push", str(REPO_ROOT)] and "--load" not in argv
+    assert {"--sbom=true", "--provenance=mode=max"} <= set(argv)
+    assert pairs(argv, "--metadata-file") == [str(tmp_path / "metadata.json")]
+    assert pairs(argv, "--cache-from") == ["type=registry,ref=ghcr.io/org/cache:cu"]
+
+
+def test_stage_reports_the_digest_buildx_pushed(tmp_path, monkeypatch):
+    digest = "sha256:" + "ab" * 32
+
+    def fake_run(argv, variant):
+        metadata = Path(argv[argv.index("--metadata-file") + 1])
+        metadata.write_text(f'{{"containerimage.digest": "{digest}"}}')
+
+    monkeypatch.setattr(builder, "_run", fake_run)
+    staged = builder.stage(request(CUDA), "ghcr.io/org/x-staging:t-1")
+    assert staged == f"ghcr.io/org/x-staging@{digest}"

@@ -56,13 +56,38 @@ def test_wheels_count_the_locked_file_and_what_it_installs():
     assert installed == pytest.approx(3.65e9 + 1.34e8 + others * 1000 * 3.65, rel=1e-3)
 
 
-def test_budget_adds_unpacked_bases_the_download_and_three_virtualenvs():
+def test_budget_counts_compressed_and_unpacked_copies_and_the_cache_export():
     files, _ = fake_index({})
     plan = disk_budget.budget(CU130, fake_registry, files)
     assert plan.base_build == plan.base_runtime == 3 * GB
-    # 3 GB compressed unpacks 7.37/2.92 times; the runtime base is there twice.
-    expected = 3 * 3 * GB * 7.37 / 2.92 + plan.wheels + 3 * plan.venv
+    # Bases: 6 GB compressed kept beside their unpacked snapshots (7.37/2.92 times), and
+    # the runtime base unpacked again in Docker; the download; three virtualenvs; the
+    # image's layers compressed for the export (about the wheels' size).
+    unpacked = 7.37 / 2.92
+    expected = 6 * GB + 6 * GB * unpacked + 3 * GB * unpacked + 2 * plan.wheels + 3 * plan.venv
     assert plan.needed == pytest.approx(expected)
+    cached = disk_budget.budget(CU130, fake_registry, files, cache_write=True)
+    assert cached.needed == pytest.approx(expected + plan.wheels)  # the build stage, compressed
+
+
+def test_peak_use_is_the_most_used_above_the_sample_before_the_build():
+    assert disk_budget.peak_use([10 * GB, 14 * GB, 31 * GB, 12 * GB]) == 21 * GB
+    assert disk_budget.peak_use([]) == 0
+
+
+def test_a_build_that_used_more_than_its_budget_fails_the_check(monkeypatch, tmp_path, capsys):
+    files, _ = fake_index({})
+    computed = disk_budget.budget(CU130, fake_registry, files)
+    monkeypatch.setattr(disk_budget, "budget", lambda variant, cache_write: computed)
+    log = tmp_path / "disk-used.log"
+    base = 40 * GB
+    log.write_text(f"{base:.0f}\n{base + computed.needed - GB:.0f}\n{base:.0f}\n")
+    assert disk_budget.main(CU130, [tmp_path], peak_log=log) == 0
+    log.write_text(f"{base:.0f}\n{base + computed.needed + GB:.0f}\n")
+    assert disk_budget.main(CU130, [tmp_path], peak_log=log) == 1
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith(f"error: the cu130 build used {(computed.needed + GB) / GB:.1f} GB")
+    assert last.endswith("images/disk_budget.py undercounts")
 
 
 def test_what_cannot_be_read_is_named_not_guessed():
@@ -85,7 +110,7 @@ def test_what_cannot_be_read_is_named_not_guessed():
 def test_too_little_free_space_fails_before_the_build(monkeypatch, tmp_path, capsys):
     files, _ = fake_index({})
     computed = disk_budget.budget(CU130, fake_registry, files)
-    monkeypatch.setattr(disk_budget, "budget", lambda variant: computed)
+    monkeypatch.setattr(disk_budget, "budget", lambda variant, cache_write: computed)
     monkeypatch.setattr(
         disk_budget.shutil, "disk_usage", lambda path: type("U", (), {"free": 5 * GB})
     )

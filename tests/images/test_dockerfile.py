@@ -1,6 +1,7 @@
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 from images.build_args import DOCKERFILE
@@ -66,16 +67,18 @@ def test_runtime_env_sets_the_nvidia_and_trainer_contract():
 def test_stages_come_from_the_matrix_bases_and_the_project_has_its_own_layer():
     assert re.findall(r"^FROM (\S+) AS ([\w-]+)", TEXT, flags=re.M) == [
         ("scratch", "wheelhouse"),
-        ("${BASE_BUILD}", "efa-downloads"),
+        ("${BASE_BUILD}", "sources"),
         ("${BASE_BUILD}", "build"),
         ("${BASE_RUNTIME}", "runtime"),
     ]
     # The build stage builds the project's wheel into /dist, outside the virtualenv; the
     # runtime installs it after copying the virtualenv: a code change ships one small layer.
     assert "pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /dist /src" in TEXT
-    venv_copy = RUNTIME.index("COPY --from=build /opt/venv /opt/venv")
+    layers = [
+        RUNTIME.index(f"COPY --from=build /layers/{part}/ /") for part in ("cuda", "torch", "rest")
+    ]
     project = RUNTIME.index("RUN --mount=type=bind,from=build,source=/dist,target=/dist")
-    assert venv_copy < project
+    assert layers == sorted(layers) and layers[-1] < project
     assert "COPY training/" not in RUNTIME and "PYTHONPATH" not in TEXT
     assert "COPY images/locks/${VARIANT}.txt" in TEXT
     assert "--require-hashes" in TEXT and "--no-build-isolation" in TEXT
@@ -116,24 +119,52 @@ def test_cuda_path_installs_efa_without_its_plugin_and_builds_one_aws_ofi_nccl()
     )
     assert "WARNING: --skip-kmod, --no-verify and --skip-limit-conf are for container" in TEXT
     assert len(re.findall(r"\./configure ", TEXT)) == 1
+    assert "./autogen.sh" in TEXT  # a release tag's checkout carries no configure script
     configure = re.search(r"\./configure ([^&]+)&&", TEXT)[1]
     assert '--prefix="${OFI_NCCL_PREFIX}"' in configure
     assert "--with-libfabric=/opt/amazon/efa" in configure
     assert "--enable-platform-aws" in configure
     # Versions only from the build args (matrix.toml [efa]); the cpu image skips all three.
     assert "aws-efa-installer-${EFA_INSTALLER_VERSION}.tar.gz" in TEXT
-    assert "download/v${AWS_OFI_NCCL_VERSION}/${ofi}" in TEXT
+    assert '--branch "v${AWS_OFI_NCCL_VERSION}" https://github.com/aws/aws-ofi-nccl.git' in TEXT
     assert TEXT.count('if [ -n "${EFA_INSTALLER_VERSION}" ]') == 3
     assert 'NCCL_NET_PLUGIN="${NCCL_NET_PLUGIN}"' in RUNTIME
 
 
 def test_downloads_are_verified_before_any_stage_uses_them():
-    downloads = TEXT.split("AS efa-downloads", 1)[1].split("\nFROM ", 1)[0]
+    downloads = TEXT.split("AS sources", 1)[1].split("\nFROM ", 1)[0]
     # The installer: signed by the key whose fingerprint is pinned (not merely any key the
-    # same server hands out); the plugin: the sha512 of its release notes.
+    # same server hands out); each release tag: the commit the matrix pins.
     assert "gpg --batch --status-file /tmp/gpg-status --verify" in downloads
     assert 'VALIDSIG .*${EFA_INSTALLER_GPG_FINGERPRINT}" /tmp/gpg-status' in downloads
-    assert 'echo "${AWS_OFI_NCCL_SHA512}  ${ofi}" | sha512sum --check --strict -' in downloads
-    # The other stages read the tarballs from there only: no second download.
+    assert 'test "$(git -C aws-ofi-nccl rev-parse HEAD)" = "${AWS_OFI_NCCL_COMMIT}"' in downloads
+    assert 'test "$(git -C nccl-tests rev-parse HEAD)" = "${NCCL_TESTS_COMMIT}"' in downloads
+    # The other stages read what was fetched from there only: no second download.
     assert TEXT.count("curl -") == 1 and "curl -" in downloads
-    assert TEXT.count("from=efa-downloads,source=/downloads,target=/downloads") == 2
+    assert TEXT.count("clone --quiet") == downloads.count("clone --quiet") == 2
+    assert TEXT.count("from=sources,source=/downloads,target=/downloads") == 3
+
+
+def test_all_reduce_perf_is_built_against_the_virtualenvs_nccl_and_shipped():
+    build = TEXT.split("AS build", 1)[1].split("AS runtime", 1)[0]
+    nccl_tests = build.index('make -j"$(nproc)" -C /tmp/nccl-tests MPI=0')
+    # After the virtualenv exists (its libnccl is what torch loads), before the layer split.
+    assert build.index("pip install --no-deps --no-build-isolation /tmp/deepspeed-*/") < nccl_tests
+    assert nccl_tests < build.index("mv /opt/venv /layers/rest/opt/venv")
+    assert "find /opt/venv -name libnccl.so.2" in build
+    assert 'NCCL_HOME="${nccl_lib}/.." NVCC_GENCODE="${NCCL_TESTS_GENCODE}"' in build
+    assert 'echo "${nccl_lib}" > /layers/rest/etc/ld.so.conf.d/nccl.conf' in build
+    assert "COPY --from=build ${NCCL_TESTS_PREFIX} ${NCCL_TESTS_PREFIX}" in RUNTIME
+    # ldconfig runs after the virtualenv's layers land, so the loader knows that folder.
+    assert RUNTIME.index("COPY --from=build /layers/rest/ /") < RUNTIME.index("    ldconfig")
+
+
+def test_every_cuda_base_is_pinned_by_digest():
+    matrix = tomllib.loads((DOCKERFILE.parent / "matrix.toml").read_text())
+    for variant in matrix["variant"]:
+        for key in ("base_build", "base_runtime"):
+            if variant[key].startswith("nvidia/cuda"):
+                assert re.fullmatch(r"nvidia/cuda:\S+@sha256:[0-9a-f]{64}", variant[key]), variant
+    # The FROM lines take the bases from the build args only.
+    froms = re.findall(r"^FROM (\S+)", TEXT, flags=re.M)
+    assert set(froms) == {"scratch", "${BASE_BUILD}", "${BASE_RUNTIME}"}

@@ -1,4 +1,6 @@
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -7,6 +9,7 @@ from images.image_check import (
     isa_problems,
     loaded_nccl,
     mismatches,
+    nccl_tests_problems,
     nccl_version,
     net_plugin_library,
     net_plugin_problems,
@@ -170,3 +173,59 @@ def test_missing_or_broken_plugin_fails(tmp_path):
     ]
     # Unset, NCCL looks for libnccl-net.so: the check names that it is not the ofi plugin.
     assert "not the 'ofi' plugin" in net_plugin_problems("ofi", {})[0]
+
+
+def test_an_op_that_is_not_pre_built_fails_to_load_instead_of_compiling():
+    # This machine's DeepSpeed is a plain pip install: no op is pre-built, so loading
+    # cpu_adam would JIT-compile it. The check must refuse that (in its own process: it
+    # replaces OpBuilder.jit_load), and name an op the accelerator does not have.
+    script = (
+        "from images.image_check import load_ops; "
+        "print('\\n'.join(load_ops(['cpu_adam', 'no_such_op'])))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    # DeepSpeed logs its accelerator choice on stdout too.
+    lines = [line for line in result.stdout.splitlines() if line.startswith("DeepSpeed op")]
+    assert lines == [
+        "DeepSpeed op 'cpu_adam' does not load: not pre-built: DeepSpeed would compile it at "
+        "run time",
+        "DeepSpeed op 'no_such_op': no such op for this accelerator",
+    ]
+
+
+def _linked_binary(tmp_path: Path, library_dir: Path) -> Path:
+    """A program linked to a libnccl.so.2 in library_dir, found there through its RUNPATH."""
+    cc = require_tool("cc", "gcc")
+    library_dir.mkdir(parents=True, exist_ok=True)
+    source = tmp_path / "nccl.c"
+    source.write_text("int ncclGetVersion(int *v) { *v = 22907; return 0; }\n")
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-Wl,-soname,libnccl.so.2", "-o", library_dir / "libnccl.so.2",
+         source],
+        check=True,
+    )  # fmt: skip
+    main = tmp_path / "main.c"
+    main.write_text(
+        "int ncclGetVersion(int *); int main(void) { int v; return ncclGetVersion(&v); }\n"
+    )
+    (library_dir / "libnccl.so").symlink_to("libnccl.so.2")
+    binary = tmp_path / "all_reduce_perf"
+    subprocess.run(
+        [cc, "-o", binary, main, f"-L{library_dir}", "-lnccl", f"-Wl,-rpath,{library_dir}"],
+        check=True,
+    )
+    return binary
+
+
+def test_all_reduce_perf_must_link_the_nccl_torch_loads(tmp_path):
+    binary = _linked_binary(tmp_path, tmp_path / "venv-nccl")
+    assert nccl_tests_problems(str(binary), str(tmp_path / "venv-nccl" / "libnccl.so.2")) == []
+    other = str(tmp_path / "system" / "libnccl.so.2")
+    assert nccl_tests_problems(str(binary), other) == [
+        f"{binary} links {tmp_path / 'venv-nccl' / 'libnccl.so.2'}, but torch loads {other}"
+    ]
+    assert nccl_tests_problems(str(tmp_path / "absent"), other) == [
+        f"{tmp_path / 'absent'} is missing: the image carries no all_reduce_perf"
+    ]

@@ -107,6 +107,20 @@ def test_cache_write_without_a_cache_is_a_usage_error(capsys):
         main(["build", "cpu", "--cache-write", "--dry-run"])
     assert exit_info.value.code == 2
     assert "--cache-write needs --cache REF" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["stage", "cu130", "ghcr.io/acme", "--run", "1", "--cache-write"])
+    assert "--cache-write needs --cache REF" in capsys.readouterr().err
+
+
+def test_the_disk_budget_counts_a_cache_export_without_a_cache_ref(monkeypatch):
+    from images import disk_budget
+
+    called = {}
+    monkeypatch.setattr(
+        disk_budget, "main", lambda variant, paths, **options: called.update(options) or 0
+    )
+    assert main(["disk-budget", "cu130", "--cache-write"]) == 0
+    assert called == {"cache_write": True, "peak_log": None}
 
 
 def test_lock_whose_torch_is_nowhere_reachable_is_one_line_and_exit_2(capsys, monkeypatch):

@@ -102,14 +102,14 @@ BAD_MATRICES = [
         id="duplicate-name",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04"',
-        'base_runtime = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04"',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@',
+        'base_runtime = "nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04@',
         ["variant 'cu128'", "field 'base_runtime'", "-cudnn-", "-base"],
         id="cudnn-runtime-base",
     ),
     pytest.param(
-        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu24.04"',
-        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu24.04"',
+        'base_build = "nvidia/cuda:12.8.1-devel-ubuntu24.04@',
+        'base_build = "nvidia/cuda:12.6.3-devel-ubuntu24.04@',
         ["variant 'cu128'", "field 'base_build'", "CUDA 12.6"],
         id="base-image-cuda-mismatch",
     ),
@@ -138,8 +138,8 @@ BAD_MATRICES = [
         id="python-not-the-base-os-system-python",
     ),
     pytest.param(
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04"',
-        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu22.04"',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu24.04@',
+        'base_runtime = "nvidia/cuda:12.8.1-base-ubuntu22.04@',
         ["variant 'cu128'", "field 'base_runtime'", "ubuntu22.04", "one OS"],
         id="build-and-runtime-on-different-os",
     ),
@@ -197,12 +197,22 @@ def test_unknown_top_level_key_and_bad_toml(tmp_path):
             "[deepspeed_ops.cpuu]",
             ["variant 'cpu'", "no [deepspeed_ops.cpu] table"],
         ),
-        ('aws_ofi_nccl = "1.19.2"', 'aws_ofi_nccl = "latest"', ["[efa]", "aws_ofi_nccl", "latest"]),
         (
-            'aws_ofi_nccl_tested_nccl = ["2.27", "2.28", "2.29"]',
-            'aws_ofi_nccl_tested_nccl = ["2.28", "2.29"]',
-            ["variant 'cu128'", "'nccl'", "2.27.5 is not a series aws-ofi-nccl 1.19.2"],
+            '[aws_ofi_nccl."1.19.2"]',
+            '[aws_ofi_nccl."latest"]',
+            ["aws_ofi_nccl 'latest'", "version", "latest"],
         ),
+        (
+            'commit = "17120adbfd9721f4d0861360b09f05a8d9c5fba4"',
+            'commit = "17120adb"',
+            ["aws_ofi_nccl '1.19.2'", "commit", "40 lower-case hex digits"],
+        ),
+        (
+            'tested_nccl = ["2.27", "2.28", "2.29"]',
+            'tested_nccl = ["2.28", "2.29"]',
+            ["variant 'cu128'", "'nccl'", "no aws-ofi-nccl release", "tested with NCCL 2.27.5"],
+        ),
+        ("[nccl_tests]", "[nccl_testss]", ["nccl_tests"]),
         (
             'installer_gpg_fingerprint = "4E9091BCBB97A96B26B15E59A05480B1DD2D3CCC"',
             'installer_gpg_fingerprint = "4E90 91BC"',
@@ -227,7 +237,8 @@ def test_toolchain_facts_load_with_their_sources():
         "CPU_ADAM": "cpu_adam",
     }
     assert (matrix.cpu_isa.march, matrix.cpu_isa.simd) == ("x86-64-v3", "__AVX256__")
-    assert all(t.source for t in [*matrix.base_os.values(), matrix.efa, matrix.cpu_isa])
+    facts = [*matrix.base_os.values(), *matrix.net_plugins, matrix.efa, matrix.cpu_isa]
+    assert all(t.source for t in [*facts, matrix.nccl_tests])
 
 
 def test_missing_file(tmp_path):
@@ -247,17 +258,24 @@ def test_pins_agree_with_requirements_train():
     assert {v.deepspeed for v in matrix.variants} == {pins["deepspeed"]}
 
 
-def test_a_cuda_base_may_be_pinned_by_digest(tmp_path):
-    digest = "@sha256:" + "ab" * 32
-    pinned = write_modified(
+CU130_RUNTIME = (
+    "nvidia/cuda:13.0.3-base-ubuntu24.04"
+    "@sha256:7c7413a56200486f71f181cad9310f6fd31b6bb21816ade15fc9c1e1e927a5c1"
+)
+
+
+def test_a_cuda_base_must_be_pinned_by_a_whole_digest(tmp_path):
+    tag_only = write_modified(
         tmp_path,
-        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
-        f'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04{digest}"',
+        f'base_runtime = "{CU130_RUNTIME}"',
+        'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04"',
     )
-    assert load_matrix(pinned).variant("cu130").base_runtime.endswith(digest)
+    message = load_error(tag_only)
+    assert "variant 'cu130'" in message and "field 'base_runtime'" in message
+    assert "a tag without a digest" in message and "@sha256:<digest>" in message
     short = write_modified(
         tmp_path,
-        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04"',
-        'base_runtime = "nvidia/cuda:13.0.1-base-ubuntu24.04@sha256:abc"',
+        f'base_runtime = "{CU130_RUNTIME}"',
+        'base_runtime = "nvidia/cuda:13.0.3-base-ubuntu24.04@sha256:abc"',
     )
     assert "is not an nvidia/cuda -base/-runtime image" in load_error(short)

@@ -120,6 +120,10 @@ def test_repository_name_from_the_image_uri():
     uri = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-a100x8:0.1.0-torch2.13.0-cu130"
     assert down.repository_name(uri) == "gpu-stack-a100x8"
     assert down.repository_name(None) is None
+    pinned = (
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-a100x8:0.1.0@sha256:" + "a" * 64
+    )
+    assert down.repository_name(pinned) == "gpu-stack-a100x8"
 
 
 COST_TAG = ("gpu-stack", "gpu-training-stack-l4x1")

@@ -60,6 +60,13 @@ def test_image_tag_defaults_to_the_variant_release_tag_and_can_be_pinned():
     assert pinned.outputs["image_uri"].endswith(":my-experiment-7")
 
 
+def test_a_digest_makes_the_nodes_pull_exactly_that_image():
+    digest = "sha256:" + "5d" * 32
+    run = run_stack(imageDigest=digest)
+    repository = one(run, "aws:ecr/repository:Repository").state["repositoryUrl"]
+    assert run.outputs["image_uri"] == f"{repository}:0.1.0-torch2.13.0-cu130-py3.12@{digest}"
+
+
 BUCKET = "aws:s3/bucket:Bucket"
 REPOSITORY = "aws:ecr/repository:Repository"
 

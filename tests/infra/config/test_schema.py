@@ -37,6 +37,7 @@ BAD_VALUES = [
     ({"rootVolumeGiB": "20"}, ["gpu:rootVolumeGiB", "'20'", "at least 100"]),
     ({"availabilityZone": "mars"}, ["gpu:availabilityZone", "'mars'", "us-east-1a"]),
     ({"imageTag": "latest tag"}, ["gpu:imageTag", "'latest tag'", "letters, digits"]),
+    ({"imageDigest": "sha256:abc"}, ["gpu:imageDigest", "'sha256:abc'", "64 lower-case hex"]),
     ({"trainConfig": "no/such/train.toml"}, ["gpu:trainConfig", "'no/such/train.toml'", "TOML"]),
     ({"budgetUsd": "-5"}, ["gpu:budgetUsd", "-5", "positive amount"]),
     ({"alertEmails": "[]"}, ["gpu:alertEmails", "empty", "gpu:allowNoAlerts"]),
