@@ -17,7 +17,17 @@ from pathlib import Path
 # (deepspeed/utils/logging.py, LoggerFactory.create_logger).
 DEEPSPEED_LOGGER = "DeepSpeed"
 # Loggers (and their children) whose warnings stay off the console.
-_LIBRARIES = ("py.warnings", "torch", "deepspeed")
+_LIBRARIES = (
+    "py.warnings",
+    "torch",
+    "deepspeed",
+    "transformers",
+    "huggingface_hub",
+    "datasets",
+    "accelerate",
+    "httpx",
+    "filelock",
+)
 FORMAT = "%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s"
 
 _held: list[logging.LogRecord] = []  # kept until the log file is known
