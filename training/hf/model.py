@@ -12,9 +12,10 @@ integrations/deepspeed.py `_load_state_dict_into_zero3_model`, v5.24.0). No rank
 holds the whole model.
 
 Packed windows (training/text/packing.py) restart `position_ids` at each document; with
-no attention mask, transformers turns that into a block-diagonal causal mask, so a token
-never attends to another document (masking_utils.py `find_packed_sequence_indices`;
-flash attention takes the same position ids as variable-length sequences).
+no attention mask and no key/value cache (use_cache is turned off here), transformers turns
+that into a block-diagonal causal mask, so a token never attends to another document
+(masking_utils.py `_preprocess_mask_arguments`, `find_packed_sequence_indices`; flash
+attention takes the same position ids as variable-length sequences).
 """
 
 from __future__ import annotations
@@ -145,7 +146,9 @@ def build(
         model = auto.from_pretrained(folder, config=hf_config, **options)
     else:
         model = auto.from_config(hf_config, **options)
-    model.config.use_cache = False  # training: no key/value cache
+    # Training keeps no key/value cache; with one, packed documents would see each other.
+    model.config.use_cache = False
+    model.train()  # from_pretrained leaves a model in eval mode, its dropout off
     if config.model.activation_checkpointing:
         model.activation_checkpointing_enable({"use_reentrant": False})
     return HfTask(model, config.model.task, partitioning)
