@@ -183,7 +183,9 @@ def _hf_config(config: Config, layers: int | None = None):
     from transformers import AutoConfig
 
     from training.hf.source import config_file
+    from training.logs import adopt_hf_loggers
 
+    adopt_hf_loggers()
     hf_config = AutoConfig.from_pretrained(
         config_file(config), trust_remote_code=config.model.trust_remote_code
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.environment import TrainerEnv
+from training.logs import adopt_hf_loggers
 from training.spec.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -32,8 +33,10 @@ def gather(config: Config, env: TrainerEnv, *, world_size: int) -> JobInputs:
     from training.hf.checks import check_model
     from training.hf.source import fetch
 
-    log.info("model: fetching %s", config.model.hf)
+    adopt_hf_loggers()
+
     folder = fetch(config, env.cache_dir)
+    log.info("model: %s in %s", config.model.hf, folder)
     check_model(config, folder)
     data = None
     if config.is_text:
@@ -56,6 +59,8 @@ def for_worker(config: Config, env: TrainerEnv) -> JobInputs:
     if not config.is_hf:
         return JobInputs()
     from training.hf.source import local_folder
+
+    adopt_hf_loggers()
 
     return JobInputs(local_folder(config, env.cache_dir), env.prepared_data)
 

@@ -60,6 +60,9 @@ def export_folder(
     from transformers import AutoConfig
 
     from training.hf.model import auto_class
+    from training.logs import adopt_hf_loggers
+
+    adopt_hf_loggers()
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))

@@ -183,9 +183,12 @@ def _tokenize(config: Config, model_folder: Path, staging: Path, *, progress: bo
             writers["val"] = _SplitWriter(staging, "val", dtype)
         where = sources.location(config, name) or config.data.path
         try:
-            documents = _documents(
-                encoder, model_folder, trust, sources.records(config, name), where
-            )
+            batches = _batched(sources.records(config, name), BATCH)
+            first = next(batches, None)
+            if first is None:
+                raise ConfigError(f"{where} holds no records")
+            encoder.check_fields(first[0], where)
+            documents = _documents(encoder, model_folder, trust, itertools.chain([first], batches))
             for index, document in enumerate(_progress(documents, name, progress)):
                 held_out = "val" in writers and _held_out(index, config.data.val_fraction)
                 writers["val" if held_out else name].add(document)
@@ -235,14 +238,10 @@ def _batched(records: Iterable[dict], size: int) -> Iterator[list[dict]]:
 
 
 def _documents(
-    encoder: Encoder, model_folder: Path, trust: bool, records: Iterable[dict], where: str
+    encoder: Encoder, model_folder: Path, trust: bool, batches: Iterator[list[dict]]
 ) -> Iterator[Document]:
     """Documents in the records' order; on every core once there is more than one batch."""
-    batches = _batched(records, BATCH)
-    first = next(batches, None)
-    if first is None:
-        return
-    encoder.check_fields(first[0], where)
+    first = next(batches)
     second = next(batches, None)
     if second is None:  # small data: starting processes would cost more than it saves
         yield from encoder(first)
