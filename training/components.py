@@ -68,10 +68,9 @@ def preflight(config: Config) -> None:
     if config.data.builder:
         build = resolve(config.data.builder, "data.builder")
         _check_arguments(build, data_builder_arguments(config), "data", config.data.builder)
-    elif config.is_text:
-        pass  # read, checked and tokenized by the launcher (training/inputs.py)
     elif (
-        config.data.path
+        not config.is_text  # globs and Hub ids too: training/inputs.py reads text data
+        and config.data.path
         and not config.data.path.startswith("s3://")
         and not Path(config.data.path).exists()
     ):

@@ -47,6 +47,11 @@ def exists(uri: str, client=None) -> bool:
     return True
 
 
+def download_object(uri: str, path: Path) -> None:
+    bucket, key = split_uri(uri)
+    boto3.client("s3").download_file(bucket, key, str(path))
+
+
 def download_folder(uri: str, target: Path, *, objects: list[dict] | None = None) -> None:
     """Copy every object under `uri` into `target` (made whole, then renamed into place)."""
     client = boto3.client("s3")

@@ -85,8 +85,13 @@ def fp32_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
 
 def check_output_folder(out: Path) -> None:
     """Refuse a folder that holds something, or cannot be made, before anything loads."""
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ExportError(f"{out} exists and is not an empty folder: give a new folder")
+    if out.is_dir() and any(out.iterdir()):
+        raise ExportError(
+            f"{out} is a directory that holds files: give a file name, e.g. "
+            f"{out / 'model.pt'}, or for a model.hf run a new folder"
+        )
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file: give a new folder for a model.hf run")
     parent = out.absolute().parent
     while not parent.exists():
         parent = parent.parent

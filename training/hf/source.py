@@ -86,29 +86,22 @@ def config_file(config: Config) -> Path:
     """config.json alone (for `estimate`: no weights, no tokenizer)."""
     source = config.model.hf
     if is_local(source):
-        path = _local_folder(source) / CONFIG_FILE
-    elif is_s3(source):
+        return _local_folder(source) / CONFIG_FILE
+    if is_s3(source):
         import tempfile
 
-        from training.s3_folders import list_objects
+        from training.s3_folders import download_object, exists
 
-        objects = [o for o in list_objects(source) if o["Key"].endswith(f"/{CONFIG_FILE}")]
-        if not objects:
-            raise ConfigError(f"model.hf = {source!r} holds no {CONFIG_FILE}")
-        import boto3
-
-        from training.s3_folders import split_uri
-
+        uri = f"{source.rstrip('/')}/{CONFIG_FILE}"
+        if not exists(uri):
+            raise ConfigError(
+                f"model.hf = {source!r} holds no {CONFIG_FILE}: upload a save_pretrained "
+                "folder there (config.json, weights, tokenizer)"
+            )
         path = Path(tempfile.mkdtemp(prefix="hf-config-")) / CONFIG_FILE
-        boto3.client("s3").download_file(split_uri(source)[0], objects[0]["Key"], str(path))
-    else:
-        path = _hub_download(config, CONFIG_FILE)
-    if not path.is_file():
-        raise ConfigError(
-            f"model.hf = {source!r} has no {CONFIG_FILE}: point it at a Hugging Face model "
-            "folder (config.json, weights, tokenizer)"
-        )
-    return path
+        download_object(uri, path)
+        return path
+    return _hub_download(config, CONFIG_FILE)
 
 
 def _local_folder(source: str) -> Path:
@@ -127,13 +120,14 @@ def _local_folder(source: str) -> Path:
 
 
 def _fetch_s3(source: str, cache_dir: Path) -> Path:
-    from training.s3_folders import download_folder, list_objects
+    from training.s3_folders import download_folder, list_objects, split_uri
 
     folder = s3_cache_folder(source, cache_dir)
     if (folder / CONFIG_FILE).is_file():
         return folder
     objects = list_objects(source)
-    if not any(o["Key"].endswith(f"/{CONFIG_FILE}") for o in objects):
+    prefix = split_uri(source)[1]
+    if not any(o["Key"] == f"{prefix}/{CONFIG_FILE}" for o in objects):
         raise ConfigError(
             f"model.hf = {source!r} holds no {CONFIG_FILE}: upload a save_pretrained folder "
             "there (config.json, weights, tokenizer)"

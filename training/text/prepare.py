@@ -240,13 +240,20 @@ def _batched(records: Iterable[dict], size: int) -> Iterator[list[dict]]:
 def _documents(
     encoder: Encoder, model_folder: Path, trust: bool, batches: Iterator[list[dict]]
 ) -> Iterator[Document]:
-    """Documents in the records' order; on every core once there is more than one batch."""
+    """Documents in the records' order, on every core. Text is encoded here: the fast
+    tokenizer encodes a batch on all cores itself (tokenizers' encode_batch, a Rust thread
+    pool). Chats are rendered by the chat template in Python, so past one batch they are
+    encoded by a process per core, each with its own tokenizer."""
     first = next(batches)
     second = next(batches, None)
-    if second is None:  # small data: starting processes would cost more than it saves
-        yield from encoder(first)
+    if encoder.settings.messages_field is None or second is None:
+        # Small chat data: starting processes would cost more than it saves.
+        for batch in itertools.chain([first], [second] if second else [], batches):
+            yield from encoder(batch)
         return
     context = multiprocessing.get_context("forkserver")
+    # The fork server imports transformers once; each process is forked from it.
+    context.set_forkserver_preload(["transformers"])
     with context.Pool(
         _cores(), initializer=start_worker, initargs=(model_folder, encoder.settings, trust)
     ) as pool:

@@ -93,3 +93,26 @@ def test_a_record_without_the_text_field_names_the_fields_it_has(tmp_path, tiny_
     assert "has no field 'text' (data.text_field)" in message
     assert "its records have 'id', 'body'" in message
     assert not list((tmp_path / "tokens").iterdir())  # nothing half-written stays
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow(reason="a tokenizing process per core, each importing transformers")
+def test_many_chats_are_tokenized_on_every_core_in_their_order(tmp_path, tiny_hf, monkeypatch):
+    """Past one batch of chats, a tokenizing process per core: the documents still come
+    out in the records' order, each as the template renders it."""
+    from training.text import prepare as preparing
+
+    monkeypatch.setattr(preparing, "BATCH", 4)  # 10 chats: 3 batches, processes' path
+    chats = [
+        [{"role": "user", "content": f"chat {i}"}, {"role": "assistant", "content": text}]
+        for i, text in enumerate(tiny_hf.texts[:10])
+    ]
+    data = write_jsonl(tmp_path / "chats.jsonl", [{"messages": chat} for chat in chats])
+    split = prepared(tmp_path, tiny_hf, f"data.path={data}", "data.messages_field=messages")
+    tokenizer = AutoTokenizer.from_pretrained(tiny_hf.model)
+    assert split.documents == len(chats)
+    for index, chat in enumerate(chats):
+        begin, end = split.starts[index], split.starts[index + 1]
+        assert tokenizer.decode(split.tokens[begin:end]) == tokenizer.apply_chat_template(
+            chat, tokenize=False
+        )
