@@ -39,6 +39,10 @@ def gather(config: Config, env: TrainerEnv, *, world_size: int) -> JobInputs:
     log.info("model: %s in %s", config.model.hf, folder)
     check_model(config, folder)
     data = None
+    if config.is_text and config.data.streaming:
+        from training.text.stream import first_record
+
+        first_record(config)  # the stream is there and has the fields the job reads
     if config.is_text:
         from training.text.prepare import prepare, splits
 

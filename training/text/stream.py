@@ -23,13 +23,24 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset
 
-from training.spec.config import Config
+from training.spec.config import Config, ConfigError
 from training.text import sources
 from training.text.packing import causal_window
-from training.text.tokenize import Encoder, Settings
+from training.text.tokenize import Encoder, Settings, check_fields
 
 BATCH = 256  # records tokenized and packed together
 _COLUMNS = ("inputs", "targets", "positions")
+
+
+def first_record(config: Config, records=None) -> dict:
+    """The stream's first record, checked for the fields the job reads (the launcher asks
+    before any rank starts: ConfigError naming the fields it has)."""
+    records = sources.records(config, "train") if records is None else records
+    first = next(iter(records), None)
+    if first is None:
+        raise ConfigError(f"data.path = {config.data.path!r} holds no records")
+    check_fields(Settings.of(config), first, config.data.path)
+    return first
 
 
 class StreamedWindows(IterableDataset):
@@ -44,10 +55,7 @@ class StreamedWindows(IterableDataset):
             model_folder, Settings.of(config), config.model.trust_remote_code
         )
         records = sources.records(config, "train")
-        first = next(iter(records), None)
-        if first is None:
-            raise ValueError(f"data.path = {config.data.path!r} holds no records")
-        self.encoder.check_fields(first, config.data.path)
+        first = first_record(config, records)
         mine = split_dataset_by_node(records, rank=rank, world_size=world_size)
         self.windows = mine.map(
             self._pack, batched=True, batch_size=BATCH, remove_columns=list(first)

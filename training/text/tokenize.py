@@ -80,19 +80,7 @@ class Encoder:
         return cls(tokenizer, settings)
 
     def check_fields(self, record: dict, where: str) -> None:
-        """ConfigError naming the fields a record has when it lacks one it needs."""
-        for name in self.settings.fields:
-            if name not in record:
-                key = {
-                    self.settings.text_field: "data.text_field",
-                    self.settings.messages_field: "data.messages_field",
-                    self.settings.label_field: "data.label_field",
-                }[name]
-                raise ConfigError(
-                    f"{where} has no field {name!r} ({key}); its records have "
-                    f"{', '.join(repr(field) for field in record) or 'no fields'}: set {key} "
-                    "to the one that holds it"
-                )
+        check_fields(self.settings, record, where)
 
     def __call__(self, records: list[dict]) -> list[Document]:
         settings = self.settings
@@ -163,6 +151,22 @@ class Encoder:
         for begin, end in spans:
             trained |= (starts >= begin) & (starts < end)
         return Document(np.asarray(encoded["input_ids"], dtype=np.int64), trained=trained)
+
+
+def check_fields(settings: Settings, record: dict, where: str) -> None:
+    """ConfigError naming the fields a record has when it lacks one it needs."""
+    for name in settings.fields:
+        if name not in record:
+            key = {
+                settings.text_field: "data.text_field",
+                settings.messages_field: "data.messages_field",
+                settings.label_field: "data.label_field",
+            }[name]
+            raise ConfigError(
+                f"{where} has no field {name!r} ({key}); its records have "
+                f"{', '.join(repr(field) for field in record) or 'no fields'}: set {key} "
+                "to the one that holds it"
+            )
 
 
 # ------------------------------------------------------------------ worker processes
