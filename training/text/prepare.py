@@ -10,7 +10,8 @@ versions of transformers and tokenizers. It is looked for
 
 1. on this node: TRAIN_CACHE_DIR/tokens/<key> (the node's local NVMe on the stack);
 2. beside the run's checkpoints: TRAIN_S3_URI/tokens/<key>, downloaded whole;
-3. else the data is read and tokenized on every core (one tokenizer per process), written
+3. else the data is read and tokenized on every core (text by the fast tokenizer's threads,
+   chats by a process per core), written
    beside the target, renamed into place once complete, then uploaded to S3 with its
    manifest last; so a resume, a restart on another node or a second node of the job
    finds it and does not tokenize again.
