@@ -52,8 +52,18 @@ def download_object(uri: str, path: Path) -> None:
     boto3.client("s3").download_file(bucket, key, str(path))
 
 
-def download_folder(uri: str, target: Path, *, objects: list[dict] | None = None) -> None:
-    """Copy every object under `uri` into `target` (made whole, then renamed into place)."""
+def download_folder(
+    uri: str,
+    target: Path,
+    *,
+    objects: list[dict] | None = None,
+    record: tuple[str, str] | None = None,
+    replace: bool = False,
+) -> None:
+    """Copy every object under `uri` into `target` (made whole, then renamed into place).
+
+    `record`: (file name, text) written into the folder with the objects; `replace`: an
+    existing `target` is swapped for the new copy (else the one there is kept)."""
     client = boto3.client("s3")
     bucket, prefix = split_uri(uri)
     objects = list_objects(uri, client) if objects is None else objects
@@ -65,9 +75,17 @@ def download_folder(uri: str, target: Path, *, objects: list[dict] | None = None
             local = staging / relative
             local.parent.mkdir(parents=True, exist_ok=True)
             client.download_file(bucket, item["Key"], str(local))
-        if target.exists():  # another process of this node got there first: keep its copy
-            return
-        staging.rename(target)
+        if record is not None:
+            (staging / record[0]).write_text(record[1])
+        if target.exists():
+            if not replace:  # another process of this node got there first: keep its copy
+                return
+            old = Path(tempfile.mkdtemp(prefix=f".{target.name}-old-", dir=target.parent))
+            target.rename(old / target.name)
+            staging.rename(target)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -170,30 +170,7 @@ class Trainer:
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
         dataset = build_dataset(config, files, rank=placement.rank, world_size=placement.world_size)
-        if isinstance(dataset, StreamedWindows):
-            # Read in this process: the stream's position is then exactly what was used.
-            sampler = dataset
-            loader = DataLoader(dataset, batch_size=batch.micro_batch_size, num_workers=0)
-            batches = iter(loader)
-        else:
-            sampler = ResumableDistributedSampler(
-                len(dataset),
-                rank=placement.rank,
-                world_size=placement.world_size,
-                seed=config.run.seed,
-            )
-            loader = DataLoader(
-                dataset,
-                batch_size=batch.micro_batch_size,
-                sampler=sampler,
-                drop_last=True,
-                **worker_processes(config.data.num_workers),
-                pin_memory=self.on_gpu,
-                # Its own generator: making an iterator then draws no number from the global
-                # one, which dropout uses and a resumed run restores exactly.
-                generator=torch.Generator().manual_seed(config.run.seed),
-            )
-            batches = micro_batches(loader, sampler)
+        sampler, batches = self._batches(dataset, batch.micro_batch_size)
         # Dropout and other randomness differ per rank from here on.
         seed_everything(config.run.seed + placement.rank)
 
@@ -236,6 +213,29 @@ class Trainer:
                     "the checkpoint has no RNG state for rank %d: seeded anew", placement.rank
                 )
         return job
+
+    def _batches(self, dataset, micro_batch: int):
+        """(where the data stands, this rank's micro-batches forever)."""
+        if isinstance(dataset, StreamedWindows):
+            # Read in this process: the stream's position is then exactly what was used.
+            loader = DataLoader(dataset, batch_size=micro_batch, num_workers=0)
+            return dataset, iter(loader)
+        config, placement = self.config, self.placement
+        sampler = ResumableDistributedSampler(
+            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=micro_batch,
+            sampler=sampler,
+            drop_last=True,
+            **worker_processes(config.data.num_workers),
+            pin_memory=self.on_gpu,
+            # Its own generator: making an iterator then draws no number from the global one,
+            # which dropout uses and a resumed run restores exactly.
+            generator=torch.Generator().manual_seed(config.run.seed),
+        )
+        return sampler, micro_batches(loader, sampler)
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch

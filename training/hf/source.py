@@ -18,11 +18,13 @@ RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError and LocalEntryNot
 from __future__ import annotations
 
 import hashlib
+import json
 from pathlib import Path
 
 from training.spec.config import Config, ConfigError
 
 CONFIG_FILE = "config.json"
+OBJECTS_RECORD = ".s3-objects.json"  # in a copy of an s3:// model: what it was copied from
 # What a model folder needs besides its weights: the architecture, the tokenizer (every
 # format transformers reads) and generation defaults, which the export carries on.
 _METADATA_PATTERNS = [
@@ -52,7 +54,8 @@ def is_local(source: str) -> bool:
 
 
 def s3_cache_folder(source: str, cache_dir: Path) -> Path:
-    """Where an s3:// model is kept on this node: named after its URI."""
+    """Where an s3:// model is kept on this node: named after its URI, holding the objects'
+    keys and ETags it was copied from (OBJECTS_RECORD)."""
     return cache_dir / "models" / hashlib.sha256(source.rstrip("/").encode()).hexdigest()[:16]
 
 
@@ -122,9 +125,6 @@ def _local_folder(source: str) -> Path:
 def _fetch_s3(source: str, cache_dir: Path) -> Path:
     from training.s3_folders import download_folder, list_objects, split_uri
 
-    folder = s3_cache_folder(source, cache_dir)
-    if (folder / CONFIG_FILE).is_file():
-        return folder
     objects = list_objects(source)
     prefix = split_uri(source)[1]
     if not any(o["Key"] == f"{prefix}/{CONFIG_FILE}" for o in objects):
@@ -132,7 +132,12 @@ def _fetch_s3(source: str, cache_dir: Path) -> Path:
             f"model.hf = {source!r} holds no {CONFIG_FILE}: upload a save_pretrained folder "
             "there (config.json, weights, tokenizer)"
         )
-    download_folder(source, folder, objects=objects)
+    folder = s3_cache_folder(source, cache_dir)
+    listing = json.dumps(sorted([o["Key"], o["ETag"]] for o in objects))
+    record = folder / OBJECTS_RECORD
+    if record.is_file() and record.read_text() == listing:
+        return folder  # this node has the prefix as it is
+    download_folder(source, folder, objects=objects, record=(OBJECTS_RECORD, listing), replace=True)
     return folder
 
 

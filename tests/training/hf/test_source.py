@@ -8,7 +8,7 @@ from urllib.parse import urlparse
 import boto3
 import pytest
 
-from training.hf.source import config_file, fetch, local_folder
+from training.hf.source import OBJECTS_RECORD, config_file, fetch, local_folder
 from training.spec.config import ConfigError, load_config
 
 
@@ -26,11 +26,18 @@ def test_an_s3_model_is_copied_once_and_found_by_the_ranks(tmp_path, tiny_hf, s3
     cache = tmp_path / "cache"
     folder = fetch(config, cache)
     assert folder.parent == cache / "models"
-    assert {p.name: p.read_bytes() for p in folder.iterdir()} == {
-        p.name: p.read_bytes() for p in tiny_hf.model.iterdir()
-    }
+    copied = {p.name: p.read_bytes() for p in folder.iterdir() if p.name != OBJECTS_RECORD}
+    assert copied == {p.name: p.read_bytes() for p in tiny_hf.model.iterdir()}
     assert local_folder(config, cache) == folder  # a rank: no S3 call needed
-    assert config_file(config).read_bytes() == (tiny_hf.model / "config.json").read_bytes()
+    modified = (folder / "model.safetensors").stat().st_mtime_ns
+    assert fetch(config, cache) == folder  # unchanged in S3: not copied again
+    assert (folder / "model.safetensors").stat().st_mtime_ns == modified
+    # A new config.json in S3 is a new copy.
+    boto3.client("s3").put_object(
+        Bucket=bucket, Key=f"{prefix}/model/config.json", Body=b'{"model_type": "llama"}'
+    )
+    assert (fetch(config, cache) / "config.json").read_bytes() == b'{"model_type": "llama"}'
+    assert config_file(config).read_bytes() == b'{"model_type": "llama"}'
     with pytest.raises(ConfigError, match=r"holds no config\.json"):
         fetch(config_for(tmp_path, f"{s3_uri}/nothing-here"), cache)
 
