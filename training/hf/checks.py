@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.hf.model import auto_class, load_hf_config, load_tokenizer
+from training.hf.model import auto_class, head_classes, load_hf_config, load_tokenizer
 from training.spec.config import Config, ConfigError
 
 # config.json's names for the longest sequence a model was built for, by architecture.
@@ -29,7 +29,7 @@ def check_model(config: Config, folder: Path) -> None:
     hf_config = load_hf_config(config, folder)
     auto = auto_class(model.task)
     remote = model.trust_remote_code and auto.__name__ in getattr(hf_config, "auto_map", {})
-    if not remote and type(hf_config) not in auto._model_mapping:
+    if not remote and type(hf_config) not in head_classes(model.task):
         raise ConfigError(
             f"model.hf = {model.hf!r} is a {hf_config.model_type} model, which has no "
             f"{model.task} head in transformers ({auto.__name__}): choose another model.task "

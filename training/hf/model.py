@@ -47,6 +47,18 @@ def auto_class(task: str):
     }[task]
 
 
+def head_classes(task: str):
+    """transformers' table of the architectures that have `task`'s head: configuration
+    class -> model class (the one `auto_class(task)` picks from)."""
+    import transformers
+
+    return {
+        "causal-lm": transformers.MODEL_FOR_CAUSAL_LM_MAPPING,
+        "masked-lm": transformers.MODEL_FOR_MASKED_LM_MAPPING,
+        "sequence-classification": transformers.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING,
+    }[task]
+
+
 def training_dtype(config: Config) -> torch.dtype:
     precision = config.precision
     return torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else torch.float32
@@ -110,8 +122,7 @@ def attention_implementation(config: Config, hf_config, *, on_gpu: bool) -> tupl
         return "sdpa", "FlashAttention needs bf16 or fp16"
     from transformers.utils import is_flash_attn_2_available, is_flash_attn_3_available
 
-    mapping = auto_class(config.model.task)._model_mapping
-    model_class = mapping.get(type(hf_config), None)
+    model_class = head_classes(config.model.task).get(type(hf_config), None)
     if model_class is None or not getattr(model_class, "_supports_flash_attn", False):
         return "sdpa", "the architecture has no FlashAttention path"
     major, _ = torch.cuda.get_device_capability()

@@ -27,6 +27,8 @@ from training.text.packing import CausalWindows, Split
 pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.slow(reason="five tiny-Llama jobs (transformers and DeepSpeed start in each)"),
+    # One worker runs them all, so that the uninterrupted runs they share run once.
+    pytest.mark.xdist_group("hf-training"),
 ]
 
 STEPS, CHECKPOINT, KILL_AFTER = 30, 10, 15
