@@ -26,6 +26,7 @@ BENCHMARKS = (
     "startup",
     "plan_scale",
     "memory",
+    "hf",
     "image",
     "gpu",
 )

@@ -2,8 +2,9 @@
 `python -m training.worker`, training/worker.py).
 
     python -m training [--config FILE.toml] [--set key=value ...] [--fresh] [--print-ds-config]
-    python -m training export CHECKPOINT out.pt
+    python -m training export CHECKPOINT out.pt|OUT_DIR
     python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
+    python -m training prepare [--config FILE.toml]   (tokenize a text job's data into the cache)
     python -m training health      (this node's health gate: GPUs, memory errors, all-reduce, EFA)
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
@@ -25,10 +26,11 @@ from training import logs, startup
 from training.checkpoint.resume_check import check_resumable
 from training.code import use_job_code
 from training.components import preflight
-from training.contract import ExitCode
+from training.contract import PREPARED_DATA_ENV, ExitCode
 from training.ds_config import build_ds_config
 from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
 from training.fresh import move_aside
+from training.inputs import gather
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
 from training.machine import gpu_capability, installed_driver
 from training.spec.config import (
@@ -87,7 +89,31 @@ def main(argv: list[str] | None = None) -> int:
         from training.health.gate import main as health_main
 
         return health_main(argv[1:], env.expect, env.min_driver)
+    if argv[:1] == ["prepare"]:
+        return _prepare(argv[1:], env)
     return _launcher(parser().parse_args(argv), argv, env)
+
+
+def _prepare(argv: list[str], env: TrainerEnv) -> int:
+    """Fetch a model.hf job's model and tokenize its text into the cache, as training would."""
+    from training.text.prepare import parser as prepare_parser
+
+    configure_logging(rank=None)
+    args = prepare_parser().parse_args(argv)
+    try:
+        topo = topology_from_env(env)
+        config, _ = load(args, env, topo.world_size)
+        if not config.is_text:
+            raise ConfigError(
+                f"data.kind = {config.data.kind!r}: prepare tokenizes text "
+                "(jsonl, parquet, text-files, hf-dataset) for a model.hf model"
+            )
+        files = gather(config, env, world_size=topo.world_size)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
+    print(f"prepared: {files.data_folder or 'nothing (the train split streams)'}")
+    return ExitCode.DONE
 
 
 def load(args: argparse.Namespace, env: TrainerEnv, world_size: int) -> tuple[Config, BatchSizes]:
@@ -137,9 +163,13 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             log.info("--fresh: moved %s aside to %s", old, new)
     try:
         check_resumable(config)
+        # The model's files and the tokenized data, once for the node's ranks.
+        files = gather(config, env, world_size=topo.world_size)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
+    if files.data_folder is not None:
+        os.environ[PREPARED_DATA_ENV] = str(files.data_folder)
     if startup.stop_requested():
         return stopped_before_training(startup.stop_requested())
     startup.begin(

@@ -33,9 +33,11 @@ from training.data import (
     token_file,
 )
 from training.environment import check_writable_dir
+from training.inputs import JobInputs
 from training.model import build_gpt, mask_token_id
 from training.spec.config import Config, ConfigError
 from training.spec.presets import ENCODER_PRESETS, VISION_PRESETS
+from training.text.sources import has_split
 
 
 def resolve(import_string: str, key: str) -> Callable:
@@ -67,7 +69,8 @@ def preflight(config: Config) -> None:
         build = resolve(config.data.builder, "data.builder")
         _check_arguments(build, data_builder_arguments(config), "data", config.data.builder)
     elif (
-        config.data.path
+        not config.is_text  # globs and Hub ids too: training/inputs.py reads text data
+        and config.data.path
         and not config.data.path.startswith("s3://")
         and not Path(config.data.path).exists()
     ):
@@ -151,10 +154,22 @@ def check_token_ids(file: Path, config: Config) -> None:
         )
 
 
-def build_model(config: Config, ds_config: dict[str, Any] | None = None) -> nn.Module:
+def build_model(
+    config: Config, ds_config: dict[str, Any] | None = None, inputs: JobInputs | None = None
+) -> nn.Module:
     """The config's model; at ZeRO-3 (with `ds_config`) created partitioned across the
     ranks (deepspeed.zero.Init): each parameter is split as soon as its module is built,
-    so no rank ever holds the whole model."""
+    so no rank ever holds the whole model. A model.hf model is built from its files on
+    this node (`inputs`, training/inputs.py), by training/hf/model.py."""
+    if config.is_hf:
+        import torch
+
+        from training.hf.model import build
+
+        folder = (inputs or JobInputs()).model_folder
+        if folder is None:
+            raise ValueError("a model.hf model is built from its fetched folder (JobInputs)")
+        return build(config, folder, ds_config, on_gpu=torch.cuda.is_available())
     with _partitioned(config, ds_config):
         return _build_model(config)
 
@@ -188,9 +203,19 @@ def _build_model(config: Config) -> nn.Module:
     )
 
 
-def build_dataset(config: Config) -> Dataset:
+def build_dataset(
+    config: Config, inputs: JobInputs | None = None, *, rank: int = 0, world_size: int = 1
+) -> Dataset:
+    """The training samples; a streamed text split is this rank's share of it."""
     if config.is_image:
         return _image_datasets(config)[0]
+    if config.is_text and config.data.streaming:
+        from training.text.stream import StreamedWindows
+
+        folder = (inputs or JobInputs()).model_folder
+        return StreamedWindows(config, folder, rank=rank, world_size=world_size)
+    if config.is_text:
+        return _text_dataset(config, inputs, "train")
     dataset = _token_dataset(config)
     if config.model.builder is None and config.model.preset in ENCODER_PRESETS:
         dataset = MaskedTokens(
@@ -202,9 +227,23 @@ def build_dataset(config: Config) -> Dataset:
     return dataset
 
 
-def build_eval_dataset(config: Config) -> Dataset | None:
-    """The held-out split the trainer reports accuracy on; None for language models."""
-    return _image_datasets(config)[1] if config.is_image else None
+def build_eval_dataset(config: Config, inputs: JobInputs | None = None) -> Dataset | None:
+    """The held-out split the trainer reports loss and accuracy on; None without one."""
+    if config.is_image:
+        return _image_datasets(config)[1]
+    if config.is_text and has_split(config, "val"):
+        return _text_dataset(config, inputs, "val")
+    return None
+
+
+def _text_dataset(config: Config, inputs: JobInputs | None, split: str) -> Dataset:
+    """Samples of a prepared split (training/text/packing.py)."""
+    from training.text.packing import Split, samples
+
+    folder = (inputs or JobInputs()).data_folder
+    if folder is None:
+        raise ValueError("text data is read from its prepared folder (JobInputs)")
+    return samples(Split(folder, split), config)
 
 
 def _image_datasets(config: Config) -> tuple[Dataset, Dataset]:

@@ -104,6 +104,7 @@ ENV = {
     "TRAIN_MIN_DRIVER": "the oldest NVIDIA driver the image's CUDA runs on (set by the image)",
     "TRAIN_USD_PER_HOUR": "the job's price per hour, all nodes: the end-of-run summary's cost",
     "TRAIN_CODE_URI": "the job's own code (run --code): an s3:// .tar.gz or a local folder",
+    "TRAIN_CACHE_DIR": "node-local cache: tokenized data, S3 models (default ~/.cache/training)",
     "TRAIN_EXPECT_GPUS": "GPUs the health gate expects on this node (the catalog's count)",
     "TRAIN_EXPECT_GPU_MODEL": "GPU model the health gate expects, e.g. A100 (in NVML's name)",
     "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",
@@ -117,6 +118,10 @@ CODE_URI_ENV = "TRAIN_CODE_URI"
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
 HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"
+
+# Set by the launcher for its workers (not by users): the folder of the job's tokenized
+# data (training/text/prepare.py), which the launcher prepared before starting them.
+PREPARED_DATA_ENV = "TRAIN_PREPARED_DATA"
 
 # The goodput figures in status.json (and metrics.jsonl) that `python -m infra status`
 # reads: the whole run's goodput, and its cost per billion tokens (per thousand images).

@@ -18,21 +18,28 @@ from torch import nn
 
 from training.components import build_model
 from training.ds_config import build_ds_config
+from training.inputs import JobInputs
 from training.spec.config import BatchSizes, Config
 
 
 def build_engine(
-    config: Config, batch: BatchSizes, *, on_gpu: bool, load_universal: bool = False
+    config: Config,
+    batch: BatchSizes,
+    *,
+    on_gpu: bool,
+    load_universal: bool = False,
+    inputs: JobInputs | None = None,
 ) -> deepspeed.DeepSpeedEngine:
     """The job's engine on this rank, inside an initialized process group.
 
     Every rank seeds with run.seed before building the model, so all start from the same
     weights; the caller reseeds per rank afterwards if randomness should differ.
     ``load_universal``: the checkpoint it will load was saved by another number of ranks
-    (training.checkpoint.resume.ResumePoint.universal)."""
+    (training.checkpoint.resume.ResumePoint.universal). ``inputs``: a model.hf model's files
+    on this node (training/inputs.py)."""
     ds_config = build_ds_config(config, batch, on_gpu=on_gpu)
     return initialize(
-        lambda: build_model(config, ds_config),
+        lambda: build_model(config, ds_config, inputs),
         ds_config,
         seed=config.run.seed,
         weight_decay=config.optimizer.weight_decay,

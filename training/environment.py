@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.errors import ConfigError
-from training.contract import ENV, HEARTBEAT_DIR_ENV, LAUNCHER_PID_ENV
+from training.contract import ENV, HEARTBEAT_DIR_ENV, LAUNCHER_PID_ENV, PREPARED_DATA_ENV
 from training.health.expectation import ExpectationError, NodeExpectation
 from training.spec.config import ENV_OVERRIDES
 
@@ -55,6 +55,8 @@ class TrainerEnv:
     min_driver: str | None = None
     usd_per_hour: float | None = None
     code_uri: str | None = None  # TRAIN_CODE_URI: the job's own code (training/code.py)
+    # TRAIN_CACHE_DIR: tokenized data and models copied from S3, on the node's local disk.
+    cache_dir: Path = field(default_factory=lambda: _default_cache_dir({}))
     # PYTHONPATH as inherited: the job's code goes before it, for the launcher's ranks too.
     python_path: str | None = None
     expect: NodeExpectation = field(default_factory=NodeExpectation)
@@ -62,6 +64,7 @@ class TrainerEnv:
     # (torch.distributed.run); `rank` None means this process is the launcher.
     launcher_pid: int | None = None
     heartbeat_dir: Path | None = None
+    prepared_data: Path | None = None  # the tokenized data the launcher prepared
     rank: int | None = None
     local_rank: int = 0
     world_size: int = 1
@@ -91,11 +94,15 @@ class TrainerEnv:
             min_driver=environ.get("TRAIN_MIN_DRIVER") or None,
             usd_per_hour=_price(environ.get("TRAIN_USD_PER_HOUR", "")),
             code_uri=environ.get("TRAIN_CODE_URI", "").strip() or None,
+            cache_dir=_default_cache_dir(environ),
             python_path=environ.get("PYTHONPATH") or None,
             expect=_expectation(environ),
             launcher_pid=_integer(environ, LAUNCHER_PID_ENV, None),
             heartbeat_dir=Path(environ[HEARTBEAT_DIR_ENV])
             if environ.get(HEARTBEAT_DIR_ENV)
+            else None,
+            prepared_data=Path(environ[PREPARED_DATA_ENV])
+            if environ.get(PREPARED_DATA_ENV)
             else None,
             rank=_integer(environ, "RANK", None),
             local_rank=_integer(environ, "LOCAL_RANK", 0),
@@ -127,7 +134,14 @@ class TrainerEnv:
 
 
 # Set by the launcher for its workers, not by users.
-_SET_BY_LAUNCHER = (LAUNCHER_PID_ENV, HEARTBEAT_DIR_ENV)
+_SET_BY_LAUNCHER = (LAUNCHER_PID_ENV, HEARTBEAT_DIR_ENV, PREPARED_DATA_ENV)
+
+
+def _default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """TRAIN_CACHE_DIR, else the user's cache folder (XDG_CACHE_HOME, ~/.cache)/training."""
+    if environ.get("TRAIN_CACHE_DIR"):
+        return Path(environ["TRAIN_CACHE_DIR"])
+    return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "training"
 
 
 def read_environment() -> TrainerEnv:

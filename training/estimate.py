@@ -21,6 +21,14 @@ device in the run's precision, with autograd's saved-tensor hook
 (torch.autograd.graph.saved_tensors_hooks) adding up each storage kept for the backward
 once, parameters excluded. tests/training/test_estimate.py checks the count against
 the activation memory measured on a CPU forward.
+
+A Hugging Face model (model.hf) is estimated from its config.json alone: no weights are
+downloaded. Its parameters are counted on the meta device, its activations counted as
+the ResNets' are, through the loss, with attention replaced by a stand-in that keeps
+what a fused attention kernel (FlashAttention, SDPA's efficient kernels) keeps for the
+backward: q, k, v, the output and one float per query and head, never the s×s scores.
+With activation checkpointing each layer keeps its input and one layer is recomputed at
+a time: one layer's count comes from the difference of a 1-layer and the full model.
 """
 
 from __future__ import annotations
@@ -111,7 +119,7 @@ class Row:
 def model_size(config: Config) -> ModelSize:
     """Parameter counts of the config's model, built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = build_model(config)
+        model = _hf_model(config) if config.is_hf else build_model(config)
     total = sum({id(p): p.numel() for p in model.parameters()}.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
     return ModelSize(total, largest)
@@ -152,9 +160,9 @@ def _is_vision(config: Config) -> bool:
     return config.model.builder is None and config.model.preset in VISION_PRESETS
 
 
-def saved_activation_bytes(model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor):
-    """Bytes autograd keeps from one forward for the backward: each storage once, without
-    the parameters (counted with the model states)."""
+def saved_activation_bytes(model: torch.nn.Module, *inputs: torch.Tensor):
+    """Bytes autograd keeps from one forward (of the loss) for the backward: each storage
+    once, without the parameters (counted with the model states)."""
     # A storage's _cdata is its address: views and in-place results of one buffer share it.
     params = {p.untyped_storage()._cdata for p in model.parameters()}
     kept: dict[int, int] = {}
@@ -166,8 +174,82 @@ def saved_activation_bytes(model: torch.nn.Module, images: torch.Tensor, labels:
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda tensor: tensor):
-        model(images, labels)
+        model(*inputs)
     return sum(kept.values())
+
+
+def _hf_config(config: Config, layers: int | None = None):
+    """model.hf's configuration from its config.json alone; `layers`: that many layers."""
+    from transformers import AutoConfig
+
+    from training.hf.source import config_file
+    from training.logs import adopt_hf_loggers
+
+    adopt_hf_loggers()
+    hf_config = AutoConfig.from_pretrained(
+        config_file(config), trust_remote_code=config.model.trust_remote_code
+    )
+    if config.model.num_labels is not None:
+        hf_config.num_labels = config.model.num_labels
+    if layers is not None:
+        hf_config.get_text_config().num_hidden_layers = layers
+    return hf_config
+
+
+def _hf_model(config: Config, layers: int | None = None, attention: str = "sdpa"):
+    from training.hf.model import architecture
+
+    return architecture(config, _hf_config(config, layers), attention=attention)
+
+
+class _FusedAttentionSaves(torch.autograd.Function):
+    """Attention's output, keeping for the backward what a fused kernel keeps."""
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        batch, heads, length, width = query.shape
+        out = query.new_empty(batch, length, heads, width)
+        log_sum_exp = query.new_empty(batch, heads, length, dtype=torch.float32)
+        ctx.save_for_backward(query, key, value, out, log_sum_exp)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # counting only: never run
+        raise NotImplementedError
+
+
+def _counted_attention(module, query, key, value, attention_mask, **kwargs):
+    """An attention function for transformers' AttentionInterface (q, k, v of shape
+    batch x heads x length x width; output batch x length x heads x width)."""
+    return _FusedAttentionSaves.apply(query, key, value), None
+
+
+_COUNTED_ATTENTION = "estimate_fused"
+
+
+def _hf_activations(config: Config, micro_batch: int) -> tuple[int, int]:
+    """(activation bytes, with activation checkpointing) of a model.hf model."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_COUNTED_ATTENTION, _counted_attention)
+    length = config.data.seq_len
+    classifier = config.model.task == "sequence-classification"
+
+    def count(layers: int | None) -> int:
+        with torch.device("meta"):
+            model = _hf_model(config, layers, attention=_COUNTED_ATTENTION)
+            inputs = torch.zeros(micro_batch, length, dtype=torch.long)
+            targets = torch.zeros(micro_batch, dtype=torch.long) if classifier else inputs
+        return saved_activation_bytes(model, inputs, targets)
+
+    text = _hf_config(config).get_text_config()
+    layers, plain = text.num_hidden_layers, count(None)
+    if layers < 2:
+        return plain, plain
+    per_layer = (plain - count(1)) // (layers - 1)
+    element = 4 if _dtype(config) == torch.float32 else 2
+    layer_inputs = layers * micro_batch * length * text.hidden_size * element
+    return plain, plain - layers * per_layer + layer_inputs + per_layer
 
 
 def _vision_activations(config: Config, micro_batch: int) -> int:
@@ -184,6 +266,9 @@ def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int
     a model.builder model's, or a ResNet's with checkpointing, which they do not support)."""
     if config.model.builder is not None:
         return None
+    if config.is_hf:
+        plain, checkpointed = _hf_activations(config, micro_batch)
+        return checkpointed if checkpointing else plain
     if _is_vision(config):
         return None if checkpointing else _vision_activations(config, micro_batch)
     shape = PRESETS[config.model.preset] | {
@@ -241,7 +326,7 @@ def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
     memory_gib, capability = GPU_TYPES[gpu_type]
     usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
     size, micro, rows = estimate(config, gpus=gpus, nodes=nodes)
-    model = config.model.builder or config.model.preset
+    model = config.model.hf or config.model.builder or config.model.preset
     lines = [
         f"model        {model}: {_count(size.total_params)} parameters "
         f"(largest layer {_count(size.largest_layer_params)})",

@@ -1,8 +1,12 @@
 """Top-1 accuracy and loss on the held-out split, over all ranks together.
 
 Each rank scores every world_size-th sample of the split, in order; the counts are summed
-over the ranks, so the figures cover the whole split whatever the world size. The model
-needs a `logits(inputs)` method (the vision presets have one).
+over the ranks, so the figures cover the whole split whatever the world size (at ZeRO-3,
+where each forward gathers parameters with the other ranks, every rank scores the same
+number: the last len % world_size samples are left out). The model needs a
+`score(*batch)` method giving [summed loss, correct, predictions] (the vision presets and
+Hugging Face models have one: an image is one prediction, a language model's target
+token is one).
 
 BatchNorm's running statistics are the only state evaluation reads that training does not
 keep equal on every rank; they are taken from rank 0 first, as DistributedDataParallel
@@ -14,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn import functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from training.data import worker_processes
@@ -30,8 +33,10 @@ class Evaluator:
         batch_size: int,
         num_workers: int,
         device: torch.device,
+        same_count_per_rank: bool = False,
     ):
-        indices = list(range(rank, len(dataset), world_size))
+        end = len(dataset) - len(dataset) % world_size if same_count_per_rank else len(dataset)
+        indices = list(range(rank, end, world_size))
         self.loader = DataLoader(
             dataset,
             batch_size=batch_size,
@@ -50,13 +55,9 @@ class Evaluator:
         model.eval()
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # loss, correct, count
         try:
-            for images, labels in self.loader:
-                images = images.to(self.device, non_blocking=True)
-                labels = labels.to(self.device, non_blocking=True)
-                logits = model.logits(images).float()
-                totals[0] += F.cross_entropy(logits, labels, reduction="sum")
-                totals[1] += (logits.argmax(dim=1) == labels).sum()
-                totals[2] += len(labels)
+            for batch in self.loader:
+                tensors = (t.to(self.device, non_blocking=True) for t in batch)
+                totals += model.score(*tensors).to(totals.dtype)
         finally:
             model.train(was_training)
         dist.all_reduce(totals)

@@ -17,7 +17,17 @@ from pathlib import Path
 # (deepspeed/utils/logging.py, LoggerFactory.create_logger).
 DEEPSPEED_LOGGER = "DeepSpeed"
 # Loggers (and their children) whose warnings stay off the console.
-_LIBRARIES = ("py.warnings", "torch", "deepspeed")
+_LIBRARIES = (
+    "py.warnings",
+    "torch",
+    "deepspeed",
+    "transformers",
+    "huggingface_hub",
+    "datasets",
+    "accelerate",
+    "httpx",
+    "filelock",
+)
 FORMAT = "%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s"
 
 _held: list[logging.LogRecord] = []  # kept until the log file is known
@@ -37,6 +47,28 @@ def console_filter(record: logging.LogRecord) -> bool:
     if _file is None:
         _held.append(record)  # the root's file handler will have it otherwise
     return False
+
+
+# Hugging Face libraries print through a stream handler of their own on their root logger,
+# and transformers' does not propagate (_configure_library_root_logger in
+# transformers/utils/logging.py, huggingface_hub/utils/logging.py, datasets/utils/logging.py).
+_OWN_HANDLERS = ("transformers", "huggingface_hub", "datasets")
+
+
+def adopt_hf_loggers() -> None:
+    """Send the Hugging Face libraries' records through the root's handlers, as everyone's:
+    their warnings (a download retried, weights newly initialised) go to the log file,
+    their errors to the console. Imports them: call it where they are used."""
+    import datasets.utils.logging  # noqa: F401
+    import huggingface_hub.utils.logging  # noqa: F401
+    import transformers.utils.logging
+
+    transformers.utils.logging.get_logger()  # configures its root logger, once
+    for name in _OWN_HANDLERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+        logger.propagate = True
 
 
 def write_to(path: Path, where: str) -> None:

@@ -77,7 +77,7 @@ def micro_batches(loader: DataLoader, sampler: ResumableDistributedSampler) -> I
     while True:
         if hasattr(loader.dataset, "set_epoch"):  # augmentation drawn per epoch
             loader.dataset.set_epoch(sampler.epoch)
-        for inputs, targets in loader:
-            sampler.advance(len(inputs))
-            yield inputs, targets
+        for batch in loader:  # (inputs, targets, ...) tensors of one micro-batch
+            sampler.advance(len(batch[0]))
+            yield batch
         sampler.next_epoch()

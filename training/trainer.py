@@ -10,14 +10,15 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import deepspeed
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from training import rng, startup
+from training import inputs, rng, startup
 from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset
@@ -31,8 +32,9 @@ from training.interrupt import StopFlag, spot_endpoint_from_env
 from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler, micro_batches
-from training.spec.config import BatchSizes, Config, resolve_batch_sizes
+from training.spec.config import BatchSizes, Config, ConfigError, resolve_batch_sizes
 from training.stragglers import StragglerReport
+from training.text.stream import StreamedWindows
 from training.watchdog import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,9 @@ class Job:
     """Everything the loop touches, built once per run."""
 
     engine: deepspeed.DeepSpeedEngine
-    sampler: ResumableDistributedSampler
+    # Where the data stands: the sampler of an indexable dataset, or a streamed dataset
+    # itself (training/text/stream.py); each has epoch, consumed and a state_dict.
+    sampler: ResumableDistributedSampler | StreamedWindows
     batches: Iterator
     checkpointer: Checkpointer
     batch: BatchSizes
@@ -82,6 +86,8 @@ class Job:
     model_flops: int
     evaluator: Evaluator | None = None
     step: int = 0
+    # Saved with every checkpoint unchanged: a model.hf run's export metadata.
+    carried: dict = field(default_factory=dict)
 
 
 class Trainer:
@@ -152,34 +158,23 @@ class Trainer:
         resume_point = checkpointer.choose_resume(dp_world_size=placement.world_size)
         startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, placement.world_size)
+        files = inputs.for_worker(config, self.env)
         engine = build_engine(
             config,
             batch,
             on_gpu=self.on_gpu,
             load_universal=resume_point is not None and resume_point.universal,
+            inputs=files,
         )
         model_flops = flops_per_token(
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
-        dataset = build_dataset(config)
-        sampler = ResumableDistributedSampler(
-            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
-        )
-        loader = DataLoader(
-            dataset,
-            batch_size=batch.micro_batch_size,
-            sampler=sampler,
-            drop_last=True,
-            **worker_processes(config.data.num_workers),
-            pin_memory=self.on_gpu,
-            # Its own generator: making an iterator then draws no number from the global one,
-            # which dropout uses and a resumed run restores exactly.
-            generator=torch.Generator().manual_seed(config.run.seed),
-        )
+        dataset = build_dataset(config, files, rank=placement.rank, world_size=placement.world_size)
+        sampler, batches = self._batches(dataset, batch.micro_batch_size)
         # Dropout and other randomness differ per rank from here on.
         seed_everything(config.run.seed + placement.rank)
 
-        held_out = build_eval_dataset(config)
+        held_out = build_eval_dataset(config, files)
         evaluator = None
         if held_out is not None:
             evaluator = Evaluator(
@@ -189,29 +184,58 @@ class Trainer:
                 batch_size=batch.micro_batch_size,
                 num_workers=config.data.num_workers,
                 device=device,
+                # At ZeRO-3 every forward gathers parameters with the other ranks.
+                same_count_per_rank=config.zero.stage == 3,
             )
         job = Job(
             engine,
             sampler,
-            micro_batches(loader, sampler),
+            batches,
             checkpointer,
             batch,
             device,
             model_flops,
             evaluator,
         )
+        if config.is_hf:
+            from training.hf.export import METADATA_KEY, metadata
+
+            job.carried = {METADATA_KEY: metadata(config, files.model_folder)}
         startup.begin(
             "checkpoint load", f"loading {resume_point.tag}" if resume_point else "nothing to load"
         )
         state = checkpointer.resume(engine)
         if state is not None:
             job.step = state["step"]
-            sampler.load_state_dict(state["data"])
+            sampler.load_state_dict(_data_state_for_rank(state["data"], placement))
             if not rng.restore_for_rank(state["rng"], placement.rank):
                 log.warning(
                     "the checkpoint has no RNG state for rank %d: seeded anew", placement.rank
                 )
         return job
+
+    def _batches(self, dataset, micro_batch: int):
+        """(where the data stands, this rank's micro-batches forever)."""
+        if isinstance(dataset, StreamedWindows):
+            # Read in this process: the stream's position is then exactly what was used.
+            loader = DataLoader(dataset, batch_size=micro_batch, num_workers=0)
+            return dataset, iter(loader)
+        config, placement = self.config, self.placement
+        sampler = ResumableDistributedSampler(
+            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
+        )
+        loader = DataLoader(
+            dataset,
+            batch_size=micro_batch,
+            sampler=sampler,
+            drop_last=True,
+            **worker_processes(config.data.num_workers),
+            pin_memory=self.on_gpu,
+            # Its own generator: making an iterator then draws no number from the global one,
+            # which dropout uses and a resumed run restores exactly.
+            generator=torch.Generator().manual_seed(config.run.seed),
+        )
+        return sampler, micro_batches(loader, sampler)
 
     def _loop(self, job: Job, stop: StopFlag) -> int:
         config, placement, batch = self.config, self.placement, job.batch
@@ -235,11 +259,8 @@ class Trainer:
                 clock.begin_step()
                 for _ in range(batch.gradient_accumulation_steps):
                     with clock.part("data_wait"):
-                        inputs, targets = next(job.batches)
-                    loss = job.engine(
-                        inputs.to(job.device, non_blocking=True),
-                        targets.to(job.device, non_blocking=True),
-                    )
+                        tensors = next(job.batches)
+                    loss = job.engine(*(t.to(job.device, non_blocking=True) for t in tensors))
                     job.engine.backward(loss)
                     job.engine.step()
                     loss_sum += loss.detach().float()
@@ -287,7 +308,37 @@ class Trainer:
 
     @staticmethod
     def _client_state(job: Job) -> dict:
-        return {"step": job.step, "data": job.sampler.state_dict(), "rng": rng.gather_all_ranks()}
+        data = job.sampler.state_dict()
+        if isinstance(job.sampler, StreamedWindows):  # each rank has a position of its own
+            data = {STREAM_RANKS: gather_objects(data)}
+        return {"step": job.step, "data": data, "rng": rng.gather_all_ranks(), **job.carried}
+
+
+# In a checkpoint's data state: the streamed positions of every rank, by rank.
+STREAM_RANKS = "stream_ranks"
+
+
+def gather_objects(mine) -> list:
+    """Every rank's object, by rank (a collective)."""
+    if not dist.is_initialized():
+        return [mine]
+    every: list = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
+
+
+def _data_state_for_rank(state: dict, placement: Placement) -> dict:
+    """The sampler's state (one for all ranks), or this rank's streamed position."""
+    if STREAM_RANKS not in state:
+        return state
+    ranks = state[STREAM_RANKS]
+    if len(ranks) != placement.world_size:
+        raise ConfigError(
+            f"the checkpoint was written by {len(ranks)} ranks reading a stream "
+            f"(data.streaming), this run has {placement.world_size}: a streamed run resumes "
+            "on the same number of ranks"
+        )
+    return ranks[placement.rank]
 
 
 class StepMetrics:
@@ -319,6 +370,7 @@ class StepMetrics:
         )
         self.first_step, self.started = job.step, time.perf_counter()
         self.window_step, self.window_start = job.step, self.started
+        self.window_waited = 0.0  # the attempt's data-wait seconds at the window's start
         self.first_loss: float | None = None
         self.last_loss: float | None = None
         self.mirror = job.checkpointer.mirror
@@ -336,6 +388,7 @@ class StepMetrics:
         steps = job.step - self.window_step
         loss = loss_sum / (steps * job.batch.gradient_accumulation_steps)
         tokens_per_s = self.tokens_per_step * steps / (now - self.window_start)
+        waited = self.clock.attempt.data_wait_s
         record = {
             "step": job.step,
             "loss": loss,
@@ -345,6 +398,8 @@ class StepMetrics:
             "tflops_per_gpu": job.model_flops * tokens_per_s / self.world_size / 1e12,
             "mfu": mfu(job.model_flops, tokens_per_s / self.world_size, self.peak),
             "step_time_s": (now - self.window_start) / steps,
+            # Seconds a step waited for its batches (all its micro-batches) in this window.
+            "data_wait_per_step_s": (waited - self.window_waited) / steps,
             "epoch": job.sampler.epoch,
             "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
             **scores,
@@ -361,6 +416,7 @@ class StepMetrics:
         self.last_loss = loss
         self.scores = scores or self.scores
         self.window_step, self.window_start = job.step, now
+        self.window_waited = waited
         self.last_record = record
         if now - self.status_published >= STATUS_EVERY_S:
             self.publish("training")
@@ -415,13 +471,18 @@ class StepMetrics:
         rate = self.tokens_per_step * steps / took
         per_gpu = rate / self.world_size
         accuracy = (
-            f"held-out top-1 {_percent(self.scores['val_accuracy'])}; " if self.scores else ""
+            f"held-out loss {self.scores['val_loss']:.4f}, top-1 "
+            f"{_percent(self.scores['val_accuracy'])}; "
+            if self.scores
+            else ""
         )
+        waited = self.clock.attempt.data_wait_s / max(steps, 1)
         return (
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
             f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
             f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
+            f"data wait {1000 * waited:.1f} ms/step, "
             f"{run_cost(took, self.world_size, self.price)}; {self.goodput_line()}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"

@@ -1,7 +1,8 @@
 """ResNet image classifiers (He et al. 2015, "Deep Residual Learning for Image Recognition"),
 in plain PyTorch modules, with the trainer's model interface.
 
-`forward(images, labels)` returns the cross-entropy loss; `logits(images)` the class scores
+`forward(images, labels)` returns the cross-entropy loss; `logits(images)` the class scores,
+`score(images, labels)` a held-out batch's summed loss and correct predictions
 (the held-out evaluation uses them). Activations run channels-last (NHWC), the layout
 tensor cores convolve fastest in half precision (the input is made channels-last; see
 build_resnet for the weights); the input is also cast to the weights' dtype,
@@ -107,6 +108,13 @@ class ResNet(nn.Module):
 
     def forward(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.logits(images).float(), labels)
+
+    def score(self, images: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """[summed loss, correct top-1, images] of a held-out batch (training/evaluation.py)."""
+        logits = self.logits(images).float()
+        loss = F.cross_entropy(logits, labels, reduction="sum")
+        correct = (logits.argmax(dim=1) == labels).sum().to(loss.dtype)
+        return torch.stack([loss, correct, torch.tensor(float(len(labels)), device=loss.device)])
 
     def flops_per_token(self, image_size: int) -> int:
         """Training FLOPs per image (an image is this model's token): 3x the forward's

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 API (moto's server on loopback) and a one-rank process group."""
+"""Shared fixtures: a real S3 API (moto's server on loopback), a one-rank process group, and
+a tiny Hugging Face model with its corpus."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from dataclasses import dataclass
+from pathlib import Path
 
 import boto3
 import pytest
@@ -110,3 +113,24 @@ def fill_disk(folder, *, leave: int) -> None:
     free = shutil.disk_usage(folder).free
     with open(folder / "filler", "wb") as handle:
         handle.write(b"\0" * max(0, free - leave))
+
+
+@dataclass(frozen=True)
+class TinyHf:
+    """A tiny Llama and its tokenizer in `model` (tests/training/tiny_hf.py), and the
+    JSON-lines corpus its tokenizer was trained on in `corpus` (field "text")."""
+
+    model: Path
+    corpus: Path
+    texts: list[str]
+
+
+@pytest.fixture(scope="session")
+def tiny_hf(tmp_path_factory) -> TinyHf:
+    from tests.training.tiny_hf import save_model, sentences, train_tokenizer, write_jsonl
+
+    texts = sentences(200)
+    model = save_model(tmp_path_factory.mktemp("tiny-llama"), train_tokenizer(texts))
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
+    write_jsonl(corpus, [{"id": i, "text": text} for i, text in enumerate(texts)])
+    return TinyHf(model, corpus, texts)

@@ -79,8 +79,15 @@ def test_an_unknown_train_variable_is_warned_about(caplog):
 # The one reader of the process environment, and the launcher, which only sets variables
 # for its workers.
 READER = "training/environment.py"
-# code.py puts the job's code on PYTHONPATH, which the ranks inherit.
-WRITERS = {"training/launcher.py", "training/code.py"}
+# code.py puts the job's code on PYTHONPATH, which the ranks inherit; cli.py names the
+# tokenized data for them (TRAIN_PREPARED_DATA); text/tokenize.py turns the tokenizer's own
+# threads off in the tokenizing processes it starts.
+WRITERS = {
+    "training/launcher.py",
+    "training/code.py",
+    "training/cli.py",
+    "training/text/tokenize.py",
+}
 
 
 def environment_reads(root: Path) -> list[str]:

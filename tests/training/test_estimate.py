@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_live
+from deepspeed.runtime.zero.stage3 import (
+    estimate_zero3_model_states_mem_needs,
+    estimate_zero3_model_states_mem_needs_all_live,
+)
 from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_live,
@@ -182,8 +185,31 @@ def test_the_estimates_change_is_advice_the_out_of_memory_sentence_gives(overrid
             assert value in named[0]
 
 
+# config.json of the Hub models the shipped jobs and tests name, as their model pages give
+# them (https://huggingface.co/<id>/blob/main/config.json): estimate reads nothing else.
+HUB_CONFIGS = Path(__file__).with_name("data") / "hub"
+
+
+@pytest.fixture
+def offline_hub(tmp_path, monkeypatch):
+    """huggingface_hub offline, its cache holding those config.json files only, laid out as
+    hf_hub_download leaves them (models--<org>--<name>/refs/main naming a snapshot)."""
+    import huggingface_hub.constants
+
+    commit = "0" * 40
+    for config in HUB_CONFIGS.glob("*/*/config.json"):
+        org, name = config.parent.parent.name, config.parent.name
+        repo = tmp_path / "hub" / f"models--{org}--{name}"
+        (repo / "refs").mkdir(parents=True)
+        (repo / "refs" / "main").write_text(commit)
+        (repo / "snapshots" / commit).mkdir(parents=True)
+        (repo / "snapshots" / commit / "config.json").write_bytes(config.read_bytes())
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
 @pytest.mark.parametrize("job", sorted((REPO / "jobs").glob("*.toml")), ids=lambda path: path.stem)
-def test_every_shipped_job_is_estimated(job, capsys):
+def test_every_shipped_job_is_estimated(job, capsys, offline_hub):
     assert main(["--config", str(job)], TrainerEnv()) == 0
     verdict = next(
         line for line in capsys.readouterr().out.splitlines() if line.startswith("your config")
@@ -230,3 +256,60 @@ def test_no_gpus_or_nodes_is_named(capsys):
     assert capsys.readouterr().err == "error: --gpus 0: a job needs at least 1 GPU\n"
     assert main(["--nodes", "0"], TrainerEnv()) == 2
     assert capsys.readouterr().err == "error: --nodes 0: a job needs at least 1 node\n"
+
+
+def test_a_hugging_face_model_is_estimated_from_its_config_json_alone(tmp_path, capsys):
+    """A folder holding only Llama-3.1-8B's config.json: no weights, no tokenizer, no data."""
+    model = tmp_path / "llama-3.1-8b"
+    model.mkdir()
+    (model / "config.json").write_bytes(
+        (HUB_CONFIGS / "meta-llama" / "Llama-3.1-8B" / "config.json").read_bytes()
+    )
+    job = tmp_path / "job.toml"
+    job.write_text(
+        f'[model]\nhf = "{model}"\nactivation_checkpointing = true\n'
+        '[data]\nkind = "jsonl"\npath = "/no/such/data.jsonl"\nseq_len = 4096\n'
+        "[train]\nmicro_batch_size = 1\n[zero]\nstage = 3\n[precision]\nbf16 = true\n"
+    )
+    args = ["--config", str(job), "--gpus", "8", "--gpu-type", "A100-80GB"]
+    assert main(args, TrainerEnv()) == 0
+    out = capsys.readouterr().out
+    # Llama 3.1 8B's count from its shape: per layer q and o (4096²), k and v (4096 x 1024),
+    # three MLP matrices (4096 x 14336), two norms; two 128256 x 4096 tables, a final norm.
+    layer = 2 * 4096**2 + 2 * 4096 * 1024 + 3 * 4096 * 14336 + 2 * 4096
+    params = 32 * layer + 2 * 128256 * 4096 + 4096
+    assert f"{params / 1e9:.2f}B parameters (largest layer {128256 * 4096 / 1e6:.1f}M)" in out
+    zero3 = next(line for line in out.splitlines() if line.startswith("ZeRO-3 "))
+    _, states, _ = estimate_zero3_model_states_mem_needs(
+        total_params=params,
+        largest_layer_params=128256 * 4096,
+        num_gpus_per_node=8,
+        num_nodes=1,
+        cpu_offload=False,
+        cpu_offload_params=False,
+    )
+    assert zero3.split()[1] == f"{states / GIB:.2f}"  # DeepSpeed's figure per GPU
+    verdict = next(line for line in out.splitlines() if line.startswith("your config"))
+    assert verdict.startswith("your config  ZeRO-3, activation checkpointing: ")
+    assert verdict.endswith("GiB per GPU: fits")
+
+
+@pytest.mark.parametrize(
+    "job",
+    [
+        p
+        for p in sorted((REPO / "jobs").glob("*.toml"))
+        if "# python -m training estimate" in p.read_text()
+    ],
+    ids=lambda path: path.stem,
+)
+def test_the_estimate_a_job_quotes_is_what_estimate_prints(job, capsys, offline_hub):
+    """A shipped job that quotes its estimate in a comment quotes it as it is."""
+    comment = [line.removeprefix("#").strip() for line in job.read_text().splitlines()]
+    command = next(line for line in comment if line.startswith("python -m training estimate"))
+    quoted = [line for line in comment if line.startswith(("model ", "ZeRO-", "your config"))]
+    args = command.removeprefix("python -m training estimate").split()
+    args[args.index("--config") + 1] = str(REPO / args[args.index("--config") + 1])
+    assert main(args, TrainerEnv()) == 0
+    printed = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
+    assert quoted and all(" ".join(line.split()) in printed for line in quoted)

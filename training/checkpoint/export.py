@@ -1,8 +1,9 @@
-"""`python -m training export CHECKPOINT out.pt`: full fp32 weights from a checkpoint.
+"""`python -m training export CHECKPOINT out.pt|OUT_DIR`: full fp32 weights from a checkpoint.
 
 CHECKPOINT is a checkpoint root (the newest committed step is taken) or one step folder
 (`<root>/step_00001000`). The result is a plain `state_dict` for `model.load_state_dict`,
-with no DeepSpeed needed to read it.
+with no DeepSpeed needed to read it; for a model.hf run, a folder without a .pt suffix gets
+the Hugging Face format instead (training/hf/export.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import torch
 
 from training.checkpoint.layout import (
+    CLIENT_STATE_KEY,
     COMMIT_MARKER,
     COMPLETE,
     examine,
@@ -81,12 +83,56 @@ def fp32_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
     return get_fp32_state_dict_from_zero_checkpoint(str(root), tag=tag)
 
 
-def export(checkpoint: Path, out: Path) -> tuple[str, int]:
-    """Write the weights to `out`; return the tag exported and the number of parameters."""
-    check_output(out)
+def check_output_folder(out: Path) -> None:
+    """Refuse a folder that holds something, or cannot be made, before anything loads."""
+    if out.is_dir() and any(out.iterdir()):
+        raise ExportError(
+            f"{out} is a directory that holds files: give a file name, e.g. "
+            f"{out / 'model.pt'}, or for a model.hf run a new folder"
+        )
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"{out} is a file: give a new folder for a model.hf run")
+    parent = out.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise ExportError(f"cannot write {out}: {parent} is not a writable folder")
+
+
+def hf_metadata(root: Path, tag: str) -> dict | None:
+    """A model.hf run's export metadata (training/hf/export.py), None for other runs."""
+    from training.hf.export import METADATA_KEY
+
+    # Rank 0's model states: named per data-parallel rank at ZeRO-3
+    # (deepspeed/runtime/engine.py, _get_ckpt_name).
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (root / tag / name).is_file():
+            states = torch.load(root / tag / name, map_location="cpu", weights_only=False)
+            return states.get(CLIENT_STATE_KEY, {}).get(METADATA_KEY)
+    return None
+
+
+def export(checkpoint: Path, out: Path, dtype: str | None = None) -> tuple[str, int]:
+    """Write the weights to `out` (a folder in Hugging Face's format for a model.hf run
+    when `out` has no .pt suffix); return the tag exported and the number of parameters."""
+    folder = out.suffix != ".pt" and (out.is_dir() or not out.suffix)
+    if folder:
+        check_output_folder(out)
+    else:
+        check_output(out)
     root, tag = locate(
         checkpoint, warn=lambda message: print(f"warning: {message}", file=sys.stderr)
     )
+    if folder:
+        carried = hf_metadata(root, tag)
+        if carried is None:
+            raise ExportError(
+                f"{root / tag} is not of a model.hf run, which alone exports to a folder: give "
+                "a file name, e.g. model.pt"
+            )
+        from training.hf.export import export_folder
+
+        return tag, export_folder(fp32_state_dict(root, tag), carried, out, dtype)
     state = fp32_state_dict(root, tag)
     out.parent.mkdir(parents=True, exist_ok=True)  # check_output found it can be made
     torch.save(state, out)
@@ -97,13 +143,23 @@ def export(checkpoint: Path, out: Path) -> tuple[str, int]:
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="python -m training export",
-        description="Write a checkpoint's full fp32 weights as a plain PyTorch state_dict.",
+        description="Write a checkpoint's full fp32 weights as a plain PyTorch state_dict, "
+        "or a model.hf run's as a Hugging Face model folder.",
     )
     p.add_argument("checkpoint", type=Path, help="checkpoint root or one step_NNNNNNNN folder")
-    p.add_argument("out", type=Path, help="output file, e.g. model.pt")
+    p.add_argument(
+        "out",
+        type=Path,
+        help="output file, e.g. model.pt; for a model.hf run, a new folder for from_pretrained",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("fp32", "bf16", "fp16"),
+        help="a Hugging Face folder's weights (default: the run's precision)",
+    )
     args = p.parse_args(argv)
     try:
-        tag, params = export(args.checkpoint, args.out)
+        tag, params = export(args.checkpoint, args.out, args.dtype)
     except ExportError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

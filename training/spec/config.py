@@ -31,6 +31,10 @@ ENV_OVERRIDES = {
 
 # Data kinds of labelled images (training/image_data.py), trained by the vision presets.
 IMAGE_KINDS = ("image_folder", "image_shards")
+# Data kinds of text, tokenized by a Hugging Face model's tokenizer (training/text/).
+TEXT_KINDS = ("jsonl", "parquet", "text-files", "hf-dataset")
+# What a Hugging Face model is trained to do (training/hf/model.py).
+HF_TASKS = ("causal-lm", "masked-lm", "sequence-classification")
 
 _IMPORT_STRING = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -56,6 +60,17 @@ class RunConfig(Section):
 
 
 class ModelConfig(Section):
+    # A Hugging Face model and its tokenizer: a Hub id ("meta-llama/Llama-3.1-8B"), a local
+    # folder, or s3://bucket/prefix holding config.json, weights and tokenizer files.
+    hf: str | None = None
+    task: Literal[HF_TASKS] = "causal-lm"  # type: ignore[valid-type]
+    # pretrained: hf's weights; config: the same architecture, freshly initialised.
+    init: Literal["pretrained", "config"] = "pretrained"
+    revision: str | None = None  # a Hub branch, tag or commit of `hf`
+    # Run the model's own Python from the Hub (config.json's auto_map): only when asked.
+    trust_remote_code: bool = False
+    # sequence-classification: the number of classes (data.label_field holds 0..num_labels-1).
+    num_labels: int | None = Field(default=None, gt=1)
     preset: Literal[(*PRESETS, *VISION_PRESETS)] = "tiny"  # type: ignore[valid-type]
     # "package.module:function" building your own nn.Module; see docs/training.md.
     builder: ImportString | None = None
@@ -72,13 +87,34 @@ class ModelConfig(Section):
 class DataConfig(Section):
     # synthetic: seeded learnable sequences; tokens: a uint16/uint32 token file (nanoGPT .bin);
     # text: raw bytes of a text file as tokens (vocab 256); image_folder / image_shards:
-    # labelled images in class folders / WebDataset-style tar shards (train/ and val/).
-    kind: Literal["synthetic", "tokens", "text", *IMAGE_KINDS] = "synthetic"
+    # labelled images in class folders / WebDataset-style tar shards (train/ and val/);
+    # jsonl, parquet, text-files, hf-dataset: text for a model.hf model, tokenized by its
+    # tokenizer (`python -m training prepare`).
+    kind: Literal["synthetic", "tokens", "text", *IMAGE_KINDS, *TEXT_KINDS] = "synthetic"
     # "package.module:function" building your own Dataset; replaces `kind`.
     builder: ImportString | None = None
     options: dict[str, Any] = Field(default_factory=dict)
-    # File, or a directory holding train.bin (tokens) / *.txt (text). TRAIN_DATA_PATH overrides.
+    # File, or a directory holding train.bin (tokens) / *.txt (text); for the text kinds a
+    # file, a directory, a glob or s3://bucket/prefix, or a Hub dataset id (hf-dataset).
+    # TRAIN_DATA_PATH overrides.
     path: str | None = None
+    # Text kinds: the field holding each document's text, or (chat) its list of
+    # {"role", "content"} messages, trained on the assistant's tokens only.
+    text_field: str = "text"
+    messages_field: str | None = None
+    # sequence-classification: the field holding each document's class (an integer).
+    label_field: str = "label"
+    # The held-out split: a path like data.path, a Hub split, or a fraction of the documents.
+    val_path: str | None = None
+    val_split: str | None = None
+    val_fraction: float = Field(default=0.0, ge=0, lt=1)
+    # hf-dataset: the dataset's configuration (subset), split and revision.
+    subset: str | None = None
+    split: str = "train"
+    revision: str | None = None
+    # Text kinds: read and tokenize the training split while training instead of preparing
+    # it first (data larger than the disk); the held-out split is still prepared.
+    streaming: bool = False
     dtype: Literal["uint16", "uint32"] = "uint16"
     seq_len: int = Field(default=256, gt=0)
     # Defaults: 50304 (GPT-2's vocabulary padded to a multiple of 64) for synthetic and tokens.
@@ -190,6 +226,16 @@ class Config(Section):
         return self.data.kind in IMAGE_KINDS
 
     @property
+    def is_hf(self) -> bool:
+        """The model is a Hugging Face model (model.hf)."""
+        return self.model.hf is not None
+
+    @property
+    def is_text(self) -> bool:
+        """The data is text tokenized by the model's tokenizer."""
+        return self.data.kind in TEXT_KINDS and self.data.builder is None
+
+    @property
     def vocab_size(self) -> int:
         if self.data.kind == "text" and self.data.builder is None:
             return 256
@@ -281,8 +327,9 @@ def validate(config: Config, world_size: int) -> BatchSizes:
             f"data.vocab_size = {config.data.vocab_size} with data.kind = 'text': "
             "text is read as bytes, so the vocabulary is 256 (remove the key)"
         )
+    _check_hf(config)
     _check_workload(config)
-    if config.model.builder is None and config.model.preset in PRESETS:
+    if config.model.builder is None and not config.is_hf and config.model.preset in PRESETS:
         shape = PRESETS[config.model.preset] | {
             key: value
             for key in ("n_layer", "n_head", "n_embd")
@@ -333,10 +380,99 @@ def _check_workload(config: Config) -> None:
             "built for partitioned parameters (and a ResNet's 11-26M parameters fit every GPU); "
             "use zero.stage 0, 1 or 2, with zero.offload_optimizer = true for less memory"
         )
-    if data.path and data.path.startswith("s3://") and data.kind != "image_shards":
+    readers_of_s3 = ("image_shards", "jsonl", "parquet", "text-files")
+    for key in ("path", "val_path"):
+        value = getattr(data, key)
+        if value and value.startswith("s3://") and data.kind not in readers_of_s3:
+            raise ConfigError(
+                f"data.{key} = {value!r}: data.kind = {data.kind!r} does not read from S3 "
+                f"(these do: {', '.join(readers_of_s3)}); sync it to a local directory "
+                "(gpu:dataS3Uri does on the stack)"
+            )
+
+
+def _check_hf(config: Config) -> None:
+    """A Hugging Face model takes its shape from config.json and its tokens from its
+    tokenizer; the text kinds need one. Checks that need the model's files run in the
+    launcher (training/hf/checks.py)."""
+    model, data = config.model, config.data
+    if config.is_text and not config.is_hf:
         raise ConfigError(
-            f"data.path = {data.path!r}: only data.kind = 'image_shards' reads from S3; "
-            "sync other data to a local directory (gpu:dataS3Uri does on the stack)"
+            f"data.kind = {data.kind!r} is text for a Hugging Face model's tokenizer: set "
+            "model.hf (a Hub id, a local folder or s3://...)"
+        )
+    text_only = {
+        "messages_field": data.messages_field is not None,
+        "val_path": data.val_path is not None,
+        "val_split": data.val_split is not None,
+        "val_fraction": data.val_fraction > 0,
+        "streaming": data.streaming,
+    }
+    for key, given in text_only.items():
+        if given and not config.is_text:
+            raise ConfigError(
+                f"data.{key} is set but data.kind = {data.kind!r}: it applies to the text "
+                f"kinds ({', '.join(TEXT_KINDS)})"
+            )
+    for key in ("subset", "val_split"):
+        if getattr(data, key) is not None and data.kind != "hf-dataset":
+            raise ConfigError(
+                f"data.{key} is set but data.kind = {data.kind!r}: it names a part of a Hub "
+                "dataset (data.kind = 'hf-dataset')"
+            )
+    held_out = [key for key in ("val_path", "val_split") if getattr(data, key) is not None]
+    if data.val_fraction > 0:
+        held_out.append("val_fraction")
+    if len(held_out) > 1:
+        raise ConfigError(
+            f"data.{' and data.'.join(held_out)} are both set: give the held-out split one way"
+        )
+    if data.streaming and data.val_fraction > 0:
+        raise ConfigError(
+            "data.val_fraction with data.streaming = true: a streamed split is never read "
+            "whole, so hold out a split of its own (data.val_path or data.val_split)"
+        )
+    if not config.is_hf:
+        for key in ("task", "init", "revision", "trust_remote_code", "num_labels"):
+            if key in model.model_fields_set:
+                raise ConfigError(f"model.{key} is set but model.hf is not: it applies to model.hf")
+        return
+    for key in ("preset", "builder", "n_layer", "n_head", "n_embd", "dropout"):
+        if key in model.model_fields_set:
+            raise ConfigError(
+                f"model.{key} and model.hf are both set: a Hugging Face model's shape comes "
+                f"from its config.json; remove model.{key}"
+            )
+    if config.is_image or data.kind == "text":
+        raise ConfigError(
+            f"data.kind = {data.kind!r} with model.hf: use a text kind "
+            f"({', '.join(TEXT_KINDS)}) to tokenize with the model's tokenizer"
+        )
+    classifying = model.task == "sequence-classification"
+    if classifying and model.num_labels is None:
+        raise ConfigError(
+            "model.task = 'sequence-classification' needs model.num_labels: the number of "
+            f"classes in data.{data.label_field}"
+        )
+    if model.num_labels is not None and not classifying:
+        raise ConfigError(
+            f"model.num_labels is set but model.task = {model.task!r}: it applies to "
+            "'sequence-classification'"
+        )
+    if data.messages_field is not None and model.task != "causal-lm":
+        raise ConfigError(
+            f"data.messages_field with model.task = {model.task!r}: chat data trains a "
+            "causal-lm on the assistant's turns"
+        )
+    if model.task != "causal-lm" and not config.is_text:
+        raise ConfigError(
+            f"model.task = {model.task!r} with data.kind = {data.kind!r}: it is trained on "
+            f"documents the model's tokenizer encodes ({', '.join(TEXT_KINDS)})"
+        )
+    if data.streaming and model.task != "causal-lm":
+        raise ConfigError(
+            f"data.streaming = true with model.task = {model.task!r}: streaming packs text for "
+            "a causal-lm; prepare the data instead (data.streaming = false)"
         )
 
 

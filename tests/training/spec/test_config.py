@@ -85,6 +85,50 @@ BAD_CONFIGS = [
         ["data.kind=tokens", "data.path=s3://b/tokens"],
         ["data.path = 's3://b/tokens'", "image_shards"],
     ),
+    # Hugging Face models and text data.
+    (["data.kind=jsonl", "data.path=x.jsonl"], ["data.kind = 'jsonl'", "set model.hf"]),
+    (
+        ["model.hf=m", "model.n_layer=4", "data.kind=jsonl", "data.path=x"],
+        ["model.n_layer and model.hf", "config.json"],
+    ),
+    (["model.task=masked-lm"], ["model.task is set but model.hf is not"]),
+    (
+        ["model.hf=m", "data.kind=jsonl", "data.path=x", "model.task=sequence-classification"],
+        ["model.num_labels"],
+    ),
+    (
+        ["model.hf=m", "model.task=masked-lm"],
+        ["model.task = 'masked-lm' with data.kind = 'synthetic'"],
+    ),
+    (
+        [
+            "model.hf=m",
+            "data.kind=jsonl",
+            "data.path=x",
+            "data.val_path=v",
+            "data.val_fraction=0.1",
+        ],
+        ["data.val_path and data.val_fraction"],
+    ),
+    (
+        [
+            "model.hf=m",
+            "data.kind=jsonl",
+            "data.path=x",
+            "data.streaming=true",
+            "data.val_fraction=0.1",
+        ],
+        ["data.val_fraction with data.streaming"],
+    ),
+    (["data.streaming=true"], ["data.streaming is set but data.kind = 'synthetic'"]),
+    (
+        ["model.hf=m", "data.kind=hf-dataset", "data.path=s3://b/x"],
+        ["data.kind = 'hf-dataset' does not read from S3"],
+    ),
+    (
+        ["model.hf=m", "data.kind=jsonl", "data.path=x", "data.subset=en"],
+        ["data.subset is set but data.kind = 'jsonl'"],
+    ),
 ]
 
 
