@@ -48,6 +48,7 @@ import pulumi_aws as aws
 
 from infra.cluster.config import (
     DEFAULT_USER,
+    EPILOG_KEY,
     JOB_SCRIPT_KEY,
     JOB_SCRIPT_ON_HEAD_NODE,
     QUEUE,
@@ -56,6 +57,7 @@ from infra.cluster.config import (
     cluster_config,
     efa_enabled,
 )
+from infra.cluster.epilog import render_epilog
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
 from infra.components.storage import Storage
@@ -87,6 +89,9 @@ class ClusterArgs:
     plan: Plan  # resolved with a ParallelCluster release (plan.cluster)
     head_node: HeadNode
     subnet_id: pulumi.Input[str]
+    # The subnet's route out (NAT gateway, route table, association): the head node's
+    # bootstrap calls CloudFormation, EC2 and DynamoDB, and a compute node ECR, through it.
+    route_out: list[pulumi.Resource]
     # The stack's bucket (each job mirrors under its checkpoint_uri), repository, log group.
     storage: Storage
     image_uri: pulumi.Input[str]
@@ -181,6 +186,7 @@ def _template_body(name: str, args: ClusterArgs, values: dict) -> str:
         bucket=values["bucket"],
         setup_script=f"s3://{values['bucket']}/{SETUP_SCRIPT_KEY}",
         job_script=f"s3://{values['bucket']}/{JOB_SCRIPT_KEY}",
+        epilog=f"s3://{values['bucket']}/{EPILOG_KEY}",
         node_policy_arn=values["policy_arn"],
         registry=values["image_uri"].split("/", 1)[0],
         head_node=args.head_node,
@@ -198,7 +204,7 @@ def _template_body(name: str, args: ClusterArgs, values: dict) -> str:
 def _node_scripts(
     name: str, args: ClusterArgs, opts: pulumi.ResourceOptions
 ) -> list[aws.s3.BucketObjectv2]:
-    """The node setup script and the job script, in the stack's bucket."""
+    """The node setup script, the job script and the Epilog, in the stack's bucket."""
     setup = aws.s3.BucketObjectv2(
         f"{name}-cluster-setup",
         bucket=args.storage.bucket_name,
@@ -215,7 +221,14 @@ def _node_scripts(
         ),
         opts=opts,
     )
-    return [setup, job]
+    epilog = aws.s3.BucketObjectv2(
+        f"{name}-cluster-epilog",
+        bucket=args.storage.bucket_name,
+        key=EPILOG_KEY,
+        content=render_epilog(),
+        opts=opts,
+    )
+    return [setup, job, epilog]
 
 
 class SlurmCluster(pulumi.ComponentResource):
@@ -261,10 +274,14 @@ class SlurmCluster(pulumi.ComponentResource):
             capabilities=CAPABILITIES,
             timeout_in_minutes=CREATE_TIMEOUT_MINUTES,
             on_failure="DELETE",
-            # The nodes run the scripts at boot: they must be in the bucket first.
+            # The nodes run the scripts at boot: they must be in the bucket first. And a
+            # stack depends on a subnet alone, not on its route out: without these, the
+            # cluster may be created while the NAT gateway is still pending (a NAT gateway
+            # takes minutes to become available: https://docs.aws.amazon.com/vpc/latest/
+            # userguide/nat-gateway-working-with.html), and every bootstrap call times out.
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=scripts,
+                depends_on=[*scripts, *args.route_out],
                 custom_timeouts=STACK_TIMEOUTS,
                 delete_before_replace=True,
             ),

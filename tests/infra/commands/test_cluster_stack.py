@@ -114,8 +114,8 @@ def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
         stop.run(ARGS, out=io.StringIO(), **NO_WAIT)
 
 
-def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm, tmp_path):
-    job = Submitted(slurm, tmp_path, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
+def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm):
+    job = Submitted(slurm, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(3)
 
     text = status.run(ARGS)
@@ -181,8 +181,8 @@ def test_stop_and_start_with_the_head_node_stopped(cluster):
     assert "the queue of l40sx4 is empty: nothing to resume" in result
 
 
-def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm, tmp_path):
-    job = Submitted(slurm, tmp_path, name="run2", s3_root=f"s3://{BUCKET}/checkpoints")
+def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm):
+    job = Submitted(slurm, name="run2", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(2)
     seen = {}
     stub_stack.on_destroy = lambda options: seen.update(state=job.state())
