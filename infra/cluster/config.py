@@ -116,6 +116,11 @@ def check_cluster_name(name: str, stack: str) -> None:
         )
 
 
+def cloudformation_stack_name(cluster_name: str) -> str:
+    """The CloudFormation stack (and its Pulumi resource) that holds the cluster."""
+    return f"{cluster_name}-cluster"
+
+
 def compute_resource_name(instance_type: str) -> str:
     """p4d.24xlarge -> p4d-24xlarge (names allow letters, digits and hyphens)."""
     return instance_type.replace(".", "-")

@@ -108,11 +108,16 @@ done
 """
 
 
-def release_script(partition: str = QUEUE) -> str:
-    """Release every held job of the queue: Slurm starts nodes for them. Prints the jobs it
-    released, as squeue listed them before (held)."""
+def release_script(partition: str = QUEUE, only: tuple[str, ...] | None = None) -> str:
+    """Release every held job of the queue (`only`: those of these ids): Slurm starts nodes
+    for them. Prints the jobs it released, as squeue listed them before (held)."""
+    if only == ():
+        return SLURM_PATH  # nothing to release
+    if only is not None and not all(job_id.isdigit() for job_id in only):
+        raise ValueError(f"Slurm job ids are numbers, got {only!r}")
+    jobs = f"--jobs={','.join(only)} " if only else ""
     return f"""{SLURM_PATH}set -u
-{_squeue(partition)} --states=PENDING | while IFS= read -r line; do
+{_squeue(partition)} {jobs}--states=PENDING | while IFS= read -r line; do
   job=${{line%%|*}}
   priority=$(printf '%s\\n' "$line" | cut -d'|' -f6)
   if [ "$priority" = 0 ]; then

@@ -9,24 +9,16 @@ jobs; Slurm starts compute nodes for them and each resumes from its checkpoint.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from collections.abc import Callable
 
-from botocore.exceptions import ClientError
-
 from infra.cluster.control import parse_queue, release_script
 from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint
+from infra.commands.cluster_fleet import start_fleet
 from infra.errors import ConfigError
-from infra.functions import fleet
 from infra.jobs.spool import current_run_uri
-
-# How long `start` waits for clustermgtd, on a head node just started, to finish a stop the
-# spend guard requested (STOP_REQUESTED -> STOPPING -> STOPPED) before it may start the fleet.
-FLEET_STOP_WAIT_S = 600
-FLEET_POLL_S = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -91,36 +83,3 @@ def start_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
         )
     lines.append(f"Follow it with `python -m infra logs {stack.name} --follow`.")
     return "\n".join(lines)
-
-
-def start_fleet(stack: workspace.Deployed, *, say, sleep) -> None:
-    """Start the compute fleet again when the spend guard stopped it at the budget, as
-    `pcluster update-compute-fleet --status START_REQUESTED` does: only from STOPPED, so wait
-    for clustermgtd to finish the stop first (infra/functions/fleet.py)."""
-    if not stack.cluster_name:
-        return
-    dynamodb = workspace.aws("dynamodb", stack.region)
-    status = fleet.status(dynamodb, stack.cluster_name)
-    if status not in fleet.STOPPING:
-        return
-    say(
-        f"the compute fleet is {status} (the spend guard stopped it at the budget): waiting "
-        "for ParallelCluster to finish the stop, then starting it"
-    )
-    waited = 0
-    while status != fleet.STOPPED:
-        if waited >= FLEET_STOP_WAIT_S:
-            raise ConfigError(
-                f"the compute fleet of {stack.name} is still {status} after {waited} s: run "
-                f"`python -m infra start {stack.name}` again in a few minutes"
-            )
-        sleep(FLEET_POLL_S)
-        waited += FLEET_POLL_S
-        status = fleet.status(dynamodb, stack.cluster_name)
-    try:
-        fleet.request_start(dynamodb, stack.cluster_name, datetime.datetime.now(datetime.UTC))
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] != fleet.CONDITION_FAILED:
-            raise
-        # Someone started it between the read and the write: started all the same.
-    say(f"compute fleet {fleet.START_REQUESTED}: ParallelCluster makes the queue active again")

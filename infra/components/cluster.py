@@ -54,6 +54,7 @@ from infra.cluster.config import (
     QUEUE,
     SETUP_SCRIPT,
     ClusterSettings,
+    cloudformation_stack_name,
     cluster_config,
     efa_enabled,
 )
@@ -262,8 +263,8 @@ class SlurmCluster(pulumi.ComponentResource):
         )
         scripts = _node_scripts(name, args, child)
         stack = aws.cloudformation.Stack(
-            f"{name}-cluster",
-            name=f"{name}-cluster",
+            cloudformation_stack_name(name),
+            name=cloudformation_stack_name(name),
             template_body=pulumi.Output.all(
                 region=args.region,
                 subnet_id=args.subnet_id,
