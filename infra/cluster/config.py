@@ -17,6 +17,7 @@ from pathlib import Path
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
+from infra.functions.slurm_queue import KILL_WAIT_S
 from infra.knowledge.catalog import Instance
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
@@ -52,11 +53,9 @@ EPILOG_KEY = "cluster/node-verdicts.epilog"
 # https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).
 REQUEUE_EXIT = int(ExitCode.INTERRUPTED)
-# Seconds between the SIGTERM and the SIGKILL when Slurm ends a job (slurm.conf(5),
-# KillWait; default 30): the time a stopped job has to checkpoint, as long as the
-# single-node unit gives it (docker stop --time 100) and a little more. Not on
-# ParallelCluster's deny list for CustomSlurmSettings (pcluster's slurm_settings_validator).
-KILL_WAIT_S = 120
+# KILL_WAIT_S (infra/functions/slurm_queue.py, where the spend guard reads it too) is the
+# cluster's KillWait: not on ParallelCluster's deny list for CustomSlurmSettings (pcluster's
+# slurm_settings_validator).
 # ParallelCluster's default (Scheduling-v3.html, SlurmSettings): idle dynamic nodes are
 # terminated after this many minutes, so the queue costs nothing between jobs.
 SCALEDOWN_IDLE_MINUTES = 10

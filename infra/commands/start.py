@@ -71,15 +71,20 @@ def start_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
             registration_wait_s=head_node.REGISTRATION_WAIT_S,
         )
     )
-    if not released:
+    # Jobs Slurm put back in the queue unheld (a node lost, a budget stop that could not
+    # hold them first) start again too: they are listed with the released ones.
+    released_ids = {job.id for job in released}
+    queued = [job for job in head_node.queue(stack, sleep=sleep) if job.id not in released_ids]
+    if not released and not queued:
         return f"the queue of {stack.name} is empty: nothing to resume"
     s3 = workspace.aws("s3", stack.region)
-    lines = [f"released the queue of {stack.name}: Slurm starts nodes for its jobs (minutes)"]
-    for job in released:
+    lines = [f"the queue of {stack.name}: Slurm starts nodes for its pending jobs (minutes)"]
+    for job, what in [
+        *((job, "released") for job in released),
+        *((job, job.state.lower()) for job in queued),
+    ]:
         checkpoint = last_checkpoint(s3, head_node.run_uri(stack, job))
-        lines.append(
-            f"  job {job.id} ({job.name}) resumes from "
-            f"{checkpoint.describe() if checkpoint else 'step 0 (no checkpoint in S3 yet)'}"
-        )
+        since = checkpoint.describe() if checkpoint else "step 0 (no checkpoint in S3 yet)"
+        lines.append(f"  job {job.id} ({job.name}) {what}: resumes from {since}")
     lines.append(f"Follow it with `python -m infra logs {stack.name} --follow`.")
     return "\n".join(lines)
