@@ -28,9 +28,10 @@ Lifecycle facts the stack relies on:
 - A stack whose create failed sits in ROLLBACK_COMPLETE, which can only be deleted, so the
   next `pulumi up` fails on it; OnFailure DELETE deletes it instead
   (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_CreateStack.html,
-  OnFailure). The provider reports that create as failed and, reading the stack back,
-  drops a DELETE_COMPLETE stack from the state, so the next `up` creates it afresh
-  (stack.go: waitStackCreated, resourceStackRead, findStackByName).
+  OnFailure). The provider records the stack's id before it waits for the create
+  (stack.go, resourceStackCreate), so Pulumi keeps the deleted stack in its state; only a
+  read (a refresh) drops a DELETE_COMPLETE stack (resourceStackRead, findStackByName), which
+  `up` does first (infra/commands/cluster_update.py).
 - `name`, `on_failure` and `timeout_in_minutes` are ForceNew (stack.go, Schema): changing
   one replaces the stack, and a replacement must delete the old stack before it creates
   the new one, whose name is the same.
