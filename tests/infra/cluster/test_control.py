@@ -30,6 +30,7 @@ SCRIPTS = {
     "queue": queue_script(),
     "stop": stop_script(),
     "release": release_script(),
+    "release-some": release_script(only=("12", "13")),
     "log": log_script("12", -1),
 }
 
