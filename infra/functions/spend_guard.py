@@ -669,8 +669,10 @@ def _hold_jobs(
     unheld = "its jobs end with the compute nodes, without a checkpoint"
     if not settings.cluster_queue:
         return None, f"the guard does not know cluster {settings.cluster_name}'s queue: {unheld}"
-    if head is None or ssm is None:
+    if head is None:
         return None, f"cluster {settings.cluster_name}'s head node is not running: {unheld}"
+    if ssm is None:
+        return None, f"the guard cannot reach cluster {settings.cluster_name}'s head node: {unheld}"
     script = hold_script(settings.cluster_queue, JOB_END_WAIT_S)
     try:
         command_id = ssm.send_command(
