@@ -16,6 +16,7 @@ from infra.errors import ConfigError
 from infra.knowledge.quotas import quota_need
 from infra.planning import check_plan, resolve_plan
 from infra.preflight import quotas
+from infra.project import stack_resource_name
 
 try:
     config = load_stack_config(namespace_config("gpu"))
@@ -35,7 +36,8 @@ try:
         pulumi.log.warn(warning)
     kind = ClusterStack if config.cluster is not None else SingleNodeStack
     stack = kind(
-        f"{pulumi.get_project()}-{pulumi.get_stack()}", StackArgs(config, plan, aws_settings)
+        stack_resource_name(pulumi.get_project(), pulumi.get_stack()),
+        StackArgs(config, plan, aws_settings),
     )
 except ConfigError as error:
     raise pulumi.RunError(str(error)) from None

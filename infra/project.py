@@ -26,3 +26,15 @@ def find_project_root(cwd: Path | None = None) -> Path:
         if (folder / PROJECT_FILE).is_file():
             return folder
     return start
+
+
+def project_name(root: Path | None = None) -> str:
+    """The Pulumi project's name (Pulumi.yaml, `name`), what `pulumi.get_project()` returns."""
+    import yaml
+
+    return yaml.safe_load(((root or find_project_root()) / PROJECT_FILE).read_text())["name"]
+
+
+def stack_resource_name(project: str, stack: str) -> str:
+    """The name the program gives a stack's component, and a cluster stack its Slurm cluster."""
+    return f"{project}-{stack}"

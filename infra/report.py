@@ -8,7 +8,6 @@ from typing import Any
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
 from infra.knowledge.costs import (
     SPEND_GUARD_PERIOD_MINUTES,
-    SPEND_GUARD_TIMEOUT_SECONDS,
     IdleCost,
 )
 from infra.knowledge.parallelcluster import ParallelCluster
@@ -106,7 +105,7 @@ def format_costs(costs: Mapping[str, Any]) -> str:
         f"spot {costs['runway_hours_spot']:,.1f} h)",
         f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
         f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
-        f"within {SPEND_GUARD_TIMEOUT_SECONDS} s"
+        f"within {costs['guard_timeout_s']} s"
         if costs["worst_case_overspend_usd"] is not None
         else "overspend      none: the block is paid up front; the spend guard counts its fee "
         "once and never stops its nodes",

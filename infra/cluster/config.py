@@ -11,11 +11,13 @@ the subnet, bucket and policy are known; `python -m infra plan` shows it.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
+from infra.functions.slurm_queue import KILL_WAIT_S
 from infra.knowledge.catalog import Instance
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
@@ -25,6 +27,15 @@ QUEUE = "gpu"
 # Run by ParallelCluster on each node once configured (CustomActions, OnNodeConfigured).
 SETUP_SCRIPT = Path(__file__).parent / "templates" / "setup-node.sh"
 SCRATCH_DIR = "/scratch"  # compute nodes' instance store (or root volume), node-local
+# The user name ECR's registry takes with the token of `aws ecr get-login-password` ("the
+# username is AWS": https://docs.aws.amazon.com/AmazonECR/latest/userguide/
+# registry_auth.html). The node setup writes it into Enroot's credentials file and the job
+# script names it in the image URI (infra/cluster/sbatch.py says why both).
+ECR_LOGIN = "AWS"
+# A folder on each compute node where a job leaves its verdict on the node (a failed health
+# gate) for the Epilog, which drains the node as root (infra/cluster/epilog.py). Sticky and
+# writable by all, not listable: a user makes files in it, and removes only their own.
+NODE_VERDICTS_DIR = "/var/spool/gpu-stack/node-verdicts"
 # Official AMIs carry Pyxis and Enroot (since 3.11.0); the setup script turns them on.
 OS = "ubuntu2204"
 # The OS's default user, who exists on every node (ParallelCluster's OS_MAPPING,
@@ -35,15 +46,16 @@ DEFAULT_USER = "ubuntu"
 # The batch script every job runs: in the stack's bucket, and copied to the head node.
 JOB_SCRIPT_KEY = "cluster/train.sbatch"
 JOB_SCRIPT_ON_HEAD_NODE = "/opt/gpu-stack/train.sbatch"
+# The Epilog (infra/cluster/epilog.py): in the bucket, and copied by the head node's setup
+# into the folder of Epilog scripts every node's slurmd runs (shared /opt/slurm).
+EPILOG_KEY = "cluster/node-verdicts.epilog"
 # Slurm requeues a batch job that exits with one of these (slurm.conf(5), RequeueExit,
 # https://slurm.schedmd.com/slurm.conf.html): the trainer's "interrupted and
 # checkpointed" (docs/contracts.md, section 3).
 REQUEUE_EXIT = int(ExitCode.INTERRUPTED)
-# Seconds between the SIGTERM and the SIGKILL when Slurm ends a job (slurm.conf(5),
-# KillWait; default 30): the time a stopped job has to checkpoint, as long as the
-# single-node unit gives it (docker stop --time 100) and a little more. Not on
-# ParallelCluster's deny list for CustomSlurmSettings (pcluster's slurm_settings_validator).
-KILL_WAIT_S = 120
+# KILL_WAIT_S (infra/functions/slurm_queue.py, where the spend guard reads it too) is the
+# cluster's KillWait: not on ParallelCluster's deny list for CustomSlurmSettings (pcluster's
+# slurm_settings_validator).
 # ParallelCluster's default (Scheduling-v3.html, SlurmSettings): idle dynamic nodes are
 # terminated after this many minutes, so the queue costs nothing between jobs.
 SCALEDOWN_IDLE_MINUTES = 10
@@ -66,6 +78,7 @@ class ClusterSettings:
     bucket: str  # the stack's bucket: checkpoints, data, the setup script and sbatch
     setup_script: str  # s3:// URI of templates/setup-node.sh in the bucket
     job_script: str  # s3:// URI of the rendered train.sbatch, copied onto the head node
+    epilog: str  # s3:// URI of the rendered Epilog, installed by the head node's setup
     node_policy_arn: str  # the stack's scoped policy: ECR pull of its repository
     registry: str  # the ECR registry host Enroot pulls the image from
     head_node: HeadNode
@@ -79,6 +92,32 @@ class ClusterSettings:
     log_retention_days: int = 30
     # gpu:deleteDataOnDestroy: the cluster's log group goes with the stack, else it stays.
     delete_logs_on_destroy: bool = False
+
+
+# ParallelCluster's rule for a cluster name: a letter, then letters, digits and hyphens, 60
+# characters at most (aws-parallelcluster v3.15.1, cli/src/pcluster/constants.py:
+# PCLUSTER_NAME_REGEX, PCLUSTER_NAME_MAX_LENGTH; validators/cluster_validators.py,
+# ClusterNameValidator). A name it refuses fails the create minutes in, inside the custom
+# resource; here it fails the preview.
+CLUSTER_NAME_MAX_LENGTH = 60
+CLUSTER_NAME = re.compile(rf"[a-zA-Z][a-zA-Z0-9-]{{0,{CLUSTER_NAME_MAX_LENGTH - 1}}}")
+
+
+def check_cluster_name(name: str, stack: str) -> None:
+    """ConfigError, before anything is created, for a stack whose cluster name (the stack's
+    resource name, `<project>-<stack>`) ParallelCluster would refuse."""
+    if not CLUSTER_NAME.fullmatch(name):
+        raise ConfigError(
+            f"stack name {stack!r} makes the Slurm cluster's name {name!r}, which "
+            "ParallelCluster refuses: a cluster name is a letter, then letters, digits and "
+            f"'-', {CLUSTER_NAME_MAX_LENGTH} characters at most; rename the stack file "
+            "(no '_' or '.')"
+        )
+
+
+def cloudformation_stack_name(cluster_name: str) -> str:
+    """The CloudFormation stack (and its Pulumi resource) that holds the cluster."""
+    return f"{cluster_name}-cluster"
 
 
 def compute_resource_name(instance_type: str) -> str:
@@ -145,7 +184,7 @@ def _head_node(settings: ClusterSettings) -> dict:
         "CustomActions": {
             "OnNodeConfigured": {
                 "Script": settings.setup_script,
-                "Args": ["head", settings.job_script],
+                "Args": ["head", settings.job_script, settings.epilog],
             }
         },
     }
@@ -191,7 +230,13 @@ def _gpu_queue(plan: Plan, settings: ClusterSettings) -> dict:
         "CustomActions": {
             "OnNodeConfigured": {
                 "Script": settings.setup_script,
-                "Args": ["compute", settings.registry, settings.region],
+                "Args": [
+                    "compute",
+                    settings.registry,
+                    settings.region,
+                    ECR_LOGIN,
+                    NODE_VERDICTS_DIR,
+                ],
             }
         },
     }

@@ -3,22 +3,16 @@
 The queue, a clean stop, a start and a job's log, each one shell script of Slurm's own
 commands; tests/infra/cluster/test_control.py runs them on a real Slurm cluster.
 
-Slurm facts they rely on (https://slurm.schedmd.com/scontrol.html, squeue.html):
-- `scontrol requeuehold JOB` ends a running batch job the way Slurm ends any job (SIGTERM,
-  KillWait seconds, SIGKILL: slurm.conf(5), KillWait) and puts it back in the queue,
-  pending and held; the trainer checkpoints on that SIGTERM. `scontrol hold` keeps a
-  pending job from starting, `scontrol release` lets both start again.
+Slurm facts they rely on (https://slurm.schedmd.com/scontrol.html, squeue.html), beside
+those of holding the queue (infra/functions/slurm_queue.py, which the spend guard shares):
 - A held job is a pending job of priority 0: that is what `scontrol hold` sets (its
   reason reads JobHeldUser, JobHeldAdmin or "job requeued in held state").
 - `scontrol show job` names the job's output file (StdOut=); the job writes it in the
   shared /home, which the head node serves. Slurm forgets a job MinJobAge seconds (300 by
   default, slurm.conf(5)) after it ends; its log is then found by name under /home.
 
-Where they run: SSM's AWS-RunShellScript writes the commands into a script that `sh`
-runs (aws/amazon-ssm-agent, agent/plugins/runscript: ShellCommand "sh", "-c"), dash on
-Ubuntu, reading no login profile; ParallelCluster keeps Slurm in /opt/slurm (a directory
-its validators reserve, pcluster/validators/cluster_validators.py), which only the login
-profile puts on PATH. So each script is POSIX sh and puts /opt/slurm/bin on PATH itself.
+Where they run: as SSM runs them, so each is POSIX sh and puts /opt/slurm/bin on PATH
+itself (infra/functions/slurm_queue.py says why).
 
 Pure Python: no AWS here. infra/commands/ sends the scripts and parses the replies.
 """
@@ -30,35 +24,17 @@ from dataclasses import dataclass
 
 from infra.cluster.config import QUEUE
 from infra.cluster.sbatch import LOG_FILE
+from infra.functions.slurm_queue import JOB_END_WAIT_S, SLURM_PATH, hold_script, squeue
 
-# squeue --format fields, in order: id, name, state (long form), nodes, elapsed, priority
-# (an integer), reason.
-_QUEUE_FORMAT = "%i|%j|%T|%D|%M|%Q|%r"
 # SSM keeps the first 24,000 characters of a command's output (GetCommandInvocation,
 # StandardOutputContent): a log is read in pieces well under that.
 LOG_PIECE_BYTES = 16_000
-# How long the stop script waits for the jobs to end: KillWait (CustomSlurmSettings,
-# infra/cluster/config.py) plus the time Slurm takes to put them back in the queue.
-STOP_WAIT_S = 180
+# How long the stop script waits for the jobs to end (infra/functions/slurm_queue.py).
+STOP_WAIT_S = JOB_END_WAIT_S
 # Where a finished job's log is looked for: the cluster's shared home folders, where jobs are
 # submitted from, a few folders deep.
 LOG_SEARCH_ROOT = "/home"
 LOG_SEARCH_DEPTH = 4
-SLURM_PATH = 'PATH="/opt/slurm/bin:$PATH"\n'
-
-
-def wait_until_gone(query: str, what: str, wait_s: int) -> str:
-    """POSIX sh: poll `query` every 2 s until it prints nothing; exit 1 naming `what` once
-    `wait_s` has passed."""
-    return f"""deadline=$(($(date +%s) + {wait_s}))
-while [ -n "$({query})" ]; do
-  if [ "$(date +%s)" -ge "$deadline" ]; then
-    echo "{what} still ending after {wait_s} s" >&2
-    exit 1
-  fi
-  sleep 2
-done
-"""
 
 
 @dataclass(frozen=True)
@@ -76,12 +52,8 @@ class QueuedJob:
         return self.state == "PENDING" and self.priority == 0
 
 
-def _squeue(partition: str) -> str:
-    return f"squeue --noheader --partition={partition} --format={shlex.quote(_QUEUE_FORMAT)}"
-
-
 def queue_script(partition: str = QUEUE) -> str:
-    return SLURM_PATH + _squeue(partition) + "\n"
+    return SLURM_PATH + squeue(partition) + "\n"
 
 
 def parse_queue(text: str) -> list[QueuedJob]:
@@ -97,22 +69,19 @@ def parse_queue(text: str) -> list[QueuedJob]:
 
 def stop_script(partition: str = QUEUE, wait_s: int = STOP_WAIT_S) -> str:
     """Hold every job of the queue; running ones checkpoint and end first. Prints the queue."""
-    list_jobs = f"squeue --noheader --partition={partition} --format=%i"
-    ending = f"{list_jobs} --states=RUNNING,CONFIGURING,COMPLETING,SUSPENDED"
-    return f"""{SLURM_PATH}set -u
-for job in $({list_jobs} --states=PENDING); do scontrol hold "$job"; done
-for job in $({list_jobs} --states=RUNNING,CONFIGURING,SUSPENDED); do
-  scontrol requeuehold "$job"
-done
-{wait_until_gone(ending, "jobs", wait_s)}{_squeue(partition)}
-"""
+    return hold_script(partition, wait_s)
 
 
-def release_script(partition: str = QUEUE) -> str:
-    """Release every held job of the queue: Slurm starts nodes for them. Prints the jobs it
-    released, as squeue listed them before (held)."""
+def release_script(partition: str = QUEUE, only: tuple[str, ...] | None = None) -> str:
+    """Release every held job of the queue (`only`: those of these ids): Slurm starts nodes
+    for them. Prints the jobs it released, as squeue listed them before (held)."""
+    if only == ():
+        return SLURM_PATH  # nothing to release
+    if only is not None and not all(job_id.isdigit() for job_id in only):
+        raise ValueError(f"Slurm job ids are numbers, got {only!r}")
+    jobs = f"--jobs={','.join(only)} " if only else ""
     return f"""{SLURM_PATH}set -u
-{_squeue(partition)} --states=PENDING | while IFS= read -r line; do
+{squeue(partition)} {jobs}--states=PENDING | while IFS= read -r line; do
   job=${{line%%|*}}
   priority=$(printf '%s\\n' "$line" | cut -d'|' -f6)
   if [ "$priority" = 0 ]; then

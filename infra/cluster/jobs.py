@@ -23,7 +23,8 @@ import shlex
 from dataclasses import dataclass
 
 from infra.cluster.config import DEFAULT_USER, JOB_SCRIPT_KEY, JOB_SCRIPT_ON_HEAD_NODE, QUEUE
-from infra.cluster.control import SLURM_PATH, STOP_WAIT_S, wait_until_gone
+from infra.cluster.control import STOP_WAIT_S
+from infra.functions.slurm_queue import SLURM_PATH, wait_until_gone
 from infra.jobs.spool import JobSpec
 from training.contract import CODE_URI_ENV
 

@@ -15,7 +15,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from infra.cluster.config import KILL_WAIT_S
+from infra.cluster.config import ECR_LOGIN, KILL_WAIT_S, NODE_VERDICTS_DIR
+from infra.cluster.epilog import VERDICT_FILE
 from infra.node.boot import ScriptTemplate
 from training.contract import (
     CRASH_RESTARTS,
@@ -48,6 +49,15 @@ LOG_FILE = "train-%j.out"
 # image owns (its CUDA's minimum driver) is the job's.
 IMAGE_ENVIRONMENT = ("TRAIN_MIN_DRIVER",)
 JOB_ENVIRONMENT = tuple(name for name in ENV if name not in IMAGE_ENVIRONMENT)
+# The job's one container on each node. Without a name Pyxis makes a container per step
+# (pyxis_<job>.<step>) and removes it after: every srun (the health gate, the training step,
+# each crash restart) imports and unpacks the image again. A named container is kept and
+# reused by the job's later steps ("If a container with this name already exists, the
+# existing container is used and the import is skipped": NVIDIA/pyxis README, v0.20.0);
+# with container_scope=job, which the head node's setup sets (templates/setup-node.sh),
+# its name is the job's own (pyxis_<job id>_<name>) and Pyxis removes it when the job
+# ends (pyxis_slurmstepd.c and pyxis_slurmd.c, slurm_spank_job_epilog, tag v0.20.0).
+CONTAINER_NAME = "train"
 
 
 @dataclass(frozen=True)
@@ -66,15 +76,26 @@ class Launch:
     def container(cls, image_uri: str, mounts: dict[str, str]) -> Launch:
         """The stack's image under Pyxis/Enroot, with host folders mounted at the same paths.
 
-        Pyxis takes `registry#repository:tag` for a registry other than Docker Hub
-        (https://github.com/NVIDIA/pyxis, "Usage"). The job's trainer variables win over
+        Pyxis hands --container-image to `enroot import docker://<image>` (pyxis_slurmstepd.c,
+        tag v0.20.0), whose grammar is `docker://[USER@][REGISTRY#]IMAGE[:TAG]` (NVIDIA/enroot
+        doc/cmd/import.md, tag v3.4.1, the release ParallelCluster installs:
+        aws-parallelcluster-cookbook, aws-parallelcluster-platform/attributes/platform.rb).
+        Enroot sends the credentials file's entry for the registry only for a user
+        (src/docker.sh, docker::_authenticate, `if [ -n "${user}" ]`, unchanged from v3.4.1,
+        commit 4dd13f69358cbc878135354ba3eac78db4a3970f, to master, commit
+        8ea147d337da60cb1c557140f3a85cdf0d620968); a user the URI leaves out is guessed
+        from the credentials file only when that file can be read at that moment (v3.4.1
+        docker::import, "XXX Try to infer the user"), else the pull is anonymous and ECR
+        refuses it. So the URI names ECR's user, the login the node's credentials file
+        gives the registry (templates/setup-node.sh). The job's trainer variables win over
         the image's (JOB_ENVIRONMENT).
         """
         registry, _, repository = image_uri.partition("/")
         mount_list = ",".join(f"{host}:{inside}" for host, inside in mounts.items())
         return cls(
             srun_options=(
-                f"--container-image={registry}#{repository}",
+                f"--container-image={ECR_LOGIN}@{registry}#{repository}",
+                f"--container-name={CONTAINER_NAME}",
                 f"--container-mounts={mount_list}",
                 f"--container-env={','.join(JOB_ENVIRONMENT)}",
             ),
@@ -93,6 +114,8 @@ class BatchJob:
     log_file: str = LOG_FILE
     # The catalog's figures for the queue's instance type, for the health gate.
     expectation: NodeExpectation = field(default_factory=NodeExpectation)
+    # Where a node's verdict goes for the Epilog (infra/cluster/epilog.py) to drain it.
+    node_verdicts: str = NODE_VERDICTS_DIR
 
 
 def render_sbatch(job: BatchJob) -> str:
@@ -104,6 +127,7 @@ def render_sbatch(job: BatchJob) -> str:
         "output": job.log_file,
         "master_port": str(DEFAULT_MASTER_PORT),
         "checkpoint_root": job.checkpoint_root.rstrip("/"),
+        "node_verdicts": job.node_verdicts.rstrip("/"),
         "s3_root": job.s3_root.rstrip("/"),
         "stop_lead_s": str(KILL_WAIT_S),
         "stop_signal": f"B:TERM@{KILL_WAIT_S}",
@@ -125,4 +149,5 @@ def render_sbatch(job: BatchJob) -> str:
         f"export {name}={shlex.quote(value)}" for name, value in job.expectation.to_env().items()
     )
     values["unhealthy_prefix"] = UNHEALTHY_PREFIX.strip()
+    values["verdict_file"] = VERDICT_FILE
     return ScriptTemplate(TEMPLATE.read_text()).substitute(values)

@@ -14,11 +14,13 @@ A Slurm cluster stack's queue is held first (`stop`): running jobs checkpoint to
 before CloudFormation deletes the cluster and its nodes. Its CloudWatch log group
 (`/aws/parallelcluster/<name>-<timestamp>`) stays after the destroy unless
 gpu:deleteDataOnDestroy is true (Monitoring.Logs.CloudWatch.DeletionPolicy,
-infra/cluster/config.py); it is listed with the rest, and deleted with `--delete-data`.
+infra/cluster/config.py), and so do the log groups of ParallelCluster's functions for the
+cluster and of its custom resource's provider (infra/commands/leftovers.py); they are
+listed with what is kept on purpose, and deleted with `--delete-data`.
 
 After the destroy it proves nothing bills by mistake: everything still carrying the stack's
 cost tag is listed with its monthly cost (infra/commands/leftovers.py), apart from what is
-kept on purpose, and the command exits 1 if there is any.
+kept on purpose, and the command exits 1 if there is any. A clean destroy exits 0.
 """
 
 from __future__ import annotations
@@ -144,18 +146,22 @@ def run(
     if repository and repository_exists(ecr, repository):
         kept.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
     # Kept because gpu:deleteDataOnDestroy is false; gone already after --delete-data.
-    kept += [
-        log.describe()
-        for log in leftovers.cluster_log_groups(
-            cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
-        )
-    ]
+    kept_logs = leftovers.cluster_log_groups(
+        cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
+    )
+    kept += [log.describe() for log in kept_logs]
     if deployed.is_cluster:
         kept += [
             f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"
             for shared in leftovers.parallelcluster_buckets(workspace.aws("s3", region))
         ]
-    unexpected = _unexpected(outputs.cost_tag, region)
+    # The kept log groups carry the stack's tags too: kept on purpose, not left over.
+    kept_ids = {log.resource_id for log in kept_logs}
+    unexpected = [
+        leftover
+        for leftover in _unexpected(outputs.cost_tag, region)
+        if leftover.resource_id not in kept_ids
+    ]
     lines = [f"stack {name} is destroyed" + "".join(f", {d}" for d in deleted)]
     if kept:
         lines += ["kept on purpose (it keeps costing storage):", *kept]

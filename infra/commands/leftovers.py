@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from infra.cluster.config import cloudformation_stack_name
 from infra.functions.volumes import usd_per_month
 from infra.knowledge.costs import (
     HOURS_PER_MONTH,
@@ -36,6 +37,13 @@ PARALLELCLUSTER_BUCKET = ("parallelcluster-", "-v1-do-not-delete")
 # PCLUSTER_LAMBDA_PREFIX and PclusterLambdaConstruct; the functions CleanupResources in
 # templates/cluster_stack.py and CleanupRoute53 in templates/slurm_builder.py).
 PARALLELCLUSTER_FUNCTIONS = ("CleanupResources", "CleanupRoute53")
+# The custom resource's provider, a stack nested in the stack's own, has one function,
+# "pcluster-cfn-<the UUID that ends the provider stack's id>", whose log group
+# "/aws/lambda/<function name>" is kept on delete (DeletionPolicy Retain: aws-parallelcluster
+# cloudformation/custom_resource/cluster.yaml, PclusterCfnFunction and
+# PclusterCfnFunctionLogGroup, commit 451cc5320d5d8a9318075990ead7f76f74372f85). A nested
+# stack's summary names its parent (ListStacks, StackSummary.ParentId).
+PROVIDER_FUNCTION = "pcluster-cfn"
 
 
 @dataclass(frozen=True)
@@ -136,19 +144,31 @@ def cluster_log_groups(
 ) -> list[Leftover]:
     """The cluster's log groups, whose names start with the stack's
     `cluster_log_group_prefix` output (none without one), and, given the cluster's name,
-    those of ParallelCluster's Lambda functions for it."""
+    those of ParallelCluster's Lambda functions for it and of its custom resource's provider."""
     if not prefix:
         return []
     prefixes = [prefix]
     if cluster_name:
+        summaries = _stack_summaries(cloudformation)
+        ours = {
+            summary["StackId"]
+            for summary in summaries
+            if summary["StackName"] == cloudformation_stack_name(cluster_name)
+        }
         prefixes += [
-            f"/aws/lambda/pcluster-{function}-{stack_uuid}"
-            for stack_uuid in _cluster_stack_uuids(cloudformation, cluster_name)
+            f"/aws/lambda/pcluster-{function}-{_uuid(summary)}"
+            for summary in summaries
+            if summary["StackName"] == cluster_name
             for function in PARALLELCLUSTER_FUNCTIONS
+        ]
+        prefixes += [
+            f"/aws/lambda/{PROVIDER_FUNCTION}-{_uuid(summary)}"
+            for summary in summaries
+            if summary.get("ParentId") in ours
         ]
     return [
         _log_group(group)
-        for name_prefix in prefixes
+        for name_prefix in dict.fromkeys(prefixes)
         for page in logs.get_paginator("describe_log_groups").paginate(
             logGroupNamePrefix=name_prefix
         )
@@ -156,20 +176,17 @@ def cluster_log_groups(
     ]
 
 
-def _cluster_stack_uuids(cloudformation: Any, cluster_name: str) -> list[str]:
-    """The UUID of each CloudFormation stack the cluster had, live or deleted: ListStacks
-    keeps deleted stacks for 90 days (AWS CloudFormation API Reference, ListStacks,
-    docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_ListStacks.html); a stack
-    id is arn:...:stack/<name>/<uuid>."""
+def _stack_summaries(cloudformation: Any) -> list[dict[str, Any]]:
+    """Every CloudFormation stack of the region, live or deleted: ListStacks keeps deleted
+    stacks for 90 days (AWS CloudFormation API Reference, ListStacks,
+    docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_ListStacks.html)."""
     pages = cloudformation.get_paginator("list_stacks").paginate()
-    return sorted(
-        {
-            summary["StackId"].rsplit("/", 1)[1]
-            for page in pages
-            for summary in page["StackSummaries"]
-            if summary["StackName"] == cluster_name
-        }
-    )
+    return [summary for page in pages for summary in page["StackSummaries"]]
+
+
+def _uuid(summary: dict[str, Any]) -> str:
+    """A stack id is arn:...:stack/<name>/<uuid>."""
+    return summary["StackId"].rsplit("/", 1)[1]
 
 
 def _log_group(group: dict[str, Any]) -> Leftover:

@@ -9,24 +9,16 @@ jobs; Slurm starts compute nodes for them and each resumes from its checkpoint.
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from collections.abc import Callable
 
-from botocore.exceptions import ClientError
-
 from infra.cluster.control import parse_queue, release_script
 from infra.commands import head_node, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint
+from infra.commands.cluster_fleet import start_fleet
 from infra.errors import ConfigError
-from infra.functions import fleet
 from infra.jobs.spool import current_run_uri
-
-# How long `start` waits for clustermgtd, on a head node just started, to finish a stop the
-# spend guard requested (STOP_REQUESTED -> STOPPING -> STOPPED) before it may start the fleet.
-FLEET_STOP_WAIT_S = 600
-FLEET_POLL_S = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,48 +71,20 @@ def start_cluster(stack: workspace.Deployed, *, say, sleep) -> str:
             registration_wait_s=head_node.REGISTRATION_WAIT_S,
         )
     )
-    if not released:
+    # Jobs Slurm put back in the queue unheld (a node lost, a budget stop that could not
+    # hold them first) start again too: they are listed with the released ones.
+    released_ids = {job.id for job in released}
+    queued = [job for job in head_node.queue(stack, sleep=sleep) if job.id not in released_ids]
+    if not released and not queued:
         return f"the queue of {stack.name} is empty: nothing to resume"
     s3 = workspace.aws("s3", stack.region)
-    lines = [f"released the queue of {stack.name}: Slurm starts nodes for its jobs (minutes)"]
-    for job in released:
+    lines = [f"the queue of {stack.name}: Slurm starts nodes for its pending jobs (minutes)"]
+    for job, what in [
+        *((job, "released") for job in released),
+        *((job, job.state.lower()) for job in queued),
+    ]:
         checkpoint = last_checkpoint(s3, head_node.run_uri(stack, job))
-        lines.append(
-            f"  job {job.id} ({job.name}) resumes from "
-            f"{checkpoint.describe() if checkpoint else 'step 0 (no checkpoint in S3 yet)'}"
-        )
+        since = checkpoint.describe() if checkpoint else "step 0 (no checkpoint in S3 yet)"
+        lines.append(f"  job {job.id} ({job.name}) {what}: resumes from {since}")
     lines.append(f"Follow it with `python -m infra logs {stack.name} --follow`.")
     return "\n".join(lines)
-
-
-def start_fleet(stack: workspace.Deployed, *, say, sleep) -> None:
-    """Start the compute fleet again when the spend guard stopped it at the budget, as
-    `pcluster update-compute-fleet --status START_REQUESTED` does: only from STOPPED, so wait
-    for clustermgtd to finish the stop first (infra/functions/fleet.py)."""
-    if not stack.cluster_name:
-        return
-    dynamodb = workspace.aws("dynamodb", stack.region)
-    status = fleet.status(dynamodb, stack.cluster_name)
-    if status not in fleet.STOPPING:
-        return
-    say(
-        f"the compute fleet is {status} (the spend guard stopped it at the budget): waiting "
-        "for ParallelCluster to finish the stop, then starting it"
-    )
-    waited = 0
-    while status != fleet.STOPPED:
-        if waited >= FLEET_STOP_WAIT_S:
-            raise ConfigError(
-                f"the compute fleet of {stack.name} is still {status} after {waited} s: run "
-                f"`python -m infra start {stack.name}` again in a few minutes"
-            )
-        sleep(FLEET_POLL_S)
-        waited += FLEET_POLL_S
-        status = fleet.status(dynamodb, stack.cluster_name)
-    try:
-        fleet.request_start(dynamodb, stack.cluster_name, datetime.datetime.now(datetime.UTC))
-    except ClientError as exc:
-        if exc.response["Error"]["Code"] != fleet.CONDITION_FAILED:
-            raise
-        # Someone started it between the read and the write: started all the same.
-    say(f"compute fleet {fleet.START_REQUESTED}: ParallelCluster makes the queue active again")

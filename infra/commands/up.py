@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 
-from infra.commands import workspace
+from infra.cluster.config import check_cluster_name
+from infra.cluster.update import UpdateNeed
+from infra.commands import cluster_update, workspace
 from infra.commands.doctor import Probes, renting_checks
 from infra.config.schema import StackConfig, stack_region
 from infra.config.stack_file import (
@@ -63,6 +66,8 @@ def _checked(name: str) -> tuple[StackConfig, Plan]:
     plan = resolve_plan(config, stack_region(stack_file_region(path)))
     try:
         check_plan(config, plan)
+        if config.cluster is not None:
+            check_cluster_name(cluster_update.cluster_name(name), name)
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc}") from None
     return config, plan
@@ -97,9 +102,14 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     config, plan = _checked(name)
     out.write(describe(name, config, plan) + "\n\n")
     stack = workspace.open_stack(name, create=True)
-    result = stack.preview(
-        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
-    )
+    if config.cluster is not None:
+        result, change = cluster_update.plan(
+            stack, name, say=workspace.printer(out), policy_packs=_policy_packs(args)
+        )
+    else:
+        result = stack.preview(
+            on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
+        )
     # change_summary maps Pulumi's OpType (a str enum: "create", "update", ...) to counts.
     changes = ", ".join(
         f"{count} to {getattr(op, 'value', op)}"
@@ -107,7 +117,9 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
         if getattr(op, "value", op) != "same"
     )
     line = f"preview of {name}: {changes or 'no changes'}"
-    if any(getattr(op, "value", op) == "replace" for op in result.change_summary):
+    if config.cluster is not None:
+        line += f"; {change.verdict.line()}"
+    elif any(getattr(op, "value", op) == "replace" for op in result.change_summary):
         line += f"; {REPLACE_NOTE}"
     return line
 
@@ -129,22 +141,36 @@ def run(
     out=None,
     ask: Callable[[str], str] | None = None,
     probes: Probes | None = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Show the plan's cost table, check what renting needs, ask, then create or update the
-    stack (Pulumi up)."""
+    stack (Pulumi up). On a cluster stack, what the cluster's update needs is said before
+    the question (infra/commands/cluster_update.py), and done around Pulumi's up."""
     out = out or sys.stdout
+    say = workspace.printer(out)
     name = workspace.stack_name(args)
     config, plan = _checked(name)
     _ready_to_rent(name, config, plan, probes or Probes(), out)
     out.write(describe(name, config, plan) + "\n\n")
+    stack = change = None
+    if config.cluster is not None:
+        stack = workspace.open_stack(name, create=True)
+        _, change = cluster_update.plan(stack, name, say=say, policy_packs=_policy_packs(args))
+        if change.verdict.need is UpdateNeed.REPLACEMENT:
+            raise ConfigError(change.verdict.line())
     hourly = hourly_usd(plan, config.market)
     question = f"Create or update stack {name} at ${hourly:,.2f}/h ({config.market}) while it runs?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
         return "nothing was created"
-    stack = workspace.open_stack(name, create=True)
-    result = stack.up(
-        on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
-    )
+    stack = stack or workspace.open_stack(name, create=True)
+
+    def pulumi_up():
+        return stack.up(on_output=say, color="never", policy_packs=_policy_packs(args))
+
+    if change is not None:
+        result = cluster_update.apply(change, stack, pulumi_up, say=say, sleep=sleep)
+    else:
+        result = pulumi_up()
     outputs = workspace.stack_outputs(name, result.outputs)
     if outputs.is_cluster:
         nodes = (

@@ -28,9 +28,10 @@ Lifecycle facts the stack relies on:
 - A stack whose create failed sits in ROLLBACK_COMPLETE, which can only be deleted, so the
   next `pulumi up` fails on it; OnFailure DELETE deletes it instead
   (https://docs.aws.amazon.com/AWSCloudFormation/latest/APIReference/API_CreateStack.html,
-  OnFailure). The provider reports that create as failed and, reading the stack back,
-  drops a DELETE_COMPLETE stack from the state, so the next `up` creates it afresh
-  (stack.go: waitStackCreated, resourceStackRead, findStackByName).
+  OnFailure). The provider records the stack's id before it waits for the create
+  (stack.go, resourceStackCreate), so Pulumi keeps the deleted stack in its state; only a
+  read (a refresh) drops a DELETE_COMPLETE stack (resourceStackRead, findStackByName), which
+  `up` does first (infra/commands/cluster_update.py).
 - `name`, `on_failure` and `timeout_in_minutes` are ForceNew (stack.go, Schema): changing
   one replaces the stack, and a replacement must delete the old stack before it creates
   the new one, whose name is the same.
@@ -48,14 +49,17 @@ import pulumi_aws as aws
 
 from infra.cluster.config import (
     DEFAULT_USER,
+    EPILOG_KEY,
     JOB_SCRIPT_KEY,
     JOB_SCRIPT_ON_HEAD_NODE,
     QUEUE,
     SETUP_SCRIPT,
     ClusterSettings,
+    cloudformation_stack_name,
     cluster_config,
     efa_enabled,
 )
+from infra.cluster.epilog import render_epilog
 from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
 from infra.components.iam import instance_policy
 from infra.components.storage import Storage
@@ -87,6 +91,9 @@ class ClusterArgs:
     plan: Plan  # resolved with a ParallelCluster release (plan.cluster)
     head_node: HeadNode
     subnet_id: pulumi.Input[str]
+    # The subnet's route out (NAT gateway, route table, association): the head node's
+    # bootstrap calls CloudFormation, EC2 and DynamoDB, and a compute node ECR, through it.
+    route_out: list[pulumi.Resource]
     # The stack's bucket (each job mirrors under its checkpoint_uri), repository, log group.
     storage: Storage
     image_uri: pulumi.Input[str]
@@ -181,6 +188,7 @@ def _template_body(name: str, args: ClusterArgs, values: dict) -> str:
         bucket=values["bucket"],
         setup_script=f"s3://{values['bucket']}/{SETUP_SCRIPT_KEY}",
         job_script=f"s3://{values['bucket']}/{JOB_SCRIPT_KEY}",
+        epilog=f"s3://{values['bucket']}/{EPILOG_KEY}",
         node_policy_arn=values["policy_arn"],
         registry=values["image_uri"].split("/", 1)[0],
         head_node=args.head_node,
@@ -198,7 +206,7 @@ def _template_body(name: str, args: ClusterArgs, values: dict) -> str:
 def _node_scripts(
     name: str, args: ClusterArgs, opts: pulumi.ResourceOptions
 ) -> list[aws.s3.BucketObjectv2]:
-    """The node setup script and the job script, in the stack's bucket."""
+    """The node setup script, the job script and the Epilog, in the stack's bucket."""
     setup = aws.s3.BucketObjectv2(
         f"{name}-cluster-setup",
         bucket=args.storage.bucket_name,
@@ -215,7 +223,14 @@ def _node_scripts(
         ),
         opts=opts,
     )
-    return [setup, job]
+    epilog = aws.s3.BucketObjectv2(
+        f"{name}-cluster-epilog",
+        bucket=args.storage.bucket_name,
+        key=EPILOG_KEY,
+        content=render_epilog(),
+        opts=opts,
+    )
+    return [setup, job, epilog]
 
 
 class SlurmCluster(pulumi.ComponentResource):
@@ -249,8 +264,8 @@ class SlurmCluster(pulumi.ComponentResource):
         )
         scripts = _node_scripts(name, args, child)
         stack = aws.cloudformation.Stack(
-            f"{name}-cluster",
-            name=f"{name}-cluster",
+            cloudformation_stack_name(name),
+            name=cloudformation_stack_name(name),
             template_body=pulumi.Output.all(
                 region=args.region,
                 subnet_id=args.subnet_id,
@@ -261,10 +276,14 @@ class SlurmCluster(pulumi.ComponentResource):
             capabilities=CAPABILITIES,
             timeout_in_minutes=CREATE_TIMEOUT_MINUTES,
             on_failure="DELETE",
-            # The nodes run the scripts at boot: they must be in the bucket first.
+            # The nodes run the scripts at boot: they must be in the bucket first. And a
+            # stack depends on a subnet alone, not on its route out: without these, the
+            # cluster may be created while the NAT gateway is still pending (a NAT gateway
+            # takes minutes to become available: https://docs.aws.amazon.com/vpc/latest/
+            # userguide/nat-gateway-working-with.html), and every bootstrap call times out.
             opts=pulumi.ResourceOptions(
                 parent=self,
-                depends_on=scripts,
+                depends_on=[*scripts, *args.route_out],
                 custom_timeouts=STACK_TIMEOUTS,
                 delete_before_replace=True,
             ),

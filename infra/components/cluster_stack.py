@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pulumi
 
+from infra.cluster.config import check_cluster_name
 from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.network import VPC_CIDR
 from infra.components.stack import STACK_TYPE, StackArgs, foundation
@@ -18,6 +19,9 @@ class ClusterStack(pulumi.ComponentResource):
     outputs: StackOutputs
 
     def __init__(self, name: str, args: StackArgs, opts: pulumi.ResourceOptions | None = None):
+        # ParallelCluster names the cluster after the stack (SlurmCluster): refused here, not
+        # minutes into the create.
+        check_cluster_name(name, pulumi.get_stack())
         super().__init__(STACK_TYPE, name, None, opts)
         config, plan = args.config, args.plan
         parallelcluster = load_parallelcluster()
@@ -28,6 +32,7 @@ class ClusterStack(pulumi.ComponentResource):
                 plan=plan,
                 head_node=parallelcluster.head_node,
                 subnet_id=base.network.subnet_id,
+                route_out=base.network.route_out,
                 storage=base.storage,
                 image_uri=base.image_uri,
                 region=base.region,

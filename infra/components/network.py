@@ -60,6 +60,9 @@ class Network(pulumi.ComponentResource):
     subnet_id: pulumi.Output[str]  # the private subnet when NetworkArgs.private_subnet
     security_group_id: pulumi.Output[str]
     availability_zone: pulumi.Output[str]
+    # The private subnet's way out (its NAT gateway, route table and the table's association
+    # with the subnet): what nodes there need before they boot. Empty without one.
+    route_out: list[pulumi.Resource]
 
     def __init__(
         self,
@@ -81,6 +84,7 @@ class Network(pulumi.ComponentResource):
             opts=child,
         )
         self.availability_zone = kept.zone
+        self.route_out = []
         # Earlier versions named the subnet after this run's choice; the alias keeps it.
         self._named_zone = chosen
 
@@ -227,10 +231,11 @@ class Network(pulumi.ComponentResource):
             routes=[{"cidr_block": "0.0.0.0/0", "nat_gateway_id": nat.id}],
             opts=child,
         )
-        aws.ec2.RouteTableAssociation(
+        association = aws.ec2.RouteTableAssociation(
             f"{name}-private", subnet_id=subnet.id, route_table_id=routes.id, opts=child
         )
         route_tables.append(routes.id)
+        self.route_out = [nat, routes, association]
         return subnet.id
 
 

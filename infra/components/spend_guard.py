@@ -35,14 +35,15 @@ from typing import Any
 import pulumi
 import pulumi_aws as aws
 
+from infra.cluster.config import QUEUE
 from infra.components.iam import Account, service_role
 from infra.config.guardrails import GuardrailConfig
 from infra.functions import fleet
 from infra.functions.ledger import PERIOD_KEY
 from infra.functions.settings import GuardSettings
 from infra.knowledge.catalog import load_catalog
-from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, SPEND_GUARD_TIMEOUT_SECONDS
-from infra.knowledge.parallelcluster import HeadNode
+from infra.knowledge.costs import SPEND_GUARD_PERIOD_MINUTES, spend_guard_timeout_s
+from infra.knowledge.parallelcluster import HeadNode, load_parallelcluster
 from infra.knowledge.resolver import Plan
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
@@ -122,7 +123,8 @@ class SpendGuard(pulumi.ComponentResource):
             handler=HANDLER,
             code=function_archive(),
             role=role.arn,
-            timeout=SPEND_GUARD_TIMEOUT_SECONDS,
+            # A cluster's run may first hold its jobs (infra/functions/spend_guard.py).
+            timeout=spend_guard_timeout_s(bool(args.cluster_name)),
             memory_size=256,
             environment=aws.lambda_.FunctionEnvironmentArgs(variables=environment),
             logging_config=aws.lambda_.FunctionLoggingConfigArgs(
@@ -202,6 +204,12 @@ def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulum
     if args.head_node is not None:
         head_node = args.head_node.price_in(args.plan.price.region)
         prices[args.head_node.instance_type] = {"on-demand": head_node.on_demand_usd_per_hour}
+    # A cluster's NAT gateway, priced as its idle cost is (infra/knowledge/parallelcluster.py).
+    nat_gateway = (
+        load_parallelcluster().network.price_in(args.plan.price.region).nat_gateway_usd_per_hour
+        if args.cluster_name
+        else 0.0
+    )
     return pulumi.Output.all(ledger_name, args.alert_topic_arn).apply(
         lambda values: GuardSettings(
             table=values[0],
@@ -215,7 +223,9 @@ def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulum
             ebs_usd_per_gb_month=volumes_and_addresses.ebs_usd_per_gb_month,
             public_ipv4_usd_per_hour=volumes_and_addresses.public_ipv4_usd_per_hour,
             cluster_name=args.cluster_name,
+            cluster_queue=QUEUE if args.cluster_name else "",
             capacity_block_id=args.capacity_block_id,
+            nat_gateway_usd_per_hour=nat_gateway,
         ).to_environment()
     )
 
@@ -247,8 +257,13 @@ def guard_policy(
     tag_key, tag_value = cost_tag
     instances = f"arn:{partition}:ec2:{region}:{account}:instance/*"
     the_stacks = {"StringEquals": {f"aws:ResourceTag/{tag_key}": tag_value}}
-    # Instances, their spot prices, and the volumes that bill beside them.
-    reads = ["ec2:DescribeInstances", "ec2:DescribeSpotPriceHistory", "ec2:DescribeVolumes"]
+    # Instances, their spot prices, and the volumes and NAT gateways that bill beside them.
+    reads = [
+        "ec2:DescribeInstances",
+        "ec2:DescribeSpotPriceHistory",
+        "ec2:DescribeVolumes",
+        "ec2:DescribeNatGateways",
+    ]
     # A block's dates and size (the fee counted up front); Describe takes only "*".
     reads += ["ec2:DescribeCapacityReservations"] if capacity_block else []
     cluster = (
@@ -261,7 +276,31 @@ def guard_policy(
                     f"arn:{partition}:dynamodb:{region}:{account}:table/"
                     f"{fleet.TABLE_PREFIX}{cluster_name}"
                 ),
-            }
+            },
+            # Hold the jobs on the head node before the stop: Run Command's SendCommand on
+            # the stack's instances (by tag) with AWS's shell-script document, and reading
+            # the command's result, which takes no resource ("Actions, resources, and
+            # condition keys for AWS Systems Manager": SendCommand, instance and document,
+            # ssm:resourceTag/${TagKey}; GetCommandInvocation, "*").
+            {
+                "Sid": "HoldTheClustersJobs",
+                "Effect": "Allow",
+                "Action": "ssm:SendCommand",
+                "Resource": instances,
+                "Condition": {"StringEquals": {f"ssm:resourceTag/{tag_key}": tag_value}},
+            },
+            {
+                "Sid": "WithTheShellScriptDocument",
+                "Effect": "Allow",
+                "Action": "ssm:SendCommand",
+                "Resource": f"arn:{partition}:ssm:{region}::document/AWS-RunShellScript",
+            },
+            {
+                "Sid": "ReadTheHoldsResult",
+                "Effect": "Allow",
+                "Action": "ssm:GetCommandInvocation",
+                "Resource": "*",
+            },
         ]
         if cluster_name
         else []

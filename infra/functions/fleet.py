@@ -20,7 +20,8 @@ from typing import Any
 
 TABLE_PREFIX = "parallelcluster-"
 ITEM_ID = "COMPUTE_FLEET"
-STOPPING = ("STOP_REQUESTED", "STOPPING", "STOPPED")
+STOP_REQUESTED = "STOP_REQUESTED"
+STOPPING = (STOP_REQUESTED, "STOPPING", "STOPPED")
 STOPPED = "STOPPED"
 START_REQUESTED = "START_REQUESTED"
 # The error a conditional write refused by its condition raises (DynamoDB API reference,
@@ -43,7 +44,7 @@ def request_stop(dynamodb: Any, cluster_name: str, now: datetime.datetime) -> No
     _put(
         dynamodb,
         cluster_name,
-        "STOP_REQUESTED",
+        STOP_REQUESTED,
         now,
         "attribute_exists(Id) AND NOT #data.#status IN (:s1, :s2, :s3)",
         {f":s{n}": {"S": s} for n, s in enumerate(STOPPING, 1)},

@@ -31,8 +31,11 @@ _KEYS = {
 # Set only for the stacks that have one: absent means none.
 _OPTIONAL_KEYS = {
     "cluster_name": "CLUSTER_NAME",
+    "cluster_queue": "CLUSTER_QUEUE",
     "capacity_block_id": "CAPACITY_BLOCK_ID",
 }
+# Rates set only for the stacks that have what they price; absent means none (0.0).
+_OPTIONAL_RATES = {"nat_gateway_usd_per_hour": "NAT_GATEWAY_USD_PER_HOUR"}
 
 
 class SettingsError(ValueError):
@@ -58,7 +61,11 @@ class GuardSettings:
     # A Slurm cluster's ParallelCluster name: the guard stops its compute fleet the way
     # `pcluster update-compute-fleet --status STOP_REQUESTED` does.
     cluster_name: str = ""
+    cluster_queue: str = ""  # its Slurm partition: the jobs the guard holds before the stop
     capacity_block_id: str = ""  # the Capacity Block the stack's nodes launch into
+    # A cluster's NAT gateway, `region`'s rate (infra/knowledge/data/parallelcluster.toml);
+    # 0.0: none given, and a NAT gateway found is unpriced.
+    nat_gateway_usd_per_hour: float = 0.0
 
     def __post_init__(self) -> None:
         if self.budget_period not in PERIODS:
@@ -75,6 +82,8 @@ class GuardSettings:
             raise SettingsError(f"EBS prices {dict(self.ebs_usd_per_gb_month)!r} are invalid")
         if not self.public_ipv4_usd_per_hour > 0:
             raise SettingsError(f"public IPv4 price {self.public_ipv4_usd_per_hour!r} is invalid")
+        if not self.nat_gateway_usd_per_hour >= 0:
+            raise SettingsError(f"NAT gateway price {self.nat_gateway_usd_per_hour!r} is invalid")
 
     def price(self, instance_type: str, market: str) -> float | None:
         return self.prices.get(instance_type, {}).get(market)
@@ -98,6 +107,9 @@ class GuardSettings:
         for name, key in _OPTIONAL_KEYS.items():
             if getattr(self, name):
                 environment[key] = getattr(self, name)
+        for name, key in _OPTIONAL_RATES.items():
+            if getattr(self, name):
+                environment[key] = repr(float(getattr(self, name)))
         return environment
 
     @classmethod
@@ -123,6 +135,7 @@ class GuardSettings:
                 ebs_usd_per_gb_month=json.loads(raw["ebs_usd_per_gb_month"]),
                 public_ipv4_usd_per_hour=float(raw["public_ipv4_usd_per_hour"]),
                 **{name: environ.get(key, "") for name, key in _OPTIONAL_KEYS.items()},
+                **{name: float(environ.get(key, 0.0)) for name, key in _OPTIONAL_RATES.items()},
             )
         except (ValueError, TypeError, AttributeError) as exc:
             raise SettingsError(f"the function's environment is malformed: {exc}") from None

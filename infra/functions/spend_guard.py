@@ -24,7 +24,11 @@ address while it runs (`PublicIpAddress`; EC2 releases an auto-assigned one when
 stops: "Public IPv4 addresses", docs.aws.amazon.com/AWSEC2/latest/UserGuide/
 using-instance-addressing.html). Stopping a stack ends neither the volumes' bill nor what
 the ledger counts of them: past the budget, the stopped stack's volumes go on costing their
-monthly rate.
+monthly rate. A Slurm cluster's NAT gateway and its public address bill by the hour for as
+long as they exist, whether any node runs or not ("Amazon VPC pricing", NAT gateway:
+aws.amazon.com/vpc/pricing/): the ledger counts them from their CreateTime to their
+DeleteTime (DescribeNatGateways: docs.aws.amazon.com/AWSEC2/latest/APIReference/
+API_NatGateway.html), past a stop too, until `down` deletes them.
 
 The clock is a parameter of `run_guard`; `handler` is the Lambda entry point.
 """
@@ -38,7 +42,8 @@ import json
 import math
 import os
 import re
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +54,7 @@ from infra.functions import fleet, volumes
 from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
 from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
+from infra.functions.slurm_queue import HOLD_BOUND_S, JOB_END_WAIT_S, hold_script
 
 UTC = datetime.UTC
 BILLED_STATE = "running"
@@ -69,6 +75,13 @@ HEAD_NODE = "HeadNode"
 
 PUBLIC_IPV4 = "public IPv4"
 EBS_VOLUME = "EBS volume"
+NAT_GATEWAY = "NAT gateway"
+# NAT gateways in these states bill no hour (DescribeNatGateways, State; "Amazon VPC
+# pricing": a gateway bills while it is provisioned).
+UNBILLED_NAT_STATES = ("failed",)
+HOLD_POLL_S = 3
+# Run Command's ended states (GetCommandInvocation, Status).
+SSM_ENDED = ("Success", "Failed", "Cancelled", "TimedOut", "Undeliverable", "Terminated")
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class Enforcement:
     terminated: tuple[str, ...] = ()  # compute nodes, and spot instances EC2 will not stop
     refused: tuple[str, ...] = ()  # "id (EC2 error code)" for each instance EC2 kept running
     fleet_stop_requested: bool = False
+    held_jobs: int | None = None  # a cluster's jobs held (checkpointed) before the stop
     problems: tuple[str, ...] = ()
 
 
@@ -174,12 +188,20 @@ def running_hours(
 
 
 def run_guard(
-    settings: GuardSettings, *, ec2: Any, dynamodb: Any, sns: Any, now: datetime.datetime
+    settings: GuardSettings,
+    *,
+    ec2: Any,
+    dynamodb: Any,
+    sns: Any,
+    now: datetime.datetime,
+    ssm: Any = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Outcome:
     """Account the stack's spend up to `now`, then stop and alert as the ledger says.
 
     It never fails open: a ledger item it cannot read is rebuilt from EC2's facts (and
-    reported), and a ledger it cannot write does not keep it from stopping the stack.
+    reported), and a ledger it cannot write does not keep it from stopping the stack. `ssm`
+    reaches a cluster's head node (its jobs are held before the stop); `sleep` paces that.
     """
     period, period_start = budget_period(now, settings.budget_period)
     closing = _close_previous_period(settings, ec2, dynamodb, period_start)
@@ -200,8 +222,11 @@ def run_guard(
         disks, disks_problem = _stack_volumes(settings, ec2, instances, before, period_start)
         block_fee, block_problem = _capacity_block_fee(settings, ec2, before)
         since = max(before.accounted_until_time, period_start)
+        gateways, gateways_problem = _nat_gateway_charges(settings, ec2, since, now)
         charges = (
-            _charges(settings, ec2, instances, disks, before, since, now) if now > since else ()
+            (*_charges(settings, ec2, instances, disks, before, since, now), *gateways)
+            if now > since
+            else ()
         )
         ledger = _account(
             settings,
@@ -228,8 +253,12 @@ def run_guard(
             write_error = f"the ledger could not be written ({code}): this run's count is lost"
             break
     problems = [_unreadable_notice(period, unreadable)] if unreadable and not read_error else []
-    problems += [problem for problem in (disks_problem, block_problem) if problem]
-    enforcement = _enforce(settings, ec2, dynamodb, instances, now) if ledger.stopped else None
+    problems += [p for p in (disks_problem, block_problem, gateways_problem) if p]
+    enforcement = (
+        _enforce(settings, ec2, dynamodb, instances, now, ssm=ssm, sleep=sleep)
+        if ledger.stopped
+        else None
+    )
     if enforcement is not None:
         problems.extend(enforcement.problems)
     notices = [*ledger.unsent, *_notices(settings, ledger, enforcement, problems)]
@@ -269,6 +298,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         dynamodb=boto3.client("dynamodb"),
         sns=boto3.client("sns"),
         now=datetime.datetime.now(UTC),
+        ssm=boto3.client("ssm") if settings.cluster_name else None,
     )
     ledger = outcome.ledger
     summary = {
@@ -414,6 +444,48 @@ def _volume_charges(
     ]
 
 
+def _nat_gateway_charges(
+    settings: GuardSettings, ec2: Any, since: datetime.datetime, now: datetime.datetime
+) -> tuple[list[Charge], str]:
+    """Each NAT gateway carrying the stack's tag, and its public address, for its hours within
+    [since, now] (a deleted one is listed for about an hour, with its DeleteTime); and a
+    problem when EC2 does not list them."""
+    key, value = settings.cost_tag
+    try:
+        gateways = [
+            gateway
+            for page in ec2.get_paginator("describe_nat_gateways").paginate(
+                Filters=[{"Name": f"tag:{key}", "Values": [value]}]
+            )
+            for gateway in page["NatGateways"]
+        ]
+    except (ClientError, BotoCoreError) as exc:
+        return [], f"EC2 did not list the stack's NAT gateways ({_error_code(exc)}): not counted"
+    charges = []
+    nat_rate = settings.nat_gateway_usd_per_hour or None  # none given: unpriced, not free
+    for gateway in gateways:
+        if gateway.get("State") in UNBILLED_NAT_STATES:
+            continue
+        ended = _aware(gateway["DeleteTime"]) if gateway.get("DeleteTime") else now
+        hours = _overlap(_aware(gateway["CreateTime"]), ended, since, now) / 3600
+        if hours <= 0:
+            continue
+        gateway_id = gateway["NatGatewayId"]
+        charges.append(Charge(gateway_id, NAT_GATEWAY, NAT_GATEWAY, hours, nat_rate))
+        charges += [
+            Charge(
+                address.get("AllocationId") or address["PublicIp"],
+                PUBLIC_IPV4,
+                PUBLIC_IPV4,
+                hours,
+                settings.public_ipv4_usd_per_hour,
+            )
+            for address in gateway.get("NatGatewayAddresses", [])
+            if address.get("PublicIp")
+        ]
+    return charges, ""
+
+
 def _spot_price(
     ec2: Any,
     settings: GuardSettings,
@@ -512,17 +584,24 @@ def _enforce(
     dynamodb: Any,
     instances: Iterable[dict[str, Any]],
     now: datetime.datetime,
+    *,
+    ssm: Any = None,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Enforcement:
     """End the stack's running spend, a cluster the way ParallelCluster does, head node last.
 
     Capacity Block instances are left alone: the block is paid up front, so stopping them
-    saves nothing and wastes it. On a cluster the compute fleet's status is set to
-    STOP_REQUESTED first, so that clustermgtd launches no node for queued jobs and, when the
-    head node starts again, keeps the queue inactive until the fleet is started; the compute
-    nodes are terminated at once (what clustermgtd does on that request: their spot instances
-    are one-time and cannot be stopped), and only then is the head node stopped: with it
-    running, $/h would go on past the budget for as long as nobody looks.
+    saves nothing and wastes it. On a cluster with compute nodes, the jobs are asked first to
+    checkpoint and are held (`scontrol requeuehold` on the head node, as `stop` does), for at
+    most HOLD_BOUND_S; then the compute fleet's status is set to STOP_REQUESTED, so that
+    clustermgtd launches no node for the held jobs and, when the head node starts again, keeps
+    the queue inactive until the fleet is started; the compute nodes are terminated at once
+    (what clustermgtd does on that request: their spot instances are one-time and cannot be
+    stopped), and only then is the head node stopped: with it running, $/h would go on past
+    the budget for as long as nobody looks. Terminating the nodes first would end the jobs
+    without their checkpoint, and Slurm would requeue them (NODE_FAIL) unheld.
     """
+    instances = list(instances)
     live = [
         i
         for i in instances
@@ -531,6 +610,10 @@ def _enforce(
     compute = sorted(i["InstanceId"] for i in live if _node_type(i) == COMPUTE_NODE)
     rest = [i for i in live if _node_type(i) != COMPUTE_NODE]
     problems = []
+    held_jobs = None
+    if settings.cluster_name and compute:
+        held_jobs, problem = _hold_jobs(settings, ssm, instances, sleep)
+        problems += [problem] if problem else []
     fleet_stop_requested = False
     if settings.cluster_name and live:  # nothing runs: nothing to ask of clustermgtd
         fleet_stop_requested, problem = _request_fleet_stop(dynamodb, settings.cluster_name, now)
@@ -554,8 +637,69 @@ def _enforce(
             terminated += ended
             refused += kept
     return Enforcement(
-        tuple(stopped), tuple(terminated), tuple(refused), fleet_stop_requested, tuple(problems)
+        tuple(stopped),
+        tuple(terminated),
+        tuple(refused),
+        fleet_stop_requested,
+        held_jobs,
+        tuple(problems),
     )
+
+
+def _hold_jobs(
+    settings: GuardSettings, ssm: Any, instances: list[dict[str, Any]], sleep: Callable
+) -> tuple[int | None, str]:
+    """Checkpoint and hold the cluster's jobs from its head node through SSM
+    (infra/functions/slurm_queue.py), waiting at most HOLD_BOUND_S: (the jobs held, or None
+    when it could not say; a problem to report).
+
+    Run Command: SendCommand with AWS-RunShellScript, then GetCommandInvocation until the
+    command has ended, which answers InvocationDoesNotExist for a moment after the send
+    (SSM API Reference, SendCommand and GetCommandInvocation,
+    docs.aws.amazon.com/systems-manager/latest/APIReference/).
+    """
+    head = next(
+        (
+            i["InstanceId"]
+            for i in instances
+            if _node_type(i) == HEAD_NODE and i["State"]["Name"] == BILLED_STATE
+        ),
+        None,
+    )
+    unheld = "its jobs end with the compute nodes, without a checkpoint"
+    if not settings.cluster_queue:
+        return None, f"the guard does not know cluster {settings.cluster_name}'s queue: {unheld}"
+    if head is None:
+        return None, f"cluster {settings.cluster_name}'s head node is not running: {unheld}"
+    if ssm is None:
+        return None, f"the guard cannot reach cluster {settings.cluster_name}'s head node: {unheld}"
+    script = hold_script(settings.cluster_queue, JOB_END_WAIT_S)
+    try:
+        command_id = ssm.send_command(
+            InstanceIds=[head],
+            DocumentName="AWS-RunShellScript",
+            Parameters={"commands": [script]},
+            TimeoutSeconds=HOLD_BOUND_S,
+            Comment="spend guard: checkpoint and hold the queue before the budget stop",
+        )["Command"]["CommandId"]
+        waited = 0.0
+        while True:
+            try:
+                reply = ssm.get_command_invocation(CommandId=command_id, InstanceId=head)
+            except ssm.exceptions.InvocationDoesNotExist:
+                reply = {"Status": "Pending"}
+            if reply["Status"] in SSM_ENDED or waited >= HOLD_BOUND_S:
+                break
+            sleep(HOLD_POLL_S)
+            waited += HOLD_POLL_S
+    except (ClientError, BotoCoreError) as exc:
+        return None, f"could not hold cluster {settings.cluster_name}'s jobs ({exc}): {unheld}"
+    if reply["Status"] != "Success":
+        why = reply.get("StandardErrorContent", "").strip()[-300:] or reply["Status"]
+        return None, f"holding cluster {settings.cluster_name}'s jobs ended: {why}; {unheld}"
+    # hold_script prints the queue: id|name|state|nodes|elapsed|priority|reason
+    lines = [line.split("|") for line in reply.get("StandardOutputContent", "").splitlines()]
+    return sum(1 for fields in lines if len(fields) > 5 and fields[5] == "0"), ""
 
 
 def _terminate(ec2: Any, instance_ids: list[str]) -> tuple[list[str], list[str]]:
@@ -634,6 +778,11 @@ def _notices(
             if done.fleet_stop_requested
             else ""
         )
+        if done.held_jobs is not None:
+            fleet_note = (
+                f" {done.held_jobs} job(s) checkpointed and held first; `start` releases "
+                f"them.{fleet_note} Its NAT gateway bills on until `python -m infra down`."
+            )
         notices.append(
             (
                 f"{stack}: spend guard terminated {len(done.terminated)} node(s)",

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from infra.errors import ConfigError
 from infra.functions.market import Market
+from infra.functions.slurm_queue import HOLD_BOUND_S
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.prices import VolumeAndAddressPrices
@@ -34,6 +35,14 @@ def runway_hours(budget: float, hourly: float, period: str) -> float:
 # past its budget for at most one period plus one run.
 SPEND_GUARD_PERIOD_MINUTES = 5
 SPEND_GUARD_TIMEOUT_SECONDS = 60
+# On a Slurm cluster a stop first holds the jobs, which checkpoint, for at most HOLD_BOUND_S
+# (infra/functions/spend_guard.py, _hold_jobs): the run may last that much longer.
+CLUSTER_SPEND_GUARD_TIMEOUT_SECONDS = SPEND_GUARD_TIMEOUT_SECONDS + HOLD_BOUND_S
+
+
+def spend_guard_timeout_s(cluster: bool) -> int:
+    """The spend guard's function timeout: one run's longest time."""
+    return CLUSTER_SPEND_GUARD_TIMEOUT_SECONDS if cluster else SPEND_GUARD_TIMEOUT_SECONDS
 
 
 # What the stack costs beside its instances, 730 hours a month. EBS storage, public IPv4
@@ -103,9 +112,9 @@ def idle_cost(
     )
 
 
-def worst_case_overspend_usd(hourly: float) -> float:
+def worst_case_overspend_usd(hourly: float, cluster: bool = False) -> float:
     """What the stack can spend past its budget before the spend guard's stop takes hold."""
-    minutes = SPEND_GUARD_PERIOD_MINUTES + SPEND_GUARD_TIMEOUT_SECONDS / 60
+    minutes = SPEND_GUARD_PERIOD_MINUTES + spend_guard_timeout_s(cluster) / 60
     return hourly * minutes / 60
 
 
@@ -175,8 +184,11 @@ def cost_summary(
         "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
         # A block's fee is all paid when bought: the guard has nothing to stop in time.
         "worst_case_overspend_usd": (
-            None if market is Market.CAPACITY_BLOCK else round(worst_case_overspend_usd(hourly), 2)
+            None
+            if market is Market.CAPACITY_BLOCK
+            else round(worst_case_overspend_usd(hourly, plan.cluster is not None), 2)
         ),
+        "guard_timeout_s": spend_guard_timeout_s(plan.cluster is not None),
     }
 
 

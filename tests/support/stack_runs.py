@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import gzip
 import json
+import zlib
 from typing import Any
 
 import yaml
@@ -65,3 +66,25 @@ def node_policy(run: ProgramRun) -> dict:
     """The instance role's inline policy, parsed from the JSON the role receives."""
     (policy,) = [r for r in of_type(run, ROLE_POLICY) if r.name.endswith("-node")]
     return json.loads(policy.inputs["policy"])
+
+
+class StableIds(RecordingMocks):
+    """IDs from each resource's name, not the order the program registers it in: the same
+    subnet, bucket and policy on every run, as in a deployed stack's state."""
+
+    def new_resource(self, args):
+        stable = zlib.crc32(f"{args.typ} {args.name}".encode())
+        resource_id, computed = self._computed(args.typ, args.name, args.inputs, stable)
+        state = {**args.inputs, **computed}
+        self.resources.append(
+            Recorded(args.typ, args.name, resource_id, dict(args.inputs), args.provider, state)
+        )
+        return resource_id, state
+
+
+def cluster_template(stack: str = "test", **config: Any) -> str:
+    """The CloudFormation template body the program renders for a cluster stack with
+    BASE_CONFIG plus `config`, with the IDs a deployed stack keeps (StableIds)."""
+    run = run_program({**BASE_CONFIG, **config}, stack=stack, mocks=StableIds())
+    (cluster,) = of_type(run, "aws:cloudformation/stack:Stack")
+    return cluster.inputs["templateBody"]

@@ -2,14 +2,15 @@
 
 Each job is infra/cluster/templates/train.sbatch in its host-launch form: one
 `python -m training` launcher per node, one gloo rank each (2 nodes x 1 rank),
-checkpoints in a folder both nodes share.
+checkpoints in a folder both nodes share. The cluster's job user submits it, from a
+folder of its own (SlurmCluster.workspace), as the stack's jobs run as a user who is not
+root.
 """
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
@@ -36,7 +37,6 @@ class Submitted:
     def __init__(
         self,
         cluster: SlurmCluster,
-        work: Path,
         name: str = JOB_NAME,
         s3_root: str = "",
         launch: Launch | None = None,
@@ -45,8 +45,8 @@ class Submitted:
         nodes: int = len(NODES),
         **env: str,
     ):
-        self.cluster, self.work, self.name = cluster, work, name
-        work.mkdir(parents=True, exist_ok=True)
+        self.cluster, self.name = cluster, name
+        self.work = work = cluster.workspace()
         script = work / "train.sbatch"
         script.write_text(
             render_sbatch(
@@ -55,11 +55,12 @@ class Submitted:
                     launch=launch or Launch.host(sys.executable),
                     checkpoint_root=str(work / "ckpt"),
                     s3_root=s3_root,
+                    node_verdicts=str(cluster.node_verdicts),
                 )
             )
         )
         env = launch_env(
-            SLURM_CONF=str(cluster.conf),
+            **cluster.job_variables(),
             TRAIN_NPROC_PER_NODE="1",
             TRAIN_MASTER_PORT=str(free_port()),
             TRAIN_SPOT_ENDPOINT="",  # no metadata service here: do not poll one
@@ -75,6 +76,7 @@ class Submitted:
             str(script),
             *overrides,
             env=env,
+            as_job_user=True,
         )
         self.id = out.strip().split(";")[0]
 
@@ -133,6 +135,15 @@ class Submitted:
             assert state not in DONE_STATES, f"job ended ({state}):\n{self.log[-3000:]}"
             assert time.monotonic() < deadline, f"no step {step}:\n{self.log[-3000:]}"
             time.sleep(0.2)
+
+    def wait_until_running(self) -> str:
+        """Until Slurm has started the job: the node(s) it runs on."""
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while (state := self.state())["JobState"] != "RUNNING":
+            assert state["JobState"] not in DONE_STATES, f"{state}\n{self.log[-3000:]}"
+            assert time.monotonic() < deadline, f"not started: {state}"
+            time.sleep(0.2)
+        return state["NodeList"]
 
     def wait_until_done(self) -> dict[str, str]:
         deadline = time.monotonic() + JOB_TIMEOUT_S

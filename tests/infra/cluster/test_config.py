@@ -34,6 +34,7 @@ def settings(**changes) -> ClusterSettings:
         "bucket": "gpu-stack-test-artifacts",
         "setup_script": "s3://gpu-stack-test-artifacts/cluster/setup-node.sh",
         "job_script": "s3://gpu-stack-test-artifacts/cluster/train.sbatch",
+        "epilog": "s3://gpu-stack-test-artifacts/cluster/node-verdicts.epilog",
         "node_policy_arn": (
             "arn:aws:iam::123456789012:policy/parallelcluster/gpu-stack-test-cluster-nodes-1a2b3c4"
         ),

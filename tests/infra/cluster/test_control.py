@@ -30,6 +30,7 @@ SCRIPTS = {
     "queue": queue_script(),
     "stop": stop_script(),
     "release": release_script(),
+    "release-some": release_script(only=("12", "13")),
     "log": log_script("12", -1),
 }
 
@@ -56,10 +57,10 @@ def on_head_node(slurm, script: str) -> str:
 
 
 @pytest.mark.slow
-def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm, tmp_path):
-    running = Submitted(slurm, tmp_path / "a", name="first")
+def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
+    running = Submitted(slurm, name="first")
     running.wait_for_step(3)
-    waiting = Submitted(slurm, tmp_path / "b", name="second")  # both nodes are taken
+    waiting = Submitted(slurm, name="second")  # both nodes are taken
     queue = {job.name: job for job in parse_queue(on_head_node(slurm, queue_script()))}
     assert queue["first"].state == "RUNNING" and queue["first"].nodes == 2
     assert queue["first"].id == running.id
@@ -92,10 +93,10 @@ def test_an_empty_queue_stops_and_releases_at_once(slurm):
 
 
 @pytest.mark.slow
-def test_the_log_is_read_in_pieces_from_any_offset(slurm, tmp_path):
-    job = Submitted(slurm, tmp_path)
+def test_the_log_is_read_in_pieces_from_any_offset(slurm):
+    job = Submitted(slurm)
     job.wait_until_done()
-    whole = (tmp_path / f"train-{job.id}.out").read_bytes()
+    whole = (job.work / f"train-{job.id}.out").read_bytes()
     assert len(whole) > 300
 
     pieces, offset = [], 0

@@ -36,13 +36,26 @@ def test_the_two_forms_differ_only_in_the_launch_prefix():
         .replace("\n    python -m training", "\n    /usr/bin/python3 -m training", 1)
     )
     assert as_host == HOST
-    # Pyxis's image syntax for a registry other than Docker Hub: registry#repository:tag.
-    assert (
-        "--container-image=123456789012.dkr.ecr.us-east-1.amazonaws.com#"
-        "gpu-stack-test-images:1.0-cu128" in CLUSTER
-    )
     assert "--container-mounts=/scratch:/scratch,/home:/home" in CLUSTER
     assert "/usr/bin/python3 -m training" in HOST and "\n    python -m training" in CLUSTER
+
+
+def srun_lines(script: str) -> list[str]:
+    """Each srun command of the script, its continuation lines joined."""
+    joined = script.replace("\\\n", " ")
+    return [line.strip() for line in joined.splitlines() if re.search(r"(^|\s)srun\s", line)]
+
+
+def test_both_container_steps_use_one_named_container():
+    """The health gate and the training step run in one container per node: named, so Pyxis
+    imports and unpacks the image once per job and node (infra/cluster/sbatch.py)."""
+    in_image = [line for line in srun_lines(CLUSTER) if "--container-image=" in line]
+    assert len(in_image) == 2  # the gate, the launchers
+    names = {re.search(r"--container-name=(\S+)", line).group(1) for line in in_image}
+    assert names == {"train"}
+    # The verdict step runs on the host, outside any container.
+    (verdict,) = [line for line in srun_lines(CLUSTER) if "--nodelist=" in line]
+    assert "--container-" not in verdict
 
 
 def test_the_script_sets_only_variables_the_trainer_reads():

@@ -26,7 +26,6 @@ from tests.infra.cluster.jobs import (
     assert_completed,
     assert_completed_after_a_crash,
 )
-from tests.support.slurm import slurm_cluster
 from training.contract import CRASH_RESTARTS
 
 PYXIS_ENV = Path(__file__).with_name("pyxis_env.py")
@@ -50,9 +49,9 @@ def say(capsys, pytestconfig):
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(slurm, tmp_path_factory) -> tuple[Submitted, dict]:
+def uninterrupted(slurm_session) -> tuple[Submitted, dict]:
     """The job run to its end with nothing in the way: the reference for the others."""
-    job = Submitted(slurm, tmp_path_factory.mktemp("uninterrupted"))
+    job = Submitted(slurm_session)
     return job, job.wait_until_done()
 
 
@@ -78,10 +77,8 @@ def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
 
 
-def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(
-    slurm, tmp_path, reference_losses, say
-):
-    job = Submitted(slurm, tmp_path)
+def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(slurm, reference_losses, say):
+    job = Submitted(slurm)
     job.wait_for_step(3)
     slurm.command("scancel", "--signal=TERM", job.id)
     state = job.wait_until_done()
@@ -92,7 +89,7 @@ def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(
     assert 3 <= step < STEPS
     # Requeued by the script itself: this cluster's slurm.conf has no RequeueExit.
     assert state["Restarts"] == "1", job.log[-3000:]
-    checkpoint = tmp_path / "ckpt" / JOB_NAME / f"step_{step:08d}"
+    checkpoint = job.work / "ckpt" / JOB_NAME / f"step_{step:08d}"
     assert f"resumed from {checkpoint} at step {step}" in job.log
     assert_finished_like_the_reference(job, state, reference_losses)
     say(
@@ -101,8 +98,8 @@ def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(
     )
 
 
-def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, tmp_path, reference_losses, say):
-    job = Submitted(slurm, tmp_path)
+def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, reference_losses, say):
+    job = Submitted(slurm)
     job.wait_for_step(5)  # past the checkpoint of step 4
     slurm.command("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=reclaimed")
     try:
@@ -159,18 +156,16 @@ def test_the_emulator_applies_the_images_environment_unless_the_job_keeps_it(tmp
     )
 
 
-def test_the_jobs_checkpoints_land_where_the_sbatch_said_when_the_image_sets_its_own(
-    slurm, tmp_path, say
-):
-    job = Submitted(slurm, tmp_path, launch=as_under_pyxis(IMAGE_CHECKPOINT_DIR))
+def test_the_jobs_checkpoints_land_where_the_sbatch_said_when_the_image_sets_its_own(slurm, say):
+    job = Submitted(slurm, launch=as_under_pyxis(IMAGE_CHECKPOINT_DIR))
     state = job.wait_until_done()
     assert state["JobState"] == "COMPLETED", job.log[-3000:]
-    committed = sorted(p.name for p in (tmp_path / "ckpt" / JOB_NAME).glob("step_*"))
+    committed = sorted(p.name for p in (job.work / "ckpt" / JOB_NAME).glob("step_*"))
     assert f"step_{STEPS:08d}" in committed, committed
     assert "/checkpoints" not in job.log
     say(
         f"job {job.id}: the image sets {IMAGE_CHECKPOINT_DIR}; checkpoints committed under "
-        f"the sbatch's {tmp_path / 'ckpt' / JOB_NAME} ({len(committed)} of them)"
+        f"the sbatch's {job.work / 'ckpt' / JOB_NAME} ({len(committed)} of them)"
     )
 
 
@@ -181,64 +176,86 @@ def wait_for_restarts(job: Submitted, count: int) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(scope="module")
-def slurm_with_requeue_exit(tmp_path_factory):
-    """A second cluster whose slurm.conf requeues exit 75 itself, as ParallelCluster's does."""
-    with slurm_cluster(tmp_path_factory.mktemp("slurm-requeue-exit"), ("RequeueExit=75",)) as c:
-        yield c
+def scancel_full_and_wait_for_the_requeue(slurm, job: Submitted, stop: int, after: int) -> int:
+    """Once the job trained past step `after`, scancel --full, which signals the batch shell
+    and srun too, not only the tasks; the step both ranks checkpointed at for stop `stop`."""
+    job.wait_for_step(after + 3)
+    slurm.command("scancel", "--signal=TERM", "--full", job.id)
+    wait_for_restarts(job, stop)
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 * stop, job.log[-3000:]  # both nodes' ranks, each time
+    assert stops[-1] == stops[-2] and int(stops[-1]) >= after + 3, stops
+    return int(stops[-1])
 
 
-@pytest.mark.parametrize("requeue_exit", [False, True], ids=["no-RequeueExit", "RequeueExit=75"])
-def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(
-    request, tmp_path, reference_losses, say, requeue_exit
-):
-    """scancel --full signals the batch shell and srun too, not only the tasks.
-
-    Whether or not slurm.conf requeues exit 75 too, each stop is one requeue.
-    """
-    slurm = request.getfixturevalue("slurm_with_requeue_exit" if requeue_exit else "slurm")
-    job = Submitted(slurm, tmp_path)
-    step = 0
-    for stop in range(1, 4):
-        job.wait_for_step(step + 3)  # trained past where it last stopped
-        slurm.command("scancel", "--signal=TERM", "--full", job.id)
-        wait_for_restarts(job, stop)
-        stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
-        assert len(stops) == 2 * stop, job.log[-3000:]  # both nodes' ranks, each time
-        assert stops[-1] == stops[-2] and int(stops[-1]) >= step + 3, stops
-        step = int(stops[-1])
-    state = job.wait_until_done()
-
+def assert_each_stop_was_one_requeue(job, state, stops: int, reference_losses) -> list[int]:
     assert "forcing job termination" not in job.log
-    assert state["Restarts"] == "3"
+    assert state["Restarts"] == str(stops)
     resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", job.log)]
     stopped = [int(s) for s in re.findall(r"stopped at step (\d+) \(SIGTERM\)", job.log)[::2]]
     assert resumed == stopped, job.log[-3000:]
     assert_finished_like_the_reference(job, state, reference_losses)
-    say(
-        f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed"
-        + (" (RequeueExit=75 set)" if requeue_exit else "")
-    )
+    return stopped
 
 
-def test_scontrol_requeue_checkpoints_and_resumes(slurm, tmp_path, reference_losses, say):
+def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(slurm, reference_losses, say):
+    job = Submitted(slurm)
+    step = 0
+    for stop in range(1, 4):
+        step = scancel_full_and_wait_for_the_requeue(slurm, job, stop, step)
+    state = job.wait_until_done()
+    stopped = assert_each_stop_was_one_requeue(job, state, 3, reference_losses)
+    say(f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed")
+
+
+@pytest.fixture
+def slurm_with_requeue_exit(slurm):
+    """The session's cluster with RequeueExit=75 in its slurm.conf, as ParallelCluster's has
+    (CustomSlurmSettings, infra/cluster/config.py), for one test: slurmctld rereads its
+    configuration on `scontrol reconfigure` (scontrol(1))."""
+    original = slurm.conf.read_text()
+    slurm.conf.write_text(f"{original}RequeueExit=75\n")
+    try:
+        slurm.command("scontrol", "reconfigure")
+        config = slurm.command("scontrol", "show", "config")
+        assert re.search(r"^RequeueExit\s*=\s*75$", config, re.MULTILINE), "not in effect"
+        yield slurm
+    finally:
+        slurm.conf.write_text(original)
+        slurm.command("scontrol", "reconfigure")
+
+
+def test_with_requeue_exit_in_slurm_conf_a_stop_is_still_one_requeue(
+    slurm_with_requeue_exit, reference_losses, say
+):
+    """The script requeues a stopped job itself; Slurm, told to requeue exit 75 too, must not
+    make it two."""
+    slurm = slurm_with_requeue_exit
+    job = Submitted(slurm)
+    step = scancel_full_and_wait_for_the_requeue(slurm, job, 1, 0)
+    state = job.wait_until_done()
+    assert_each_stop_was_one_requeue(job, state, 1, reference_losses)
+    say(f"job {job.id}: RequeueExit=75 set; scancel --full, checkpoint at step {step}, one requeue")
+
+
+def test_scontrol_requeue_checkpoints_and_resumes(slurm, reference_losses, say):
     """A requeue (the project's stop uses requeuehold) signals every process of the job."""
-    job = Submitted(slurm, tmp_path)
+    job = Submitted(slurm)
     job.wait_for_step(3)
     slurm.command("scontrol", "requeue", job.id)
     state = job.wait_until_done()
 
-    step = assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses)
+    step = assert_stopped_once_and_resumed(job, state, reference_losses)
     say(f"job {job.id}: scontrol requeue, checkpoint at step {step}, resumed, completed")
 
 
-def assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses) -> int:
+def assert_stopped_once_and_resumed(job, state, reference_losses) -> int:
     """Both ranks checkpointed at one step, the job was requeued once, resumed there and
     finished like the uninterrupted run; the step it stopped at."""
     stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
     assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
     step = int(stops[0])
-    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert f"resumed from {job.work}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
     assert state["Restarts"] == "1"
     assert_finished_like_the_reference(job, state, reference_losses)
     return step
@@ -246,9 +263,9 @@ def assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses) -> i
 
 @pytest.mark.parametrize("killed", ["worker", "launcher"])
 def test_a_killed_process_restarts_the_launchers_from_the_last_checkpoint(
-    slurm, tmp_path, reference_losses, say, killed
+    slurm, reference_losses, say, killed
 ):
-    job = Submitted(slurm, tmp_path)
+    job = Submitted(slurm)
     job.wait_for_step(6)  # past the checkpoint of step 4
     job.kill(1, worker=killed == "worker")
     state = job.wait_until_done()
@@ -270,8 +287,8 @@ def test_a_killed_process_restarts_the_launchers_from_the_last_checkpoint(
     say(f"job {job.id}: {killed} on n2 killed, restarted at step {resumed[0][1]}, completed")
 
 
-def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, tmp_path, say):
-    job = Submitted(slurm, tmp_path)
+def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, say):
+    job = Submitted(slurm)
     job.wait_for_step(6)
     for crash in range(1, CRASH_RESTARTS + 2):
         job.kill(1, worker=True)
@@ -294,20 +311,18 @@ def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, tmp_pat
     say(f"job {job.id}: {CRASH_RESTARTS + 1} crashes, ended FAILED: {last}")
 
 
-def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(
-    slurm, tmp_path, reference_losses, say
-):
+def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(slurm, reference_losses, say):
     """What the time-limit warning (#SBATCH --signal=B:TERM@...) does: only the shell hears it."""
-    job = Submitted(slurm, tmp_path)
+    job = Submitted(slurm)
     job.wait_for_step(3)
     slurm.command("scancel", "--signal=TERM", "--batch", job.id)
     state = job.wait_until_done()
 
-    step = assert_stopped_once_and_resumed(job, state, tmp_path, reference_losses)
+    step = assert_stopped_once_and_resumed(job, state, reference_losses)
     say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
 
 
-def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, say):
+def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, say):
     """The batch shell's warning before --time ends the job: checkpoint, requeue, resume.
 
     The job is far too long to finish: the test stops it once it has come back. Slurm
@@ -316,7 +331,6 @@ def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, s
     """
     job = Submitted(
         slurm,
-        tmp_path,
         sbatch_options=("--time=2", "--signal=B:TERM@45"),
         job=(*JOB, "train.steps=1000000"),
     )
@@ -332,6 +346,6 @@ def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, tmp_path, s
     stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
     assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
     step = int(stops[0])
-    assert f"resumed from {tmp_path}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
+    assert f"resumed from {job.work}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
     assert "stopped: requeueing it; it resumes from its newest" in job.log
     say(f"job {job.id}: time-limit warning, checkpoint at step {step}, requeued, resumed")

@@ -50,6 +50,10 @@ class StubStack:
     resources: list[dict] = field(default_factory=list)
     config: dict[str, str] = field(default_factory=lambda: {"aws:region": REGION})
     on_destroy: Any = None
+    on_up: Any = None  # sees AWS as it is when Pulumi's up starts
+    on_refresh: Any = None
+    # What a preview's engine events report, each a pulumi.automation.events.EngineEvent.
+    preview_events: list = field(default_factory=list)
     calls: list[tuple] = field(default_factory=list)
 
     def outputs(self):
@@ -78,10 +82,20 @@ class StubStack:
 
     def up(self, **options):
         self.calls.append(("up", options))
+        if self.on_up is not None:
+            self.on_up(options)
         return auto.UpResult(stdout="", stderr="", summary=None, outputs=self.outputs())
+
+    def refresh(self, **options):
+        self.calls.append(("refresh", options))
+        if self.on_refresh is not None:
+            self.on_refresh(options)
+        return auto.RefreshResult(stdout="", stderr="", summary=None)
 
     def preview(self, **options):
         self.calls.append(("preview", options))
+        for event in self.preview_events:
+            options["on_event"](event)
         return auto.PreviewResult(
             stdout="",
             stderr="",

@@ -114,8 +114,8 @@ def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
         stop.run(ARGS, out=io.StringIO(), **NO_WAIT)
 
 
-def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm, tmp_path):
-    job = Submitted(slurm, tmp_path, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
+def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm):
+    job = Submitted(slurm, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(3)
 
     text = status.run(ARGS)
@@ -140,7 +140,7 @@ def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster,
     result = start.run(ARGS, out=said, **NO_WAIT)
     assert cluster.state(cluster.head) == "running"
     assert f"starting the head node {cluster.head}" in said.getvalue()
-    assert f"job {job.id} (run1) resumes from step_" in result
+    assert f"job {job.id} (run1) released: resumes from step_" in result
 
     # --follow prints what the resumed job adds, until Ctrl-C (here: once the job is done).
     def sleep_until_done(seconds):
@@ -181,8 +181,28 @@ def test_stop_and_start_with_the_head_node_stopped(cluster):
     assert "the queue of l40sx4 is empty: nothing to resume" in result
 
 
-def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm, tmp_path):
-    job = Submitted(slurm, tmp_path, name="run2", s3_root=f"s3://{BUCKET}/checkpoints")
+def test_start_lists_a_job_slurm_put_back_in_the_queue_unheld(cluster, slurm):
+    """A job requeued unheld (its node lost, or a budget stop that could not hold it) starts
+    again with the fleet: `start` names it, not "nothing to resume"."""
+    waiting = slurm.command(
+        "sbatch",
+        "--parsable",
+        "--job-name=run3",
+        "--begin=now+1hour",
+        "--wrap=true",
+        env={**slurm.env, **slurm.job_variables()},
+        as_job_user=True,
+    ).strip()
+    try:
+        result = start.run(ARGS, out=io.StringIO(), **NO_WAIT)
+        assert f"  job {waiting} (run3) pending: resumes from step 0" in result, result
+        assert "nothing to resume" not in result
+    finally:
+        slurm.command("scancel", waiting, check=False)
+
+
+def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm):
+    job = Submitted(slurm, name="run2", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(2)
     seen = {}
     stub_stack.on_destroy = lambda options: seen.update(state=job.state())

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from infra.commands import down
+from infra.commands import down, workspace
 from infra.commands.outcome import Outcome
 from tests.infra.commands.conftest import (
     BUCKET,
@@ -238,3 +238,81 @@ def test_down_of_a_cluster_lists_parallelclusters_lambda_log_groups_with_its_log
     assert isinstance(deleted, str)
     remaining = [g["logGroupName"] for g in logs.describe_log_groups()["logGroups"]]
     assert remaining == [f"/aws/lambda/pcluster-CleanupResources-{other_uuid}"]
+
+
+class NestedStacks:
+    """moto's CloudFormation, with what its ListStacks leaves out: a nested stack's summary
+    names its parent (StackSummary.ParentId, AWS CloudFormation API Reference)."""
+
+    def __init__(self, cloudformation, parents: dict[str, str]) -> None:
+        self._client, self._parents = cloudformation, parents  # nested stack id -> parent id
+
+    def __getattr__(self, name):
+        return getattr(self._client, name)
+
+    def get_paginator(self, operation):
+        paginator = self._client.get_paginator(operation)
+        if operation != "list_stacks":
+            return paginator
+        parents = self._parents
+
+        class WithParents:
+            def paginate(self, **kwargs):
+                for page in paginator.paginate(**kwargs):
+                    for summary in page["StackSummaries"]:
+                        if summary["StackId"] in parents:
+                            summary["ParentId"] = parents[summary["StackId"]]
+                    yield page
+
+        return WithParents()
+
+
+def test_a_clean_cluster_destroy_exits_zero_with_its_kept_tagged_log_groups_listed_apart(
+    spot_stack, aws, monkeypatch
+):
+    """The cluster's log group and its custom resource provider's both carry the stack's tag
+    (the cluster config's Tags; the stack's tags, which CloudFormation passes on) and are
+    kept on delete: listed as kept, not as left over, and `down` exits 0."""
+    stack, instance_ids, _ = spot_stack
+    cluster = COST_TAG[1]
+    stack.outputs_.update(
+        cost_tag="=".join(COST_TAG),
+        cluster="slurm",
+        cluster_name=cluster,
+        cluster_log_group_prefix=f"/aws/parallelcluster/{cluster}-",
+    )
+    cloudformation, logs = aws.client("cloudformation"), aws.client("logs")
+    template = json.dumps({"Resources": {"Topic": {"Type": "AWS::SNS::Topic"}}})
+    ours = cloudformation.create_stack(StackName=f"{cluster}-cluster", TemplateBody=template)
+    provider = cloudformation.create_stack(
+        StackName=f"{cluster}-cluster-PclusterClusterProvider-1A2B3C", TemplateBody=template
+    )
+    parents = {provider["StackId"]: ours["StackId"]}
+    to_moto = workspace.aws
+    monkeypatch.setattr(
+        workspace,
+        "aws",
+        lambda service, region: (
+            NestedStacks(to_moto(service, region), parents)
+            if service == "cloudformation"
+            else to_moto(service, region)
+        ),
+    )
+    tag = dict([COST_TAG])
+    provider_log = f"/aws/lambda/pcluster-cfn-{provider['StackId'].rsplit('/', 1)[1]}"
+    cluster_log = f"/aws/parallelcluster/{cluster}-202612011200"
+    for name in (provider_log, cluster_log):
+        logs.create_log_group(logGroupName=name, tags=tag)
+
+    def destroy(options):
+        aws.client("ec2").terminate_instances(InstanceIds=instance_ids)
+        for stack_id in (provider["StackId"], ours["StackId"]):
+            cloudformation.delete_stack(StackName=stack_id)
+
+    stack.on_destroy = destroy
+    result = down.run(_args(), out=io.StringIO(), sleep=lambda s: None)
+    assert isinstance(result, str), result.text  # exit 0
+    assert "still there" not in result
+    kept = result.split("kept on purpose")[1]
+    assert f"  log group {provider_log} (0.00 GB stored)" in kept
+    assert f"  log group {cluster_log} (0.00 GB stored)" in kept

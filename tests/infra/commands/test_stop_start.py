@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from infra.commands import start, stop
+from infra.commands import cluster_fleet, start, stop
 from infra.errors import ConfigError
 from infra.outputs import read_outputs
 from tests.infra.commands.conftest import (
@@ -110,12 +110,12 @@ def test_start_starts_a_fleet_the_guard_stopped_once_parallelcluster_has_stopped
     _fleet_table(dynamodb, "STOP_REQUESTED")
     stack, nap = _cluster(["STOPPING", "STOPPED"], dynamodb)
     said = []
-    start.start_fleet(stack, say=said.append, sleep=nap)
+    cluster_fleet.start_fleet(stack, say=said.append, sleep=nap)
     fleet = _fleet_status(dynamodb)
     # Only from STOPPED, as pcluster update-compute-fleet does: after two of clustermgtd's steps.
     assert fleet["status"] == "START_REQUESTED"
     assert fleet["lastStatusUpdatedTime"] != "2026-12-01 10:00:00.000000+00:00"
-    assert said[0].startswith("the compute fleet is STOP_REQUESTED (the spend guard stopped it")
+    assert said[0].startswith("the compute fleet is STOP_REQUESTED: waiting for ParallelCluster")
     assert said[-1].startswith("compute fleet START_REQUESTED")
 
 
@@ -124,16 +124,38 @@ def test_start_leaves_a_running_fleet_alone(aws):
     _fleet_table(dynamodb, "RUNNING")
     stack, nap = _cluster([], dynamodb)
     said = []
-    start.start_fleet(stack, say=said.append, sleep=nap)
+    cluster_fleet.start_fleet(stack, say=said.append, sleep=nap)
     assert _fleet_status(dynamodb)["status"] == "RUNNING" and said == []
 
 
 def test_a_fleet_that_does_not_finish_stopping_is_one_line_and_left_as_it_is(aws):
     dynamodb = aws.client("dynamodb")
     _fleet_table(dynamodb, "STOPPING")
-    stack, nap = _cluster(["STOPPING"] * (start.FLEET_STOP_WAIT_S // start.FLEET_POLL_S), dynamodb)
+    stack, nap = _cluster(
+        ["STOPPING"] * (cluster_fleet.FLEET_STOP_WAIT_S // cluster_fleet.FLEET_POLL_S), dynamodb
+    )
     with pytest.raises(
         ConfigError, match=r"still STOPPING after 600 s: run `python -m infra start"
     ):
-        start.start_fleet(stack, say=lambda line: None, sleep=nap)
+        cluster_fleet.start_fleet(stack, say=lambda line: None, sleep=nap)
     assert _fleet_status(dynamodb)["status"] == "STOPPING"
+
+
+def test_a_fleet_stop_is_requested_and_waited_for_until_parallelcluster_has_stopped_it(aws):
+    dynamodb = aws.client("dynamodb")
+    _fleet_table(dynamodb, "RUNNING")
+    stack, nap = _cluster(["STOPPING", "STOPPED"], dynamodb)
+    seen = []
+
+    def clustermgtd(seconds: float) -> None:
+        seen.append(_fleet_status(dynamodb)["status"])  # what it finds at each of its loops
+        nap(seconds)
+
+    said = []
+    cluster_fleet.stop_fleet(stack, say=said.append, sleep=clustermgtd)
+    assert seen == ["STOP_REQUESTED", "STOPPING"]
+    assert _fleet_status(dynamodb)["status"] == "STOPPED"
+    assert said == [
+        "compute fleet STOP_REQUESTED: waiting for ParallelCluster to stop it",
+        "compute fleet STOPPED",
+    ]

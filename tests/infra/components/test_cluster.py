@@ -27,10 +27,12 @@ import pytest
 import yaml
 
 from infra.cluster.config import SETUP_SCRIPT
+from infra.cluster.epilog import render_epilog
+from infra.dryrun.runner import run_program
 from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from tests.support.infra import data_file_cluster_idle_usd_per_hour
 from tests.support.mock_runs import of_type, one
-from tests.support.stack_runs import INSTANCE, LAUNCH_TEMPLATE, run_stack
+from tests.support.stack_runs import BASE_CONFIG, INSTANCE, LAUNCH_TEMPLATE, run_stack
 from tests.training.multirank import REPO_ROOT
 
 STACK = "aws:cloudformation/stack:Stack"
@@ -106,6 +108,16 @@ def assert_the_cluster_can_be_created(run) -> None:
     stack = one(run, STACK)
     assert stack.inputs["onFailure"] == "DELETE"
     assert config["Scheduling"]["SlurmSettings"]["QueueUpdateStrategy"] == "DRAIN"
+    assert_the_cluster_waits_for_its_route_out(run, private, nat)
+
+
+def assert_the_cluster_waits_for_its_route_out(run, private, nat) -> None:
+    """The CloudFormation stack is created after the NAT gateway, the private route table and
+    the table's association with the nodes' subnet, not only after the subnet."""
+    (association,) = [a for a in of_type(run, ASSOCIATION) if a.inputs["subnetId"] == private.id]
+    (table,) = [t for t in of_type(run, ROUTE_TABLE) if t.id == association.inputs["routeTableId"]]
+    waits = set(run.depends_on[f"{STACK} {one(run, STACK).name}"])
+    assert {nat.name, table.name, association.name} <= waits, waits
 
 
 def test_one_cloudformation_stack_holds_the_provider_and_the_cluster(run):
@@ -162,9 +174,11 @@ def test_the_nodes_policy_reaches_only_the_stacks_bucket_and_repository(run):
 def test_the_bucket_carries_the_setup_script_and_the_job_script_in_the_image(run):
     objects = {o.inputs["key"]: o.inputs["content"] for o in of_type(run, OBJECT)}
     assert objects["cluster/setup-node.sh"] == SETUP_SCRIPT.read_text()
+    assert objects["cluster/node-verdicts.epilog"] == render_epilog()
     job = objects["cluster/train.sbatch"]
     registry, repository = run.outputs["image_uri"].split("/", 1)
-    assert f"--container-image={registry}#{repository}" in job
+    # ECR's user, which the node's Enroot credentials name (test_setup_node.py).
+    assert f"--container-image=AWS@{registry}#{repository}" in job
     assert "#SBATCH --nodes=2" in job and "#SBATCH --requeue" in job
     assert f's3_root="{run.outputs["checkpoint_uri"]}"' in job
     # The health gate holds each p4d.24xlarge node to the catalog: 8 A100, 230 GB/s, 4 EFA.
@@ -288,6 +302,33 @@ def test_jobs_are_submitted_as_the_default_user_with_the_job_script_fetched_firs
     submit = "sudo -iu ubuntu sbatch --job-name=RUN /opt/gpu-stack/train.sbatch"
     assert fetch in command and submit in command
     assert command.index(fetch) < command.index(submit)
+
+
+def test_the_scripts_the_nodes_run_at_boot_are_in_the_bucket_before_the_cluster(run):
+    waits = set(run.depends_on[f"{STACK} {one(run, STACK).name}"])
+    assert {o.name for o in of_type(run, OBJECT)} <= waits
+
+
+@pytest.mark.parametrize(
+    ("stack", "accepted"),
+    [
+        ("l4_x1", False),  # ParallelCluster's cluster names have no '_' ...
+        ("l4.x1", False),  # ... nor '.', which Pulumi's stack names allow
+        ("a" * 42, False),  # gpu-training-stack- (19) + 42: 61 characters, one too many
+        ("a" * 41, True),
+        ("l4x1-2", True),
+    ],
+)
+def test_a_stack_name_parallelcluster_refuses_as_a_cluster_name_fails_the_preview(stack, accepted):
+    config = {**BASE_CONFIG, "cluster": "slurm", "nodes": 2}
+    if accepted:
+        run = run_program(config, stack=stack)
+        assert cluster_config(run) and one(run, STACK)
+        return
+    with pytest.raises(pulumi.RunError) as caught:
+        run_program(config, stack=stack)
+    assert f"stack name {stack!r} makes the Slurm cluster's name" in str(caught.value)
+    assert "ParallelCluster refuses" in str(caught.value)
 
 
 def test_a_cluster_in_the_default_vpc_is_refused_before_any_resource():

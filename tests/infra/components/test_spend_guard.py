@@ -6,11 +6,13 @@ import json
 import shutil
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
 from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
 from infra.functions.settings import GuardSettings
+from infra.knowledge.parallelcluster import PARALLELCLUSTER_PATH
 from infra.knowledge.profiles import load_profiles
 from tests.support.infra import data_file_head_node, data_file_prices
 from tests.support.mock_runs import of_type, one
@@ -102,7 +104,10 @@ def test_the_role_stops_only_the_stacks_tagged_instances_and_touches_only_its_ow
         "ec2:DescribeInstances",
         "ec2:DescribeSpotPriceHistory",
         "ec2:DescribeVolumes",
+        "ec2:DescribeNatGateways",
     ]
+    # No head node to reach: no Run Command.
+    assert not any("ssm:" in str(s["Action"]) for s in statements.values())
     assert statements["KeepTheLedger"]["Resource"] == one(run, TABLE).state["arn"]
     assert statements["Alert"]["Resource"] == one(run, TOPIC).state["arn"]
     (role,) = [r for r in of_type(run, ROLE) if r.name.endswith("-spend-guard")]
@@ -150,6 +155,27 @@ def test_a_cluster_stacks_guard_may_stop_only_its_own_clusters_compute_fleet():
     fleet = statements["StopTheClustersComputeFleet"]
     assert fleet["Action"] == "dynamodb:UpdateItem"
     assert fleet["Resource"].endswith(f":table/parallelcluster-{cluster_name}")
+
+
+def test_a_cluster_stacks_guard_may_hold_its_jobs_on_its_own_instances_only_and_has_the_time():
+    run = run_stack(cluster="slurm", nodes=2)
+    function = one(run, FUNCTION).inputs
+    settings = GuardSettings.from_environment(function["environment"]["variables"])
+    assert settings.cluster_queue == "gpu" == run.outputs["queue"]
+    # A NAT gateway at us-east-1's rate (parallelcluster.toml), counted while it exists.
+    network = tomllib.loads(PARALLELCLUSTER_PATH.read_text())["network"]["prices"]["us-east-1"]
+    assert settings.nat_gateway_usd_per_hour == network["nat_gateway_usd_per_hour"] == 0.045
+    statements = {s["Sid"]: s for s in policy(run, "-spend-guard")["Statement"]}
+    hold = statements["HoldTheClustersJobs"]
+    assert hold["Action"] == "ssm:SendCommand"
+    assert hold["Resource"].endswith(":instance/*")
+    assert hold["Condition"] == {"StringEquals": {"ssm:resourceTag/gpu-stack": COST_TAG[1]}}
+    document = statements["WithTheShellScriptDocument"]["Resource"]
+    assert document == "arn:aws:ssm:us-east-1::document/AWS-RunShellScript"
+    assert statements["ReadTheHoldsResult"]["Action"] == "ssm:GetCommandInvocation"
+    # Holding the jobs waits at most 210 s (KillWait 120 s + 60 s + 30 s for SSM) before the
+    # stop goes on: the function's 60 s, and that.
+    assert function["timeout"] == 60 + 120 + 60 + 30
 
 
 def test_a_capacity_block_stacks_guard_reads_the_block_it_counts():

@@ -246,6 +246,8 @@ def guard(aws: dict[str, Any], world: World, config: GuardSettings, **clients: A
         dynamodb=clients.get("dynamodb", aws["dynamodb"]),
         sns=clients.get("sns", aws["sns"]),
         now=world.now,
+        ssm=clients.get("ssm"),
+        sleep=lambda seconds: None,
     )
     world.sync()
     return outcome

@@ -4,6 +4,7 @@ from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
 from infra.functions.market import Market
 from infra.knowledge.costs import cost_summary, hourly_usd, idle_cost, network_usd_per_hour
+from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
 from infra.knowledge.resolver import resolve
 from tests.support.infra import data_file_prices
@@ -83,6 +84,14 @@ def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_pric
     summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
     # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
     assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * 6 / 60, 2)
+
+
+def test_on_a_cluster_the_worst_case_overspend_has_time_for_the_jobs_checkpoint():
+    plan = resolve("p4d.24xlarge", nodes=2, cluster=load_parallelcluster().release())
+    summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
+    # The run first holds the jobs: KillWait (120 s), their requeue (60 s) and SSM (30 s).
+    assert summary["guard_timeout_s"] == 60 + 120 + 60 + 30
+    assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * (5 + 270 / 60) / 60, 2)
 
 
 @pytest.mark.parametrize(
