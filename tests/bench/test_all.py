@@ -15,7 +15,7 @@ import torch
 from bench.suite import BENCHMARKS
 from tests.training.multirank import REPO_ROOT, launch_env
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

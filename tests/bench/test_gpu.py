@@ -32,7 +32,7 @@ def test_every_carried_distribution_is_pinned_in_the_gpu_lock():
     assert set(gpu.CARRIED) <= set(pins)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_dry_run_measures_trainer_raw_deepspeed_and_pytorch_on_cpu(tmp_path):
     result = subprocess.run(
         [sys.executable, "bench/gpu.py", "--dry-run", "--out", str(tmp_path)],

@@ -11,7 +11,7 @@ import pytest
 from tests.training.multirank import REPO_ROOT, launch_env
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_bench_reports_both_loops_and_their_ratio(tmp_path):
     out = tmp_path / "report.json"
     small = [

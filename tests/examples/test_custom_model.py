@@ -31,7 +31,7 @@ def test_a_missing_builder_fails_before_launch(tmp_path):
         preflight(config)
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_example_trains_through_the_real_launcher(tmp_path):
     job = run_job(
         tmp_path,

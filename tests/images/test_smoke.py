@@ -124,7 +124,7 @@ def test_slurm_check_runs_as_another_user_without_the_entrypoint(tmp_path):
 
 
 @pytest.mark.image
-@pytest.mark.slow
+@pytest.mark.multiprocess
 # Measured on a 2-core shared build machine: ~25 min cold, most of it compiling cpu_adam.
 @pytest.mark.timeout(3000)
 def test_cpu_image_builds_and_trains_inside():

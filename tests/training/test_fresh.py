@@ -57,7 +57,7 @@ def test_an_s3_mirror_is_refused_before_anything_moves(tmp_path):
     assert (tmp_path / "run").is_dir()
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_fresh_run_starts_over_and_keeps_the_old_one_with_the_cost_in_the_summary(tmp_path):
     out = tmp_path / "run"
     first = run_job(out, *TINY, "train.steps=4")

@@ -153,7 +153,7 @@ def run_two_ranks(tmp_path: Path, *args: str, trigger) -> list[dict]:
     return [json.loads((tmp_path / f"stopped-{r}.json").read_text()) for r in (0, 1)]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_signal_to_one_rank_stops_both_at_the_same_step(tmp_path):
     def signal_rank1():
         os.kill(int((tmp_path / "pid-1").read_text()), signal.SIGTERM)
@@ -164,7 +164,7 @@ def test_signal_to_one_rank_stops_both_at_the_same_step(tmp_path):
     assert stopped[0]["reason"] == "stop requested on another rank"
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_spot_notice_stops_both_ranks_at_the_same_step(tmp_path, imds):
     def notice():
         imds.notify("terminate", "2026-11-30T12:02:00Z")

@@ -26,7 +26,7 @@ from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, 
 from training.checkpoint.s3 import STATUS_NAME, S3Mirror
 from training.contract import ExitCode
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 LONG_RUN = 100_000  # steps: the run only ends through the stop request
 OPTIONS = [

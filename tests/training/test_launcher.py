@@ -82,7 +82,7 @@ def test_job_exit_code_after_a_stop_request(codes, job):
     assert _job_exit_code(codes, stop_requested=True) == job
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     """The user's model raises in the workers (after the launcher's checks passed)."""
     job = run_job(
@@ -113,7 +113,7 @@ def host_address() -> str:
     return address
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
     """Node 0 is told 127.0.0.1 and the other node node 0's address (infra.components.compute):
     node 0's rendezvous store must answer on every interface. Each node keeps its own

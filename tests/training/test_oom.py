@@ -54,7 +54,7 @@ def test_early_is_the_config_later_is_transient():
 OOM_MODEL = ("model.builder=tests.training.oom_model:build", "zero.stage=1")
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_an_oom_in_the_first_step_ends_the_job_with_exit_2_and_one_line(tmp_path):
     job = run_job(tmp_path, *TINY, *OOM_MODEL, "model.options={fail_at_call = 1}")
     assert job.returncode == 2, job.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_an_oom_in_the_first_step_ends_the_job_with_exit_2_and_one_line(tmp_path
     assert "Traceback" not in job.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_an_oom_after_steps_that_fitted_exits_1(tmp_path):
     job = run_job(tmp_path, *TINY, *OOM_MODEL, "model.options={fail_at_call = 6}")
     assert job.returncode == 1, job.stderr[-3000:]

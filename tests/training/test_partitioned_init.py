@@ -10,7 +10,7 @@ import pytest
 
 from tests.training.multirank import torchrun
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 WORKER = Path(__file__).with_name("partitioned_init_worker.py")
 # 16 blocks of width 576: about 64M parameters (256 MB in fp32), each block 1/16 of them,

@@ -20,7 +20,7 @@ from tests.training.jobs import (
     start_job,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 JOB = (*TINY, "zero.stage=2")  # dropout on and several epochs: see TINY
 

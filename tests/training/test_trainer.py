@@ -6,7 +6,7 @@ import pytest
 
 from tests.training.jobs import NO_DROPOUT, STEPS, TINY, job_env, run_job, shared_run
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 # fp32 losses of ZeRO 1-3 match stage 0 to this relative tolerance: the same math,
 # only summed in a different order across flattened/partitioned buffers (measured on

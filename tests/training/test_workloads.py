@@ -22,7 +22,7 @@ from tests.training.tiny_hf import write_jsonl
 from training.components import build_eval_dataset, build_model
 from training.spec.config import load_config
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 JOBS = REPO_ROOT / "jobs"
 STEPS, CHECKPOINT = 8, 4

@@ -56,7 +56,7 @@ def on_head_node(slurm, script: str) -> str:
     return result.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
     running = Submitted(slurm, name="first")
     running.wait_for_step(3)
@@ -86,13 +86,13 @@ def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
     assert [record["step"] for record in running.metrics] == list(range(1, STEPS + 1))
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_an_empty_queue_stops_and_releases_at_once(slurm):
     assert parse_queue(on_head_node(slurm, stop_script())) == []
     assert parse_queue(on_head_node(slurm, release_script())) == []
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_the_log_is_read_in_pieces_from_any_offset(slurm):
     job = Submitted(slurm)
     job.wait_until_done()
@@ -115,7 +115,7 @@ def test_the_log_is_read_in_pieces_from_any_offset(slurm):
     assert start == len(whole) - 100 and last.encode() == whole[-100:]
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_job_slurm_has_forgotten_is_found_by_its_log_name(slurm, tmp_path):
     # Slurm forgets a job MinJobAge after it ends: an id it does not know, with a log on disk.
     folder = tmp_path / "alice" / "runs"

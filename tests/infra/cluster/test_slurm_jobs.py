@@ -33,7 +33,7 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-
 # What the stack's image sets (images/Dockerfile, ENV): where its checkpoints go by default.
 IMAGE_CHECKPOINT_DIR = "TRAIN_CHECKPOINT_DIR=/checkpoints"
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tests.infra.commands.test_cluster_stack import STACK, Cluster
 from tests.training.jobs import read_metrics
 from tests.training.multirank import free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture

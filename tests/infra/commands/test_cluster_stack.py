@@ -18,7 +18,7 @@ from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
 from tests.infra.commands.conftest import BUCKET, cluster_outputs, log_args
 from tests.support.head_node import HeadNodeSSM
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 STACK = "l40sx4"
 TAG = ("gpu-stack", f"gpu-training-stack-{STACK}")

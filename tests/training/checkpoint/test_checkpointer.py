@@ -378,7 +378,7 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
 # --------------------------------------------------------- world-size change
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri):
     """2 one-rank "nodes", each with its own disk, save (ZeRO-2): each disk keeps that node's
     part and S3 the whole. 1 rank on a fresh disk then resumes from S3 through a universal
@@ -415,7 +415,7 @@ def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri)
     assert (converted / "zero").is_dir()
 
 
-@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_a_failure_on_rank0_fails_every_rank_instead_of_hanging(tmp_path, s3_uri):
     not_a_folder = tmp_path / "root"
     not_a_folder.write_text("a file where the checkpoint root should be")

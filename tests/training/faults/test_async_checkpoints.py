@@ -23,7 +23,7 @@ from training.checkpoint.layout import (
     tag_for,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1800)]
 
 INJECT = Path(__file__).with_name("inject")
 STEPS = 24

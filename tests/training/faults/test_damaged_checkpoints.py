@@ -11,7 +11,7 @@ from tests.training.damage import TARGETS, damage
 from tests.training.jobs import TINY, run_job, shared_run
 from training.checkpoint.layout import tag_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 16
 JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=4")

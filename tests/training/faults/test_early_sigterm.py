@@ -11,7 +11,7 @@ import pytest
 
 from tests.training.jobs import TINY, start_job
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def catches(pid: int, sig: signal.Signals) -> bool:

@@ -12,7 +12,7 @@ from tests.training.jobs import TINY, job_env, read_metrics, run_job, shared_run
 from tests.training.multirank import REPO_ROOT
 from training.contract import HANG_EXIT
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 INJECT = Path(__file__).with_name("inject")
 STEPS, CHECKPOINT_EVERY, HANG_AT = 40, 5, 12

@@ -11,7 +11,7 @@ import pytest
 
 from tests.training.jobs import TINY, read_metrics, start_job
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 
 def running(process: psutil.Process) -> bool:

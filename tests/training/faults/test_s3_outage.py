@@ -16,7 +16,7 @@ from tests.training.multirank import free_port
 from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, committed_tags, tag_for
 from training.checkpoint.s3 import S3Mirror
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 STEPS = 30
 JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=2")

@@ -15,7 +15,7 @@ from training.checkpoint.layout import committed_tags
 from training.checkpoint.s3 import S3Mirror
 
 # About a dozen job starts: longer than the suite's default per-test limit.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1800)]
 
 INJECT = Path(__file__).with_name("inject")
 STEPS = 40

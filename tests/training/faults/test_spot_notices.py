@@ -11,7 +11,7 @@ from tests.training.fake_imds import NOTICE_PATH, FakeImds
 from tests.training.jobs import TINY, job_env, run_job, start_job
 from training.checkpoint.layout import COMPLETE, committed_tags, examine, tag_for
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 INJECT = Path(__file__).with_name("inject")
 PAUSE_S = "8"  # longer than the spot poller's 5 s interval: the notice lands in the save

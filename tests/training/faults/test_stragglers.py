@@ -9,7 +9,7 @@ import pytest
 
 from tests.training.jobs import TINY, job_env, run_job
 
-pytestmark = pytest.mark.slow
+pytestmark = pytest.mark.multiprocess
 
 INJECT = Path(__file__).with_name("inject")
 WINDOWS = 3
