@@ -37,10 +37,12 @@ import psutil
 from training.checkpoint import writer as writer_module
 from training.checkpoint.collectives import Ranks, log_on_rank0, rank, world_size
 from training.checkpoint.commit import commit, make_durable, merge_listings, remove_step_dir
+from training.checkpoint.damaged import set_aside
 from training.checkpoint.errors import CheckpointError, DiskFullError
 from training.checkpoint.layout import (
     CLIENT_STATE_KEY,
     COMPLETE,
+    DAMAGED,
     DEEPSPEED_RECOVERY_SCRIPTS,
     PARTIAL,
     UNIVERSAL_INFO,
@@ -109,7 +111,7 @@ class Checkpointer:
         ranks = self._ranks
         tag = tag_for(step)
         step_dir = self.root / tag
-        if all(ranks.on_writers(lambda: examine(step_dir)[0] in (COMPLETE, PARTIAL))):
+        if all(ranks.on_writers(lambda: self._committed_and_verified(step_dir))):
             log_on_rank0(log, logging.INFO, "%s is already committed; not writing it again", tag)
             return step_dir
         # Committed on some nodes only (one was replaced): those copies go too, so that
@@ -254,6 +256,15 @@ class Checkpointer:
             "disk, point TRAIN_CHECKPOINT_DIR (checkpoint.dir) at a bigger one, or lower "
             f"checkpoint.keep_last, then run the same command again ({error})"
         )
+
+    def _committed_and_verified(self, step_dir: Path) -> bool:
+        """Writers: whether ``step_dir`` holds this step's checkpoint, committed (here or by
+        an earlier run) and every file matching its checksum; a damaged one is set aside,
+        to be written again."""
+        state, reason = examine(step_dir, verify=True)
+        if state == DAMAGED:
+            set_aside(step_dir, self.root, reason, then=f"writing {step_dir.name} again")
+        return state in (COMPLETE, PARTIAL)
 
     def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():
