@@ -22,6 +22,7 @@ import torch
 
 from training import logs, startup
 from training.checkpoint.resume_check import check_resumable
+from training.checkpoint.s3 import S3Mirror
 from training.code import use_job_code
 from training.components import preflight
 from training.contract import ExitCode
@@ -131,7 +132,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         for old, new in moved:
             log.info("--fresh: moved %s aside to %s", old, new)
     try:
-        check_resumable(config)
+        check_resumable(config, S3Mirror.from_uri(env.s3_uri) if env.s3_uri else None)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG

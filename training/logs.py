@@ -16,8 +16,9 @@ from pathlib import Path
 # DeepSpeed's logger prints to stdout through a handler of its own and does not propagate
 # (deepspeed/utils/logging.py, LoggerFactory.create_logger).
 DEEPSPEED_LOGGER = "DeepSpeed"
-# Loggers (and their children) whose warnings stay off the console.
-_LIBRARIES = ("py.warnings", "torch", "deepspeed")
+# Loggers (and their children) whose warnings stay off the console; boto3's say at INFO
+# where they found credentials and the endpoint, on every start that reads S3.
+_LIBRARIES = ("py.warnings", "torch", "deepspeed", "botocore", "boto3", "s3transfer", "urllib3")
 FORMAT = "%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s"
 
 _held: list[logging.LogRecord] = []  # kept until the log file is known

@@ -53,9 +53,10 @@ from training.checkpoint.layout import (
 from training.checkpoint.mirroring import mirror_step
 from training.checkpoint.pruning import prune_local, prune_mirror
 from training.checkpoint.resume import ResumePoint, choose, load
-from training.checkpoint.resume_check import engine_precision
+from training.checkpoint.resume_check import engine_precision, refusal
 from training.checkpoint.store import CheckpointStore
 from training.checkpoint.writer import HostCopyWriter, StagingBuffers, writing_through
+from training.spec.config import ConfigError
 
 __all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
 
@@ -298,11 +299,26 @@ class Checkpointer:
         data-parallel size when not yet) into ``engine``, freshly built; every rank calls it.
 
         Returns the saved client_state, or None when no checkpoint was ever committed.
+        Raises ConfigError (one line, as the launcher's check) for an engine of another ZeRO
+        stage or precision than the checkpoint's.
         """
         if self._chosen is None:
             self.choose_resume(engine.dp_world_size)
         (point,), self._chosen = self._chosen, None
-        return None if point is None else load(engine, point)
+        if point is None:
+            return None
+        saved = {"zero_stage": point.zero_stage}
+        if point.precision is not None:
+            saved["precision"] = point.precision
+        problem = refusal(
+            str(self.root / point.tag),
+            saved,
+            zero_stage=engine.zero_optimization_stage(),
+            precision=engine_precision(engine),
+        )
+        if problem is not None:
+            raise ConfigError(problem)
+        return load(engine, point)
 
     # ------------------------------------------------------ who does file work
 

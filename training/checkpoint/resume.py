@@ -66,6 +66,10 @@ class ResumePoint:
     # Saved by another number of data-parallel ranks: loaded through a universal checkpoint,
     # into an engine built with DeepSpeed's checkpoint.load_universal.
     universal: bool
+    # What it was saved with, as its manifest records it (precision: None in manifests
+    # older than the field): an engine of another stage or precision cannot load it.
+    zero_stage: int
+    precision: str | None
 
 
 def choose(
@@ -124,7 +128,14 @@ def choose(
         )
         ranks.on_writers(lambda: _convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR
-    return ResumePoint(tag, record["step"], load_root, universal=load_root != root)
+    return ResumePoint(
+        tag,
+        record["step"],
+        load_root,
+        universal=load_root != root,
+        zero_stage=record["zero_stage"],
+        precision=record.get("precision"),
+    )
 
 
 def _nothing_loadable(root: Path, committed: list[str]) -> CheckpointError:
