@@ -31,6 +31,7 @@ from training.environment import TopologyError, TrainerEnv, check_writable_dirs,
 from training.fresh import move_aside
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
 from training.machine import gpu_capability, installed_driver
+from training.run_lock import RunFolderLock, run_folders
 from training.spec.config import (
     BatchSizes,
     Config,
@@ -118,32 +119,30 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    lock = RunFolderLock(topo.node_rank)
     try:
+        lock.acquire(run_folders(config))  # before anything reads or moves the run's folders
         topo = rendezvous_port(topo, env)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return ExitCode.BAD_CONFIG
-    if args.fresh:
-        try:
-            moved = move_aside(config, env)
-        except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return ExitCode.BAD_CONFIG
-        for old, new in moved:
-            log.info("--fresh: moved %s aside to %s", old, new)
-    try:
+        if args.fresh:
+            for old, new in move_aside(config, env):
+                log.info("--fresh: moved %s aside to %s", old, new)
+            lock.acquire(run_folders(config))  # the new run's folders, in their place
         check_resumable(config, S3Mirror.from_uri(env.s3_uri) if env.s3_uri else None)
     except ConfigError as error:
+        lock.release()
         print(f"error: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
-    if startup.stop_requested():
-        return stopped_before_training(startup.stop_requested())
-    startup.begin(
-        "launch",
-        f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of {topo.nnodes} "
-        f"(world size {topo.world_size}), output in {config.output_dir}",
-    )
-    return launch(topo, argv, config.watchdog, env.node_name)
+    try:
+        if startup.stop_requested():
+            return stopped_before_training(startup.stop_requested())
+        startup.begin(
+            "launch",
+            f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of "
+            f"{topo.nnodes} (world size {topo.world_size}), output in {config.output_dir}",
+        )
+        return launch(topo, argv, config.watchdog, env.node_name)
+    finally:
+        lock.release()
 
 
 def configure_logging(rank: int | None) -> str:
