@@ -150,6 +150,7 @@ def test_a_folder_given_as_the_config_is_named(tmp_path, command):
     assert result.stderr == f"error: config file {tmp_path} is a folder: give a TOML file in it\n"
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize(
     ("source", "words"),
     [
