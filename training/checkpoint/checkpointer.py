@@ -29,6 +29,7 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -77,10 +78,13 @@ class Checkpointer:
         asynchronous: bool = False,
         node_first_rank: bool = True,
         ranks_per_node: int = 1,
+        on_progress: Callable[[], None] | None = None,
     ):
         """``node_first_rank``: this process is its node's first rank (local rank 0), the
         one that does a node-local root's file work; ``ranks_per_node`` share the node's
-        host memory for asynchronous saves."""
+        host memory for asynchronous saves; ``on_progress`` is called, from the training
+        thread or the writer's, whenever part of a save or a resume is done (each file
+        written, each collective step): the hang watchdog's heartbeat."""
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be at least 1 (the newest checkpoint)")
         if ranks_per_node < 1:
@@ -90,7 +94,8 @@ class Checkpointer:
         self.mirror = mirror
         self.asynchronous = asynchronous
         self.ranks_per_node = ranks_per_node
-        self._ranks = Ranks(node_first_rank=node_first_rank)
+        self._progress = on_progress or _nothing
+        self._ranks = Ranks(node_first_rank=node_first_rank, on_progress=on_progress)
         self._background: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
         self._staging = StagingBuffers()
@@ -125,7 +130,12 @@ class Checkpointer:
             if in_background
             else 0
         )
-        files = HostCopyWriter(engine.checkpoint_engine, budget=budget, staging=self._staging)
+        files = HostCopyWriter(
+            engine.checkpoint_engine,
+            budget=budget,
+            staging=self._staging,
+            on_written=self._progress,
+        )
         saved_state = {CLIENT_STATE_KEY: client_state, **UNIVERSAL_INFO}
         with writing_through(engine, files):
             try:
@@ -143,6 +153,7 @@ class Checkpointer:
                 raise self._explain(error, step_dir) from exc
             finally:
                 self._staging.copies_done()
+        self._progress()
         if in_background and files.short_of_memory and not self._said_short_of_memory:
             self._said_short_of_memory = True
             log.warning(
@@ -178,6 +189,7 @@ class Checkpointer:
         finally:
             # Written (or failed): its staging buffers are free for the next save's copy.
             self._staging.writes_done()
+            self._progress()
 
     def close(self) -> None:
         """Every rank, once done saving: wait for the save in flight, then let go of the
@@ -358,6 +370,10 @@ class Checkpointer:
                 else "; without TRAIN_S3_URI no node can resume from the others' parts",
             )
         return shared
+
+
+def _nothing() -> None:
+    pass
 
 
 def _folder_bytes(folder: Path) -> int:

@@ -26,7 +26,7 @@ import contextlib
 import errno
 import os
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -131,8 +131,16 @@ class HostCopyWriter(CheckpointEngine):
     the others waiting there; ``entries`` turns it into an error.
     """
 
-    def __init__(self, writer: CheckpointEngine, *, budget: int, staging: StagingBuffers):
+    def __init__(
+        self,
+        writer: CheckpointEngine,
+        *,
+        budget: int,
+        staging: StagingBuffers,
+        on_written: Callable[[], None] | None = None,
+    ):
         super().__init__()
+        self.on_written = on_written  # after each file, written or not
         self.name = "host copy"
         self.writer = writer
         self.budget = budget
@@ -210,6 +218,8 @@ class HostCopyWriter(CheckpointEngine):
                 Path(path).unlink()
         else:
             self.paths.append(Path(path))
+        if self.on_written is not None:
+            self.on_written()
 
 
 @contextlib.contextmanager
