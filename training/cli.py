@@ -25,7 +25,7 @@ from training.checkpoint.resume_check import check_resumable
 from training.checkpoint.s3 import S3Mirror
 from training.code import use_job_code
 from training.components import preflight
-from training.contract import ExitCode
+from training.contract import ERROR_PREFIX, ExitCode
 from training.ds_config import build_ds_config
 from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
 from training.fresh import move_aside
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = read_environment()
     except TopologyError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if argv[:1] == ["estimate"]:
         from training.estimate import main as estimate_main
@@ -113,7 +113,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             capability=gpu_capability(),
         )
     except (ConfigError, SelfCheckError) as error:  # TopologyError is a ConfigError
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if args.print_ds_config:
         on_gpu = torch.cuda.is_available()
@@ -130,7 +130,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         check_resumable(config, S3Mirror.from_uri(env.s3_uri) if env.s3_uri else None)
     except ConfigError as error:
         lock.release()
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     try:
         if startup.stop_requested():
