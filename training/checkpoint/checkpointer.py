@@ -26,6 +26,7 @@ write is over, for the next save to copy into (``writer.StagingBuffers``).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
@@ -63,6 +64,8 @@ __all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
 
 log = logging.getLogger(__name__)
 
+# At most this many threads checksum a rank's host copy (memory bandwidth bounds the rest).
+_DIGEST_THREADS = 4
 # Free space below this after a failed write means the disk filled (torch's writer
 # reports ENOSPC as "basic_ios::clear: iostream error", without the errno).
 _LOW_SPACE = 1 << 20
@@ -94,6 +97,8 @@ class Checkpointer:
         self.mirror = mirror
         self.asynchronous = asynchronous
         self.ranks_per_node = ranks_per_node
+        # Threads that checksum the host copy as it is made: the rank's share of the cores.
+        self._digest_threads = max(1, min(_DIGEST_THREADS, (os.cpu_count() or 1) // ranks_per_node))
         self._progress = on_progress or _nothing
         self._ranks = Ranks(node_first_rank=node_first_rank, on_progress=on_progress)
         self._background: ThreadPoolExecutor | None = None
@@ -135,6 +140,7 @@ class Checkpointer:
             budget=budget,
             staging=self._staging,
             on_written=self._progress,
+            digest_threads=self._digest_threads,
         )
         saved_state = {CLIENT_STATE_KEY: client_state, **UNIVERSAL_INFO}
         with writing_through(engine, files):
@@ -152,6 +158,7 @@ class Checkpointer:
                 error = CheckpointError(f"could not write DeepSpeed's files in {self.root}: {exc}")
                 raise self._explain(error, step_dir) from exc
             finally:
+                files.copied()
                 self._staging.copies_done()
         self._progress()
         if in_background and files.short_of_memory and not self._said_short_of_memory:
