@@ -11,7 +11,6 @@ import datetime
 from pathlib import Path
 
 from training.environment import TrainerEnv
-from training.run_lock import run_folders
 from training.spec.config import Config, ConfigError
 
 
@@ -27,8 +26,11 @@ def move_aside(
         )
     now = now or datetime.datetime.now(datetime.UTC)
     stamp = now.strftime("%Y%m%dT%H%M%SZ")
+    folders = [config.output_dir]
+    if not config.checkpoint_dir.resolve().is_relative_to(config.output_dir.resolve()):
+        folders.append(config.checkpoint_dir)
     moved = []
-    for folder in run_folders(config):
+    for folder in folders:
         if not folder.exists():
             continue
         target = folder.with_name(f"{folder.name}.{stamp}")

@@ -2,8 +2,8 @@
 
 Two launchers on one run would race for its checkpoints: the second loads a checkpoint the
 first is about to prune, both write metrics and the same step folders. So the launcher
-holds an exclusive lock on a file in the run folder (and in the checkpoint folder when it
-lies elsewhere) for as long as it runs, and a second start is refused in one line (exit
+holds an exclusive lock on a file in the run folder and one in the checkpoint folder for as
+long as it runs, and a second start is refused in one line (exit
 2) before any rank starts.
 
 The lock is flock(2) (https://man7.org/linux/man-pages/man2/flock.2.html): the kernel
@@ -37,11 +37,10 @@ class RunFolderBusy(ConfigError):
 
 
 def run_folders(config: Config) -> list[Path]:
-    """The folders a run writes: its run folder, and its checkpoint folder when elsewhere."""
-    folders = [config.output_dir]
-    if not config.checkpoint_dir.resolve().is_relative_to(config.output_dir.resolve()):
-        folders.append(config.checkpoint_dir)
-    return folders
+    """The folders a run writes: its run folder and its checkpoint folder, each locked (a
+    second run may name the first's checkpoint folder from a run folder of its own)."""
+    folders = [config.output_dir, config.checkpoint_dir]
+    return folders[:1] if folders[0].resolve() == folders[1].resolve() else folders
 
 
 class RunFolderLock:

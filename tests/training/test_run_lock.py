@@ -12,7 +12,8 @@ import time
 import pytest
 
 from tests.training.jobs import TINY, read_metrics, run_job, start_job
-from training.run_lock import RunFolderBusy, RunFolderLock
+from training.run_lock import RunFolderBusy, RunFolderLock, run_folders
+from training.spec.config import load_config
 
 HOLD = """
 import sys, time
@@ -40,6 +41,19 @@ def test_a_held_folder_is_refused_naming_the_holder_and_free_once_released(tmp_p
         RunFolderLock(node_rank=0).acquire([tmp_path / "elsewhere", tmp_path / "ckpt"])
     first.release()
     RunFolderLock(node_rank=0).acquire([tmp_path / "run", tmp_path / "ckpt"])
+
+
+def test_a_run_of_its_own_on_the_first_ones_checkpoint_folder_is_refused(tmp_path):
+    """The checkpoints are what two launchers would race for: a second run folder that names
+    the first run's checkpoint folder (inside the first's run folder) is the same run."""
+    first = load_config(None, [f"run.output_dir={tmp_path / 'a'}"])
+    second = load_config(
+        None, [f"run.output_dir={tmp_path / 'b'}", f"checkpoint.dir={first.checkpoint_dir}"]
+    )
+    held = RunFolderLock(node_rank=0)
+    held.acquire(run_folders(first))
+    with pytest.raises(RunFolderBusy, match=f"{first.checkpoint_dir} is in use"):
+        RunFolderLock(node_rank=0).acquire(run_folders(second))
 
 
 def test_another_node_rank_of_the_same_run_is_not_a_second_launcher(tmp_path):
