@@ -121,7 +121,9 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         return 0
     lock = RunFolderLock(topo.node_rank)
     try:
-        lock.acquire(run_folders(config))  # before anything reads or moves the run's folders
+        # Before anything reads the run's folders, or --fresh moves them (only those that
+        # exist: it creates no folder just to move it aside).
+        lock.acquire(run_folders(config), create=not args.fresh)
         topo = rendezvous_port(topo, env)
         if args.fresh:
             for old, new in move_aside(config, env):

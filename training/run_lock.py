@@ -50,11 +50,14 @@ class RunFolderLock:
         self.name = f".launcher-node{node_rank}.lock"
         self._held: list[IO[str]] = []
 
-    def acquire(self, folders: list[Path]) -> None:
-        """Lock ``folders`` (created if need be) instead of whatever was held; RunFolderBusy,
-        holding nothing, when another launcher holds one of them."""
+    def acquire(self, folders: list[Path], *, create: bool = True) -> None:
+        """Lock ``folders`` (created if need be; without ``create``, those that exist)
+        instead of whatever was held; RunFolderBusy, holding nothing, when another launcher
+        holds one of them."""
         self.release()
         for folder in folders:
+            if not create and not folder.is_dir():
+                continue
             folder.mkdir(parents=True, exist_ok=True)
             handle = open(folder / self.name, "a+")  # noqa: SIM115 - held until release
             try:

@@ -279,12 +279,14 @@ class Checkpointer:
 
     def _committed_and_verified(self, step_dir: Path) -> bool:
         """Writers: whether ``step_dir`` holds this step's checkpoint, committed (here or by
-        an earlier run) and every file matching its checksum; a damaged one is set aside,
-        to be written again."""
+        an earlier run) and every file matching its checksum (on a node-local root, this
+        node's part of it); a damaged one is set aside, to be written again."""
         state, reason = examine(step_dir, verify=True)
         if state == DAMAGED:
             set_aside(step_dir, self.root, reason, then=f"writing {step_dir.name} again")
-        return state in (COMPLETE, PARTIAL)
+        # On a root every rank shares, a folder missing files is no checkpoint (a download
+        # cut short), only on a node-local one is it this node's part.
+        return state == COMPLETE or (state == PARTIAL and not self._ranks.shared_root)
 
     def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():

@@ -51,6 +51,7 @@ _RESUME_ELSEWHERE = (
     "resuming from the S3 copy or an older checkpoint; this step is written again when "
     "training reaches it"
 )
+_OLDER = "resuming from the committed checkpoint before it"
 # A universal conversion's manifest names the checkpoint it was made from (its manifest's
 # checksum): a step saved again is converted again.
 _CONVERTED_FROM = "converted_from"
@@ -198,7 +199,7 @@ def _make_complete(
         if state == DAMAGED:
             set_aside(folder, root, reason, then=_RESUME_ELSEWHERE)
         else:
-            log.warning("%s cannot be loaded (%s) and S3 has no copy", folder, reason)
+            log.warning("%s cannot be loaded (%s) and S3 has no copy: %s", folder, reason, _OLDER)
         return False
     log.info("fetching %s from %s (%s here: %s)", tag, mirror.uri, state, reason)
     if state == DAMAGED:  # replaced whole: a same-size damaged file would otherwise be kept
@@ -208,9 +209,16 @@ def _make_complete(
     if state == COMPLETE:
         return True
     if state == DAMAGED:
-        set_aside(folder, root, f"as fetched from {mirror.uri}, {reason}", then=_RESUME_ELSEWHERE)
+        set_aside(folder, root, f"as fetched from {mirror.uri}, {reason}", then=_OLDER)
     else:
-        log.warning("%s fetched from %s is %s: %s", tag, mirror.uri, state, reason)
+        log.warning(
+            "%s cannot be loaded (as fetched from %s it is %s: %s): %s",
+            tag,
+            mirror.uri,
+            state,
+            reason,
+            _OLDER,
+        )
     return False
 
 

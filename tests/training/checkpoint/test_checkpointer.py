@@ -347,6 +347,17 @@ def test_a_damaged_universal_conversion_is_set_aside_and_converted_again(single_
     assert_same_weights(resumed, engine)
 
 
+def test_a_folder_missing_files_on_a_root_every_rank_shares_is_no_checkpoint(single_rank, tmp_path):
+    """A download from S3 cut short leaves a manifest and some files: on a shared root that
+    is not this node's part of a checkpoint, so the step is written again when reached."""
+    engine = trained_engine(2)
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    next((tmp_path / tag_for(2)).glob("*optim_states.pt")).unlink()
+    assert examine(tmp_path / tag_for(2))[0] == PARTIAL
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    assert examine(tmp_path / tag_for(2), verify=True)[0] == COMPLETE
+
+
 def test_stale_uncommitted_folder_of_the_same_step_is_replaced(single_rank, tmp_path):
     stale = tmp_path / tag_for(2)
     stale.mkdir()
