@@ -25,7 +25,7 @@ from training.checkpoint.resume_check import check_resumable
 from training.checkpoint.s3 import S3Mirror
 from training.code import use_job_code
 from training.components import preflight
-from training.contract import ERROR_PREFIX, ExitCode
+from training.contract import ERROR_PREFIX, FAILURE_PREFIX, ExitCode
 from training.ds_config import build_ds_config
 from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
 from training.fresh import move_aside
@@ -87,7 +87,15 @@ def main(argv: list[str] | None = None) -> int:
         from training.health.gate import main as health_main
 
         return health_main(argv[1:], env.expect, env.min_driver)
-    return _launcher(parser().parse_args(argv), argv, env)
+    args = parser().parse_args(argv)
+    try:
+        return _launcher(args, argv, env)
+    except Exception as error:
+        # The launcher's own crash (S3 out of reach for the job's code, a bug): its traceback,
+        # then the one line that says why, as for a failed worker (training/launcher.py).
+        log.exception("the launcher failed")
+        print(f"{FAILURE_PREFIX}launcher: {type(error).__name__}: {error}", file=sys.stderr)
+        return ExitCode.FAILED
 
 
 def load(args: argparse.Namespace, env: TrainerEnv, world_size: int) -> tuple[Config, BatchSizes]:
