@@ -24,15 +24,17 @@ import torch
 
 from training import logs, startup
 from training.checkpoint.resume_check import check_resumable
+from training.checkpoint.s3 import S3Mirror
 from training.code import use_job_code
 from training.components import preflight
-from training.contract import PREPARED_DATA_ENV, ExitCode
+from training.contract import ERROR_PREFIX, FAILURE_PREFIX, PREPARED_DATA_ENV, ExitCode
 from training.ds_config import build_ds_config
 from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
 from training.fresh import move_aside
 from training.inputs import gather
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
 from training.machine import gpu_capability, installed_driver
+from training.run_lock import RunFolderLock, run_folders
 from training.spec.config import (
     BatchSizes,
     Config,
@@ -79,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         env = read_environment()
     except TopologyError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if argv[:1] == ["estimate"]:
         from training.estimate import main as estimate_main
@@ -91,7 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         return health_main(argv[1:], env.expect, env.min_driver)
     if argv[:1] == ["prepare"]:
         return _prepare(argv[1:], env)
-    return _launcher(parser().parse_args(argv), argv, env)
+    args = parser().parse_args(argv)
+    try:
+        return _launcher(args, argv, env)
+    except Exception as error:
+        # The launcher's own crash (S3 out of reach for the job's code, a bug): its traceback,
+        # then the one line that says why, as for a failed worker (training/launcher.py).
+        log.exception("the launcher failed")
+        print(f"{FAILURE_PREFIX}launcher: {type(error).__name__}: {error}", file=sys.stderr)
+        return ExitCode.FAILED
 
 
 def _prepare(argv: list[str], env: TrainerEnv) -> int:
@@ -110,7 +120,7 @@ def _prepare(argv: list[str], env: TrainerEnv) -> int:
             )
         files = gather(config, env, world_size=topo.world_size)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     print(f"prepared: {files.data_folder or 'nothing (the train split streams)'}")
     return ExitCode.DONE
@@ -142,42 +152,42 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         built = installed_ops(accelerator(os.environ, on_gpu=on_gpu))
         check_ops(ops_needed(config, on_gpu=on_gpu), built)
     except (ConfigError, SelfCheckError) as error:  # TopologyError is a ConfigError
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if args.print_ds_config:
         on_gpu = torch.cuda.is_available()
         print(json.dumps(build_ds_config(config, batch, on_gpu=on_gpu), indent=2))
         return 0
+    lock = RunFolderLock(topo.node_rank)
     try:
+        # Before anything reads the run's folders, or --fresh moves them (only those that
+        # exist: it creates no folder just to move it aside).
+        lock.acquire(run_folders(config), create=not args.fresh)
         topo = rendezvous_port(topo, env)
-    except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return ExitCode.BAD_CONFIG
-    if args.fresh:
-        try:
-            moved = move_aside(config, env)
-        except ConfigError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return ExitCode.BAD_CONFIG
-        for old, new in moved:
-            log.info("--fresh: moved %s aside to %s", old, new)
-    try:
-        check_resumable(config)
+        if args.fresh:
+            for old, new in move_aside(config, env):
+                log.info("--fresh: moved %s aside to %s", old, new)
+            lock.acquire(run_folders(config))  # the new run's folders, in their place
+        check_resumable(config, S3Mirror.from_uri(env.s3_uri) if env.s3_uri else None)
         # The model's files and the tokenized data, once for the node's ranks.
         files = gather(config, env, world_size=topo.world_size)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        lock.release()
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     if files.data_folder is not None:
         os.environ[PREPARED_DATA_ENV] = str(files.data_folder)
-    if startup.stop_requested():
-        return stopped_before_training(startup.stop_requested())
-    startup.begin(
-        "launch",
-        f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of {topo.nnodes} "
-        f"(world size {topo.world_size}), output in {config.output_dir}",
-    )
-    return launch(topo, argv, config.watchdog, env.node_name)
+    try:
+        if startup.stop_requested():
+            return stopped_before_training(startup.stop_requested())
+        startup.begin(
+            "launch",
+            f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of "
+            f"{topo.nnodes} (world size {topo.world_size}), output in {config.output_dir}",
+        )
+        return launch(topo, argv, config.watchdog, env.node_name)
+    finally:
+        lock.release()
 
 
 def configure_logging(rank: int | None) -> str:

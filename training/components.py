@@ -45,10 +45,16 @@ def resolve(import_string: str, key: str) -> Callable:
     module_name, _, attribute = import_string.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as error:
+    except ModuleNotFoundError as error:
         raise ConfigError(
             f"{key} = {import_string!r}: cannot import {module_name} ({error}); "
             "put its package on PYTHONPATH or run from its parent directory"
+        ) from None
+    except Exception as error:  # the module itself fails: a SyntaxError, a raise at import
+        said = " ".join(str(error).split())  # one line, whatever the exception's text
+        raise ConfigError(
+            f"{key} = {import_string!r}: cannot import {module_name}, importing it raised "
+            f"{type(error).__name__}: {said}; fix the module"
         ) from None
     builder = getattr(module, attribute, None)
     if not callable(builder):

@@ -55,6 +55,13 @@ EXIT_MEANING = {
 # with the rest of the line as the reason.
 UNHEALTHY_PREFIX = "unhealthy: "
 
+# The first words of the line that says why a job ended badly: a refusal (exit 2: bad
+# configuration, nothing started) and the launcher's last line when a worker failed (exit
+# 1) or the ranks hung (75). The node's job watcher records the last such line of a job's
+# output as the reason of a job it marks failed.
+ERROR_PREFIX = "error: "
+FAILURE_PREFIX = "failed: "
+
 # What the launcher says when a stop request came before any worker trained (exit 75).
 STOPPED_BEFORE_TRAINING = (
     "stopped before training started: nothing to checkpoint; run the same command again"

@@ -17,9 +17,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from training.watchdog import install_loader_stack_dump
+
 
 def worker_processes(num_workers: int) -> dict:
-    """DataLoader arguments: `num_workers` workers started by a fork server.
+    """DataLoader arguments: `num_workers` workers started by a fork server, each of which
+    shows its Python stack when the hang watchdog asks (training/watchdog.py).
 
     A plain fork copies every lock another thread holds at that moment (the stop flag's and
     spot poller's threads, gloo's, boto3's), and a child that takes one waits forever
@@ -28,7 +31,11 @@ def worker_processes(num_workers: int) -> dict:
     """
     if num_workers == 0:  # DataLoader refuses a context without workers
         return {"num_workers": 0}
-    return {"num_workers": num_workers, "multiprocessing_context": "forkserver"}
+    return {
+        "num_workers": num_workers,
+        "multiprocessing_context": "forkserver",
+        "worker_init_fn": install_loader_stack_dump,
+    }
 
 
 class SyntheticSequences(Dataset):

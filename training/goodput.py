@@ -185,6 +185,10 @@ class GoodputClock:
         )
         self._step_began = time.perf_counter()
         self._excluded = 0.0  # this step's seconds already counted under another part
+        # Wall time counts on the monotonic clock from here: a step of the system clock (an
+        # NTP correction, a manual change) must change neither the wall time nor the cost.
+        self._since_launch = time.time() - launched
+        self._anchor = time.monotonic()
 
     @contextlib.contextmanager
     def part(self, name: str) -> Iterator[None]:
@@ -243,7 +247,7 @@ class GoodputClock:
         os.replace(tmp, self.path)
 
     def _stamp(self) -> None:
-        self.attempt.wall_s = time.time() - self.attempt.started_at
+        self.attempt.wall_s = self._since_launch + time.monotonic() - self._anchor
 
 
 def _read_attempts(path: Path) -> list[Attempt]:

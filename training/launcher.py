@@ -28,6 +28,7 @@ from training import startup
 from training.contract import (
     DEFAULT_MASTER_PORT,
     EXIT_MEANING,
+    FAILURE_PREFIX,
     HANG_EXIT,
     HEARTBEAT_DIR_ENV,
     LAUNCHER_PID_ENV,
@@ -43,6 +44,7 @@ log = logging.getLogger(__name__)
 
 CPU_WORKERS = 2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_REASON_CHARS = 500  # a worker's error, as the launcher repeats it: one line, not a novel
 
 
 @dataclass(frozen=True)
@@ -139,19 +141,24 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
             elastic_launch(config, sys.executable)("-m", WORKER_MODULE, *worker_args)
     except ChildFailedError as error:
         if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
+            _say_why(hang_watch.hang.sentence())
             return HANG_EXIT
         code = _job_exit_code(
             [failure.exitcode for failure in error.failures.values()],
             stop_requested=bool(_forwarded),
         )
+        lines = []
         if code == ExitCode.FAILED:
             for rank, failure in sorted(error.failures.items()):
-                log.error(
-                    failed_worker_line(
-                        rank, failure.local_rank, failure.exitcode, topo.node_rank, node
-                    )
+                reason = _worker_error(heartbeats, rank)
+                line = failed_worker_line(
+                    rank, failure.local_rank, failure.exitcode, topo.node_rank, node, reason
                 )
+                log.error(line)
+                lines.append((reason is None, line))  # a worker that said why comes first
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
+        if lines:
+            _say_why(min(lines)[1])
         return code
     finally:
         for sig, handler in previous.items():
@@ -161,21 +168,53 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
 
 
 def failed_worker_line(
-    rank: int, local_rank: int, exit_code: int, node_rank: int, node: str
+    rank: int,
+    local_rank: int,
+    exit_code: int,
+    node_rank: int,
+    node: str,
+    reason: str | None = None,
 ) -> str:
-    """One line that names a failed worker: its rank, its node and how it ended.
+    """One line that names a failed worker: its rank, its node, how it ended and, when it
+    said (``record_worker_error``), why.
 
     A worker killed by a signal (the kernel's OOM killer, a SIGKILL) prints nothing
     itself; torch reports it with a negative exit code.
     """
     where = f"rank {rank} (local rank {local_rank}) on node {node_rank} ({node})"
+    why = f": {reason}" if reason else ""
     if exit_code < 0:
         try:
             name = signal.Signals(-exit_code).name
         except ValueError:  # a real-time signal has no name
             name = f"signal {-exit_code}"
-        return f"{where} was killed by {name}"
-    return f"{where} exited with status {exit_code}"
+        return f"{where} was killed by {name}{why}"
+    return f"{where} exited with status {exit_code}{why}"
+
+
+def record_worker_error(folder: Path | None, rank: int, reason: str) -> None:
+    """Worker side, on its way out after an error: leave the launcher one line that says
+    why (the launcher's heartbeat folder; none when started without the launcher)."""
+    if folder is not None:
+        with contextlib.suppress(OSError):
+            _worker_error_file(folder, rank).write_text(" ".join(reason.split())[:_REASON_CHARS])
+
+
+def _worker_error(folder: Path, rank: int) -> str | None:
+    try:
+        return _worker_error_file(folder, rank).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _worker_error_file(folder: Path, rank: int) -> Path:
+    return folder / f"rank-{rank}.error"
+
+
+def _say_why(reason: str) -> None:
+    """The launcher's last line when the job ended badly: whoever started it (a person, the
+    node's job watcher) reads why there."""
+    print(f"{FAILURE_PREFIX}{reason}", file=sys.stderr, flush=True)
 
 
 def stopped_before_training(signal_name: str | None) -> int:

@@ -16,7 +16,8 @@ from pathlib import Path
 # DeepSpeed's logger prints to stdout through a handler of its own and does not propagate
 # (deepspeed/utils/logging.py, LoggerFactory.create_logger).
 DEEPSPEED_LOGGER = "DeepSpeed"
-# Loggers (and their children) whose warnings stay off the console.
+# Loggers (and their children) whose warnings stay off the console; boto3's say at INFO
+# where they found credentials and the endpoint, on every start that reads S3.
 _LIBRARIES = (
     "py.warnings",
     "torch",
@@ -27,6 +28,10 @@ _LIBRARIES = (
     "accelerate",
     "httpx",
     "filelock",
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "urllib3",
 )
 FORMAT = "%(asctime)s [{where}] %(levelname)s %(name)s: %(message)s"
 

@@ -104,6 +104,8 @@ class Trainer:
         self.stop = stop
         self.on_gpu = torch.cuda.is_available()
         self.is_rank0 = placement.rank == 0
+        # Steps and parts of checkpoint saves, for the launcher's hang watchdog.
+        self.heartbeat = Heartbeat(env.heartbeat_dir, placement.rank)
 
     def run(self) -> int:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
@@ -151,6 +153,7 @@ class Trainer:
             asynchronous=config.checkpoint.asynchronous,
             node_first_rank=placement.local_rank == 0,
             ranks_per_node=self.env.local_world_size,
+            on_progress=self.heartbeat.progress,
         )
         # Chosen before the engine is built, which must know whether it loads a universal
         # checkpoint (training/checkpoint/resume.py); loaded once the engine exists.
@@ -249,7 +252,6 @@ class Trainer:
         )
         metrics = StepMetrics(config, placement, job, self.env, clock) if self.is_rank0 else None
         loss_sum = torch.zeros((), device=job.device)
-        heartbeat = Heartbeat(self.env.heartbeat_dir, placement.rank)
         stragglers = StragglerReport(
             job.engine.module, config.watchdog, job.device, job.step, self.env.node_name
         )
@@ -265,7 +267,7 @@ class Trainer:
                     job.engine.step()
                     loss_sum += loss.detach().float()
                 job.step += 1
-                heartbeat.beat(job.step)
+                self.heartbeat.beat(job.step)
 
                 last = job.step == config.train.steps
                 scores = {}

@@ -13,7 +13,7 @@ import sys
 from typing import NoReturn
 
 from training import logs, startup
-from training.contract import ExitCode
+from training.contract import ERROR_PREFIX, ExitCode
 from training.environment import TopologyError, TrainerEnv, read_environment
 
 log = logging.getLogger("training")
@@ -24,7 +24,7 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.cli import configure_logging, load, parser
     from training.interrupt import StopFlag, spot_endpoint_from_env
-    from training.launcher import die_with_launcher
+    from training.launcher import die_with_launcher, record_worker_error
     from training.oom import OutOfMemory
     from training.spec.config import ConfigError
     from training.trainer import Placement, Trainer
@@ -46,16 +46,19 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
         logs.write_to(config.output_dir / "logs" / f"rank{placement.rank}.log", where)
         code = Trainer(config, placement, env, stop=stop).run()
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         code = ExitCode.BAD_CONFIG
     except CheckpointError as error:  # says what happened and what to do: no traceback
         log.error("rank %d: %s", placement.rank, error)
+        record_worker_error(env.heartbeat_dir, placement.rank, str(error))
         code = ExitCode.FAILED
     except OutOfMemory as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
+        record_worker_error(env.heartbeat_dir, placement.rank, str(error))
         code = error.exit_code
-    except Exception:
+    except Exception as error:
         log.exception("rank %d failed", placement.rank)
+        record_worker_error(env.heartbeat_dir, placement.rank, f"{type(error).__name__}: {error}")
         code = ExitCode.FAILED
     # Interpreter shutdown spends seconds in native finalizers (communication backends)
     # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
@@ -72,12 +75,12 @@ if __name__ == "__main__":
     try:
         environment = read_environment()
     except TopologyError as error:  # the launcher checked it: only a worker started by hand
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         sys.exit(ExitCode.BAD_CONFIG)
     if environment.rank is None:
         print(
-            "error: python -m training.worker is one rank of a job, started by the launcher "
-            "(RANK is unset): run python -m training",
+            f"{ERROR_PREFIX}python -m training.worker is one rank of a job, started by the "
+            "launcher (RANK is unset): run python -m training",
             file=sys.stderr,
         )
         sys.exit(ExitCode.BAD_CONFIG)

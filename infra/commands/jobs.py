@@ -1,7 +1,8 @@
 """`jobs [STACK]`: every job of a running stack: state, step, loss, rate, start, GPU-hours, cost.
 
 On a single-node stack, the jobs of the spool (infra/jobs/spool.py) with the node's word
-on each; on a Slurm cluster, the queue as squeue lists it. Each job's progress is the
+on each (and, under the table, why a failed job failed and which spool objects are not
+jobs); on a Slurm cluster, the queue as squeue lists it. Each job's progress is the
 status.json the trainer keeps beside its checkpoints (a prefix per job name).
 """
 
@@ -29,20 +30,26 @@ def run(args: argparse.Namespace) -> str:
     """Each job's name, state, step, loss, rate, start, GPU-hours and cost so far."""
     target = job_target(workspace.stack_name(args))
     s3 = workspace.aws("s3", target.stack.region)
+    notes = []  # under the table: why jobs failed, spool objects that are not jobs
     if target.is_cluster:
         listed = [
             (job.name, f"{job.state.lower()} (slurm {job.id}, {job.elapsed})", None)
             for job in head_node.queue(target.stack)
         ]
     else:
-        listed = [
-            (job.spec.name, str(job.state), job.since)
-            for job in spool.spool_jobs(s3, target.bucket)
+        contents = spool.read_spool(s3, target.bucket)
+        listed = [(job.spec.name, str(job.state), job.since) for job in contents.jobs]
+        notes += [
+            f"job {job.spec.name} failed: {job.reason}" for job in contents.jobs if job.reason
         ]
+        notes += [f"skipped {what}" for what in contents.skipped]
     if not listed:
-        return (
-            f"no job on {target.stack.name}: start one with "
-            f"`python -m infra run {target.stack.name} --config JOB.toml`"
+        return "\n".join(
+            [
+                f"no job on {target.stack.name}: start one with "
+                f"`python -m infra run {target.stack.name} --config JOB.toml`",
+                *notes,
+            ]
         )
     statuses = [
         (name, state, job_status(s3, target.run_uri(name)), since) for name, state, since in listed
@@ -53,13 +60,14 @@ def run(args: argparse.Namespace) -> str:
         if not target.is_cluster and target.stack.outputs.spend_ledger_table
         else None
     )
-    return format_table(
+    table = format_table(
         COLUMNS,
         [
             _row(name, state, status, since, _cost(status, spend_over))
             for name, state, status, since in statuses
         ],
     )
+    return "\n\n".join([table, "\n".join(notes)]) if notes else table
 
 
 def _cost(status: dict | None, spend_over) -> float | None:

@@ -7,13 +7,16 @@ stack's bucket (the checkpoint bucket, which the node's role may already read an
     jobs/<name>/job.json      JobSpec: the training TOML, overrides, price, code archive
     jobs/<name>/code.tar.gz   the `run --code DIR` folder, when there is one
     jobs/<name>/cancel        a cancel request: the node stops the job with a checkpoint
-    jobs/<name>/state         the node's word on the job: one of JobState; a job.json
-                              newer than it makes the job queued again
+    jobs/<name>/state         the node's word on the job: one of JobState on its first
+                              line, then, for a failed job, why; a job.json newer than it
+                              makes the job queued again
 
 `python -m infra run|jobs|cancel` write and read it; the node's watcher
-(infra/node/templates/run-training.sh) reads the same keys, rendered from the names below
-by infra/node/boot.py. A job name is also the prefix of its checkpoints under the
-stack's checkpoint URI, so running a name again resumes that job.
+(infra/node/templates/watch-jobs.py) reads the same keys, rendered from the names below
+by infra/node/boot.py. An object that is not part of a job (a job.json that is not a
+JobSpec, a stray key, a state word no node writes) is skipped by both, and reported. A job
+name is also the prefix of its checkpoints under the stack's checkpoint URI, so running a
+name again resumes that job.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from botocore.exceptions import ClientError
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from infra.errors import ConfigError
 
@@ -50,8 +53,9 @@ def log_stream(name: str) -> str:
 
 
 # Letters, digits, - and _: a job name is an S3 prefix, a folder on the node and a Slurm
-# job name, and lands in shell strings on the node.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# job name, and lands in shell strings on the node (whose watcher reads it too).
+JOB_NAME_PATTERN = "[A-Za-z0-9][A-Za-z0-9_-]{0,62}"
+_NAME = re.compile(f"^{JOB_NAME_PATTERN}$")
 
 
 class JobState(enum.StrEnum):
@@ -117,41 +121,74 @@ class SpooledJob:
     spec: JobSpec
     state: JobState
     since: datetime.datetime  # when the node last set its state (submitted, while queued)
+    reason: str = ""  # why the node marked it failed
+
+
+@dataclass(frozen=True)
+class Spool:
+    jobs: list[SpooledJob]  # oldest submission first
+    skipped: list[str]  # "KEY: why" for each object that is not part of a job
+
+
+_LEAVES = (SPEC_NAME, CODE_NAME, CANCEL_NAME, STATE_NAME)
+
+
+def read_spool(s3: Any, bucket: str) -> Spool:
+    """Every job in the spool with its state, and the objects that are not part of one."""
+    objects: dict[str, dict[str, dict]] = {}  # name -> leaf -> the object's listing
+    skipped = []
+    for page in s3.get_paginator("list_objects_v2").paginate(
+        Bucket=bucket, Prefix=f"{SPOOL_PREFIX}/"
+    ):
+        for item in page.get("Contents", []):
+            name, _, leaf = item["Key"].removeprefix(f"{SPOOL_PREFIX}/").partition("/")
+            if _NAME.match(name) and leaf in _LEAVES:
+                objects.setdefault(name, {})[leaf] = item
+            else:
+                skipped.append(f"{item['Key']}: not part of a job")
+    jobs = []
+    for name, leaves in sorted(objects.items()):
+        if SPEC_NAME not in leaves:
+            continue  # a job being submitted: its code is there, its job.json not yet
+        try:
+            spec = JobSpec.model_validate_json(_body(s3, bucket, job_key(name, SPEC_NAME)))
+        except ValidationError as error:
+            skipped.append(f"{job_key(name, SPEC_NAME)}: not a job ({_first_problem(error)})")
+            continue
+        state = leaves.get(STATE_NAME)
+        # A job.json newer than the node's word is a job sent again (`up` with a changed
+        # gpu:trainConfig rewrites the default job's): queued, as the watcher sees it.
+        if state is None or state["LastModified"] < leaves[SPEC_NAME]["LastModified"]:
+            jobs.append(SpooledJob(spec, JobState.QUEUED, spec.submitted_at))
+            continue
+        text = _body(s3, bucket, state["Key"]).decode(errors="replace")
+        word, _, reason = text.partition("\n")
+        try:
+            known = JobState(word.strip())
+        except ValueError:
+            skipped.append(f"{state['Key']}: unknown state {word.strip()!r}")
+            continue
+        jobs.append(SpooledJob(spec, known, state["LastModified"], reason.strip()))
+    return Spool(sorted(jobs, key=lambda job: job.spec.submitted_at), skipped)
 
 
 def spool_jobs(s3: Any, bucket: str) -> list[SpooledJob]:
     """Every job in the spool with its state, oldest submission first."""
-    names = []
-    for page in s3.get_paginator("list_objects_v2").paginate(
-        Bucket=bucket, Prefix=f"{SPOOL_PREFIX}/", Delimiter="/"
-    ):
-        names += [p["Prefix"].split("/")[1] for p in page.get("CommonPrefixes", [])]
-    jobs = []
-    for name in names:
-        spec = _get(s3, bucket, job_key(name, SPEC_NAME))
-        if spec is None:
-            continue  # a job being submitted: its code is there, its job.json not yet
-        parsed = JobSpec.model_validate_json(spec["Body"].read())
-        state = _get(s3, bucket, job_key(name, STATE_NAME))
-        # A job.json newer than the node's word is a job sent again (`up` with a changed
-        # gpu:trainConfig rewrites the default job's): queued, as the watcher sees it.
-        if state is None or state["LastModified"] < spec["LastModified"]:
-            jobs.append(SpooledJob(parsed, JobState.QUEUED, parsed.submitted_at))
-        else:
-            word = state["Body"].read().decode().strip()
-            jobs.append(SpooledJob(parsed, JobState(word), state["LastModified"]))
-    return sorted(jobs, key=lambda job: job.spec.submitted_at)
+    return read_spool(s3, bucket).jobs
 
 
 def find_job(s3: Any, bucket: str, name: str) -> SpooledJob | None:
     return next((job for job in spool_jobs(s3, bucket) if job.spec.name == name), None)
 
 
-def _get(s3: Any, bucket: str, key: str) -> dict | None:
-    try:
-        return s3.get_object(Bucket=bucket, Key=key)
-    except s3.exceptions.NoSuchKey:
-        return None
+def _body(s3: Any, bucket: str, key: str) -> bytes:
+    return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+
+
+def _first_problem(error: ValidationError) -> str:
+    problem = error.errors()[0]
+    where = ".".join(str(part) for part in problem["loc"])
+    return f"{where}: {problem['msg']}" if where else problem["msg"]
 
 
 def current_run_uri(s3: Any, checkpoint_uri: str | None) -> str | None:

@@ -33,6 +33,8 @@ from training.contract import (
     CODE_URI_ENV,
     CRASH_RESTARTS,
     CRASH_WINDOW_S,
+    ERROR_PREFIX,
+    FAILURE_PREFIX,
     UNHEALTHY_PREFIX,
     ExitCode,
 )
@@ -207,8 +209,12 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                         JobState.FAILED,
                     )
                 ),
+                "job_name_pattern": spool.JOB_NAME_PATTERN,
                 "exit_bad_config": int(ExitCode.BAD_CONFIG),
                 "exit_interrupted": int(ExitCode.INTERRUPTED),
+                "crash_restarts": CRASH_RESTARTS,
+                "crash_window_s": CRASH_WINDOW_S,
+                "reason_prefixes": f"{ERROR_PREFIX.strip()} {FAILURE_PREFIX.strip()}",
                 "code_uri_env": CODE_URI_ENV,
                 "job_log_stream_prefix": spool.JOB_LOG_STREAM_PREFIX,
             },

@@ -162,3 +162,18 @@ def test_a_requirement_the_image_lacks_is_installed_beside_the_code(tmp_path, mo
         "surely-not-installed-pkg==1.2",
     ]  # fmt: skip
     assert os.environ["PYTHONPATH"] == f"{folder}:{folder / '_requirements'}"
+
+
+@pytest.mark.multiprocess
+def test_code_the_spool_lost_ends_the_launcher_with_one_line_saying_why(tmp_path, s3):
+    """The launcher's own failure (here: the job's code archive is not in S3) ends with the
+    line whoever started the job reads the reason from (the node's watcher keeps it)."""
+    _, aws = s3
+    config = tmp_path / "job.toml"
+    config.write_text(CONFIG)
+    env = job_env(tmp_path / "run", **aws, TRAIN_CODE_URI=f"s3://{BUCKET}/{CODE_KEY}")
+    job = start_job(tmp_path / "run", config=config, env=env)
+    _, stderr = job.communicate(timeout=120)
+    assert job.returncode == 1, stderr[-3000:]
+    last = stderr.strip().splitlines()[-1]
+    assert last.startswith("failed: launcher: NoSuchKey: "), last

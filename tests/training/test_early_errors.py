@@ -148,3 +148,28 @@ def test_a_folder_given_as_the_config_is_named(tmp_path, command):
     )
     assert result.returncode == 2
     assert result.stderr == f"error: config file {tmp_path} is a folder: give a TOML file in it\n"
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("raise RuntimeError('no GPU config here')\n", "RuntimeError: no GPU config here"),
+        ("def build(config:\n    pass\n", "SyntaxError: "),
+        ("from json import no_such_name\n", "ImportError: cannot import name 'no_such_name'"),
+    ],
+)
+def test_job_code_that_fails_to_import_is_refused_in_one_line(tmp_path, source, words):
+    """A `run --code` module that raises on import, does not parse, or imports what is not
+    there: bad configuration (exit 2, nothing started), which the node's job watcher marks
+    failed and moves past; a traceback and exit 1 read as a crash to retry."""
+    code = tmp_path / "code" / "lab"
+    code.mkdir(parents=True)
+    (code / "__init__.py").write_text("")
+    (code / "broken.py").write_text(source)
+    env = job_env(tmp_path / "run", TRAIN_CODE_URI=str(tmp_path / "code"))
+    result = run_training(job_command(*TINY, "model.builder=lab.broken:build"), env)
+    assert_refused(
+        result, "model.builder = 'lab.broken:build': cannot import lab.broken", tmp_path / "run"
+    )
+    assert words in result.stderr

@@ -84,6 +84,28 @@ def test_steps_before_the_furthest_earlier_step_count_as_recomputed(tmp_path, mo
     assert [entry["last_step"] for entry in saved["attempts"]] == [7, 8]
 
 
+@pytest.mark.parametrize("jump_s", [2 * 3600, -2 * 3600])
+def test_a_step_of_the_wall_clock_changes_neither_the_wall_time_nor_the_cost(
+    tmp_path, monkeypatch, jump_s
+):
+    """An NTP correction or a manual clock change of 2 hours while a job runs: the attempt's
+    wall time (and so its GPU-hours, its cost and its span) keeps counting real seconds."""
+    monkeypatch.setattr(startup, "launched_at", lambda: time.time() - 30.0)  # 30 s ago
+    clock = GoodputClock(tmp_path, first_step=0, tokens_per_step=10, gpus=8, usd_per_hour=36.0)
+    before = clock.attempt_report()
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + jump_s)
+    time.sleep(0.05)
+    after = clock.attempt_report()
+    assert 0.05 <= after.wall_s - before.wall_s < 1.0
+    assert after.usd == pytest.approx(36.0 * after.wall_s / 3600)
+    ((began, ended),) = clock.spans()
+    assert ended - began == pytest.approx(after.wall_s, abs=0.5)
+    clock.save()
+    saved = json.loads((tmp_path / GOODPUT_FILE).read_text())["attempts"][0]
+    assert 30.0 <= saved["wall_s"] < 32.0
+
+
 def test_op_builds_are_taken_out_of_the_phase_they_happened_in(monkeypatch):
     monkeypatch.setattr(startup, "launched_at", lambda: 100.0)
     monkeypatch.setattr(startup, "_began", [("rendezvous", 110.0), ("engine build", 112.0)])

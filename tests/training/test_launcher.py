@@ -82,6 +82,7 @@ def test_job_exit_code_after_a_stop_request(codes, job):
     assert _job_exit_code(codes, stop_requested=True) == job
 
 
+@pytest.mark.slow(reason="a 2-rank job whose workers fail after the launcher's checks")
 @pytest.mark.multiprocess
 def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     """The user's model raises in the workers (after the launcher's checks passed)."""
@@ -93,11 +94,20 @@ def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     assert job.returncode == 1
     assert "Traceback" in job.stderr and "hidden_size" in job.stderr
     assert "a worker failed" in job.stderr
-    # The launcher names each failed worker in one line: rank, node, status.
+    # The launcher names each failed worker in one line: rank, node, status, its error.
     for rank in (0, 1):
         assert re.search(
-            rf"rank {rank} \(local rank {rank}\) on node 0 \(\S+\) exited with status 1", job.stderr
+            rf"rank {rank} \(local rank {rank}\) on node 0 \(\S+\) exited with status 1: "
+            r"RuntimeError: .*negative dimension",
+            job.stderr,
         ), job.stderr[-2000:]
+    # Its last line says why, for whoever started it (the node's job watcher keeps it).
+    last = job.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"failed: rank \d \(local rank \d\) on node 0 \(\S+\) exited with status 1: "
+        r"RuntimeError: .*negative dimension.*",
+        last,
+    ), last
 
 
 def host_address() -> str:
@@ -113,7 +123,7 @@ def host_address() -> str:
     return address
 
 
-@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
     """Node 0 is told 127.0.0.1 and the other node node 0's address (infra.components.compute):
     node 0's rendezvous store must answer on every interface. Each node keeps its own

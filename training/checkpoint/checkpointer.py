@@ -26,9 +26,11 @@ write is over, for the next save to copy into (``writer.StagingBuffers``).
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -37,10 +39,12 @@ import psutil
 from training.checkpoint import writer as writer_module
 from training.checkpoint.collectives import Ranks, log_on_rank0, rank, world_size
 from training.checkpoint.commit import commit, make_durable, merge_listings, remove_step_dir
+from training.checkpoint.damaged import set_aside
 from training.checkpoint.errors import CheckpointError, DiskFullError
 from training.checkpoint.layout import (
     CLIENT_STATE_KEY,
     COMPLETE,
+    DAMAGED,
     DEEPSPEED_RECOVERY_SCRIPTS,
     PARTIAL,
     UNIVERSAL_INFO,
@@ -51,14 +55,17 @@ from training.checkpoint.layout import (
 from training.checkpoint.mirroring import mirror_step
 from training.checkpoint.pruning import prune_local, prune_mirror
 from training.checkpoint.resume import ResumePoint, choose, load
-from training.checkpoint.resume_check import engine_precision
+from training.checkpoint.resume_check import engine_precision, refusal
 from training.checkpoint.store import CheckpointStore
 from training.checkpoint.writer import HostCopyWriter, StagingBuffers, writing_through
+from training.spec.config import ConfigError
 
 __all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
 
 log = logging.getLogger(__name__)
 
+# At most this many threads checksum a rank's host copy (memory bandwidth bounds the rest).
+_DIGEST_THREADS = 4
 # Free space below this after a failed write means the disk filled (torch's writer
 # reports ENOSPC as "basic_ios::clear: iostream error", without the errno).
 _LOW_SPACE = 1 << 20
@@ -74,10 +81,13 @@ class Checkpointer:
         asynchronous: bool = False,
         node_first_rank: bool = True,
         ranks_per_node: int = 1,
+        on_progress: Callable[[], None] | None = None,
     ):
         """``node_first_rank``: this process is its node's first rank (local rank 0), the
         one that does a node-local root's file work; ``ranks_per_node`` share the node's
-        host memory for asynchronous saves."""
+        host memory for asynchronous saves; ``on_progress`` is called, from the training
+        thread or the writer's, whenever part of a save or a resume is done (each file
+        written, each collective step): the hang watchdog's heartbeat."""
         if keep_last < 1:
             raise ValueError(f"keep_last={keep_last!r} must be at least 1 (the newest checkpoint)")
         if ranks_per_node < 1:
@@ -87,7 +97,10 @@ class Checkpointer:
         self.mirror = mirror
         self.asynchronous = asynchronous
         self.ranks_per_node = ranks_per_node
-        self._ranks = Ranks(node_first_rank=node_first_rank)
+        # Threads that checksum the host copy as it is made: the rank's share of the cores.
+        self._digest_threads = max(1, min(_DIGEST_THREADS, (os.cpu_count() or 1) // ranks_per_node))
+        self._progress = on_progress or _nothing
+        self._ranks = Ranks(node_first_rank=node_first_rank, on_progress=on_progress)
         self._background: ThreadPoolExecutor | None = None
         self._in_flight: Future | None = None
         self._staging = StagingBuffers()
@@ -109,7 +122,7 @@ class Checkpointer:
         ranks = self._ranks
         tag = tag_for(step)
         step_dir = self.root / tag
-        if all(ranks.on_writers(lambda: examine(step_dir)[0] in (COMPLETE, PARTIAL))):
+        if all(ranks.on_writers(lambda: self._committed_and_verified(step_dir))):
             log_on_rank0(log, logging.INFO, "%s is already committed; not writing it again", tag)
             return step_dir
         # Committed on some nodes only (one was replaced): those copies go too, so that
@@ -122,7 +135,13 @@ class Checkpointer:
             if in_background
             else 0
         )
-        files = HostCopyWriter(engine.checkpoint_engine, budget=budget, staging=self._staging)
+        files = HostCopyWriter(
+            engine.checkpoint_engine,
+            budget=budget,
+            staging=self._staging,
+            on_written=self._progress,
+            digest_threads=self._digest_threads,
+        )
         saved_state = {CLIENT_STATE_KEY: client_state, **UNIVERSAL_INFO}
         with writing_through(engine, files):
             try:
@@ -139,7 +158,9 @@ class Checkpointer:
                 error = CheckpointError(f"could not write DeepSpeed's files in {self.root}: {exc}")
                 raise self._explain(error, step_dir) from exc
             finally:
+                files.copied()
                 self._staging.copies_done()
+        self._progress()
         if in_background and files.short_of_memory and not self._said_short_of_memory:
             self._said_short_of_memory = True
             log.warning(
@@ -175,6 +196,7 @@ class Checkpointer:
         finally:
             # Written (or failed): its staging buffers are free for the next save's copy.
             self._staging.writes_done()
+            self._progress()
 
     def close(self) -> None:
         """Every rank, once done saving: wait for the save in flight, then let go of the
@@ -255,6 +277,17 @@ class Checkpointer:
             f"checkpoint.keep_last, then run the same command again ({error})"
         )
 
+    def _committed_and_verified(self, step_dir: Path) -> bool:
+        """Writers: whether ``step_dir`` holds this step's checkpoint, committed (here or by
+        an earlier run) and every file matching its checksum (on a node-local root, this
+        node's part of it); a damaged one is set aside, to be written again."""
+        state, reason = examine(step_dir, verify=True)
+        if state == DAMAGED:
+            set_aside(step_dir, self.root, reason, then=f"writing {step_dir.name} again")
+        # On a root every rank shares, a folder missing files is no checkpoint (a download
+        # cut short), only on a node-local one is it this node's part.
+        return state == COMPLETE or (state == PARTIAL and not self._ranks.shared_root)
+
     def _clear_save_dir(self, step_dir: Path) -> None:
         if step_dir.exists():
             log.warning("removing %s, left by an earlier run", step_dir)
@@ -287,11 +320,26 @@ class Checkpointer:
         data-parallel size when not yet) into ``engine``, freshly built; every rank calls it.
 
         Returns the saved client_state, or None when no checkpoint was ever committed.
+        Raises ConfigError (one line, as the launcher's check) for an engine of another ZeRO
+        stage or precision than the checkpoint's.
         """
         if self._chosen is None:
             self.choose_resume(engine.dp_world_size)
         (point,), self._chosen = self._chosen, None
-        return None if point is None else load(engine, point)
+        if point is None:
+            return None
+        saved = {"zero_stage": point.zero_stage}
+        if point.precision is not None:
+            saved["precision"] = point.precision
+        problem = refusal(
+            str(self.root / point.tag),
+            saved,
+            zero_stage=engine.zero_optimization_stage(),
+            precision=engine_precision(engine),
+        )
+        if problem is not None:
+            raise ConfigError(problem)
+        return load(engine, point)
 
     # ------------------------------------------------------ who does file work
 
@@ -331,6 +379,10 @@ class Checkpointer:
                 else "; without TRAIN_S3_URI no node can resume from the others' parts",
             )
         return shared
+
+
+def _nothing() -> None:
+    pass
 
 
 def _folder_bytes(folder: Path) -> int:

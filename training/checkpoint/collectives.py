@@ -45,10 +45,13 @@ def log_on_rank0(logger: logging.Logger, level: int, message: str, *args: Any) -
 class Ranks:
     """The ranks of one job as the checkpointer sees them."""
 
-    def __init__(self, *, node_first_rank: bool):
+    def __init__(self, *, node_first_rank: bool, on_progress: Callable[[], None] | None = None):
+        """``on_progress`` is called after each collective step (the hang watchdog's sign
+        that a save or a resume moves on)."""
         self.node_first_rank = node_first_rank
         self.shared_root: bool | None = None  # set once the root was probed
         self._group = None  # the checkpointer's own gloo group (None: the default one)
+        self._on_progress = on_progress
 
     def open(self) -> None:
         """Every rank, from the training thread: make the group the background saves talk
@@ -90,6 +93,8 @@ class Ranks:
             dist.all_gather_object(gathered, outcome, group=self._group)
         else:
             gathered = [outcome]
+        if self._on_progress is not None:
+            self._on_progress()
         errors = [error for _, _, error in gathered if error is not None]
         if errors:
             raise CheckpointError("; ".join(errors)) from original

@@ -9,6 +9,8 @@ Layout under a checkpoint root (local disk, or a prefix in object storage):
     step_00000100/              the files of the checkpoint of step 100
     step_00000100/commit.json   the manifest, written last: every file, its size and checksum
     latest_committed            names the newest committed step (for people and tools)
+    universal/step_00000100/    step 100 converted for another data-parallel size
+    damaged/step_00000100.<UTC time>   a folder found damaged, set aside (never deleted)
 
 The manifest is what makes a folder a checkpoint. A folder is loadable only
 when its manifest parses, its own checksum matches, and every file it lists is
@@ -25,6 +27,9 @@ from pathlib import Path
 COMMIT_MARKER = "commit.json"
 POINTER_NAME = "latest_committed"
 UNIVERSAL_DIR = "universal"
+# Folders whose files no longer match their manifest are moved here, out of every
+# listing, rather than deleted: what the disk did to them is still there to inspect.
+DAMAGED_DIR = "damaged"
 # DeepSpeed copies these beside every ZeRO save; they import huggingface_hub, which the
 # trainer does not install, so they cannot run: `python -m training export` converts.
 DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
@@ -101,7 +106,12 @@ def read_manifest(folder: Path) -> dict:
     Raises FileNotFoundError when there is none, ValueError when it does not parse
     or its checksum does not match (a manifest from before checksums has none).
     """
-    data = (folder / COMMIT_MARKER).read_bytes()
+    return parse_manifest((folder / COMMIT_MARKER).read_bytes())
+
+
+def parse_manifest(data: bytes) -> dict:
+    """A manifest from its bytes (a local file's or a remote copy's); ValueError as
+    ``read_manifest``."""
     try:
         record = json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -112,6 +122,11 @@ def read_manifest(folder: Path) -> dict:
     if recorded is not None and recorded != _record_checksum(record):
         raise ValueError(f"{COMMIT_MARKER} does not match its own checksum")
     return record
+
+
+def manifest_checksum(record: dict) -> str:
+    """The checksum a manifest of ``record`` carries: it names one checkpoint's content."""
+    return _record_checksum({k: v for k, v in record.items() if k != _MANIFEST_CHECKSUM_KEY})
 
 
 def _record_checksum(record: dict) -> str:

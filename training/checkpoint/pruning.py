@@ -7,21 +7,32 @@ import shutil
 from pathlib import Path
 
 from training.checkpoint.commit import remove_step_dir
-from training.checkpoint.layout import COMPLETE, PARTIAL, UNIVERSAL_DIR, examine, step_dirs
+from training.checkpoint.damaged import set_aside
+from training.checkpoint.layout import (
+    COMPLETE,
+    DAMAGED,
+    PARTIAL,
+    UNIVERSAL_DIR,
+    examine,
+    step_dirs,
+)
 from training.checkpoint.store import CheckpointStore, prune
 
 log = logging.getLogger(__name__)
 
 
 def prune_local(root: Path, keep_last: int) -> None:
-    """Remove every step folder but the newest ``keep_last`` committed ones (uncommitted and
-    damaged folders included), and the universal copies of the removed steps."""
-    states = {tag: examine(root / tag)[0] for tag in step_dirs(root)}
-    kept = [tag for tag, state in states.items() if state in (COMPLETE, PARTIAL)]
+    """Remove every step folder but the newest ``keep_last`` committed ones (uncommitted
+    folders included), and the universal copies of the removed steps. A damaged folder
+    is set aside instead (training.checkpoint.damaged)."""
+    states = {tag: examine(root / tag) for tag in step_dirs(root)}
+    kept = [tag for tag, (state, _) in states.items() if state in (COMPLETE, PARTIAL)]
     keep = set(kept[-keep_last:])
-    for tag in states:
-        if tag not in keep:
-            log.info("pruning checkpoint %s (%s)", root / tag, states[tag])
+    for tag, (state, reason) in states.items():
+        if state == DAMAGED:
+            set_aside(root / tag, root, reason, then="resume never takes it")
+        elif tag not in keep:
+            log.info("pruning checkpoint %s (%s)", root / tag, state)
             remove_step_dir(root / tag)
     universal = root / UNIVERSAL_DIR
     if universal.is_dir():

@@ -22,18 +22,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training.checkpoint.collectives import Ranks, log_on_rank0
-from training.checkpoint.commit import make_durable, remove_step_dir
+from training.checkpoint.commit import make_durable
+from training.checkpoint.damaged import set_aside, set_aside_folders
 from training.checkpoint.errors import CheckpointError
 from training.checkpoint.layout import (
     CLIENT_STATE_KEY,
     COMMIT_MARKER,
     COMPLETE,
     DAMAGED,
+    DAMAGED_DIR,
     PARTIAL,
     UNCOMMITTED,
     UNIVERSAL_DIR,
     examine,
     manifest_bytes,
+    manifest_checksum,
     parse_step,
     read_manifest,
     step_dirs,
@@ -42,6 +45,16 @@ from training.checkpoint.layout import (
 from training.checkpoint.store import CheckpointStore
 
 log = logging.getLogger(__name__)
+
+# What happens instead of loading a damaged folder.
+_RESUME_ELSEWHERE = (
+    "resuming from the S3 copy or an older checkpoint; this step is written again when "
+    "training reaches it"
+)
+_OLDER = "resuming from the committed checkpoint before it"
+# A universal conversion's manifest names the checkpoint it was made from (its manifest's
+# checksum): a step saved again is converted again.
+_CONVERTED_FROM = "converted_from"
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,10 @@ class ResumePoint:
     # Saved by another number of data-parallel ranks: loaded through a universal checkpoint,
     # into an engine built with DeepSpeed's checkpoint.load_universal.
     universal: bool
+    # What it was saved with, as its manifest records it (precision: None in manifests
+    # older than the field): an engine of another stage or precision cannot load it.
+    zero_stage: int
+    precision: str | None
 
 
 def choose(
@@ -67,32 +84,22 @@ def choose(
     verified: set[str] = set()  # tags whose checksums this process checked
     remote = ranks.on_rank0(lambda: _remote_tags(mirror))
     refused: set[str] = set()
+    committed: set[str] = set()  # every tag seen committed here (damaged ones included)
     while True:
         inventories = ranks.on_writers(lambda: _inventory(root, refused, verified))
+        committed.update(*inventories)
         tag = _choose(inventories, [t for t in remote if t not in refused])
         if tag is None:
             break
-        try:
+        if all(
             ranks.on_writers(lambda tag=tag: _make_complete(root, tag, remote, mirror, verified))
-        except CheckpointError as error:
-            log_on_rank0(
-                log,
-                logging.WARNING,
-                "%s cannot be loaded (%s): resuming from the committed checkpoint before it",
-                tag,
-                error,
-            )
-            refused.add(tag)
-            continue
-        break
+        ):
+            break
+        refused.add(tag)
     if tag is None:
-        damaged = sorted({t for inventory in inventories for t in inventory} | refused)
-        if damaged:
-            raise CheckpointError(
-                f"no checkpoint in {root} can be loaded, though {', '.join(damaged)} "
-                "were committed (damaged files, or parts on other nodes and no S3 copy; "
-                "see the warnings above): refusing to start from scratch"
-            )
+        set_aside_before = any(ranks.on_writers(lambda: set_aside_folders(root)))
+        if committed or refused or set_aside_before:
+            raise _nothing_loadable(root, sorted(committed | refused, key=parse_step))
         where = f" or {mirror.uri}" if mirror is not None else ""
         log_on_rank0(
             log, logging.INFO, "no committed checkpoint in %s%s: starting fresh", root, where
@@ -122,14 +129,33 @@ def choose(
         )
         ranks.on_writers(lambda: _convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR
-    return ResumePoint(tag, record["step"], load_root, universal=load_root != root)
+    return ResumePoint(
+        tag,
+        record["step"],
+        load_root,
+        universal=load_root != root,
+        zero_stage=record["zero_stage"],
+        precision=record.get("precision"),
+    )
+
+
+def _nothing_loadable(root: Path, committed: list[str]) -> CheckpointError:
+    """Checkpoints were committed (or set aside as damaged) and none loads: training from
+    scratch over them would lose the run."""
+    what = f"{', '.join(committed)} were committed" if committed else "checkpoints were committed"
+    return CheckpointError(
+        f"no checkpoint in {root} can be loaded, though {what} (damaged files, set aside in "
+        f"{root / DAMAGED_DIR}, or parts on other nodes and no S3 copy; see the warnings "
+        "above): refusing to start from scratch"
+    )
 
 
 def _inventory(root: Path, refused: set[str], verified: set[str]) -> dict[str, str]:
     """Writers: state of every committed step folder here (the others are logged).
 
     Newest first, each folder's checksums are verified until one is complete;
-    the older ones are only sized, since resume will not reach them.
+    the older ones are only sized, since resume will not reach them. A damaged folder
+    is set aside (training.checkpoint.damaged) and listed as DAMAGED.
     """
     inventory = {}
     verifying = True
@@ -140,7 +166,9 @@ def _inventory(root: Path, refused: set[str], verified: set[str]) -> dict[str, s
         if state == COMPLETE and verifying:
             verified.add(tag)
             verifying = False
-        if state != COMPLETE:
+        if state == DAMAGED:
+            set_aside(root / tag, root, reason, then=_RESUME_ELSEWHERE)
+        elif state != COMPLETE:
             level = logging.INFO if state == PARTIAL else logging.WARNING
             log.log(level, "%s is %s: %s", root / tag, state, reason)
         if state != UNCOMMITTED:
@@ -159,22 +187,39 @@ def _remote_tags(mirror: CheckpointStore | None) -> list[str]:
 
 def _make_complete(
     root: Path, tag: str, remote: list[str], mirror: CheckpointStore | None, verified: set[str]
-) -> None:
-    """Writers: fetch from the mirror whatever this node's copy of ``tag`` lacks."""
+) -> bool:
+    """Writers: fetch from the mirror whatever this node's copy of ``tag`` lacks; False,
+    having said why, when it cannot be made complete and verified."""
     folder = root / tag
     state, reason = (COMPLETE, "verified") if tag in verified else examine(folder, verify=True)
     if state == COMPLETE:
         log.info("loading %s from local disk", folder)
-        return
+        return True
     if tag not in remote:
-        raise CheckpointError(f"{folder} cannot be loaded ({reason}) and S3 has no copy")
+        if state == DAMAGED:
+            set_aside(folder, root, reason, then=_RESUME_ELSEWHERE)
+        else:
+            log.warning("%s cannot be loaded (%s) and S3 has no copy: %s", folder, reason, _OLDER)
+        return False
     log.info("fetching %s from %s (%s here: %s)", tag, mirror.uri, state, reason)
-    if state == DAMAGED:
-        remove_step_dir(folder)  # a same-size damaged file would otherwise be kept
+    if state == DAMAGED:  # replaced whole: a same-size damaged file would otherwise be kept
+        set_aside(folder, root, reason, then=f"fetching {tag} from {mirror.uri}")
     mirror.download(tag, root)
     state, reason = examine(folder, verify=True)
-    if state != COMPLETE:
-        raise CheckpointError(f"{tag} fetched from {mirror.uri} is {state}: {reason}")
+    if state == COMPLETE:
+        return True
+    if state == DAMAGED:
+        set_aside(folder, root, f"as fetched from {mirror.uri}, {reason}", then=_OLDER)
+    else:
+        log.warning(
+            "%s cannot be loaded (as fetched from %s it is %s: %s): %s",
+            tag,
+            mirror.uri,
+            state,
+            reason,
+            _OLDER,
+        )
+    return False
 
 
 def _choose(inventories: list[dict[str, str]], remote: list[str]) -> str | None:
@@ -195,14 +240,23 @@ def _newest(tags) -> str:
 def _convert_to_universal(root: Path, tag: str) -> None:
     """Writers: DeepSpeed's ds_to_universal of ``tag``, committed with a manifest of its own.
 
+    An earlier conversion is reused only when it was made from this very checkpoint (its
+    manifest names the source's) and its checksums verify; a damaged one is set aside.
     https://www.deepspeed.ai/tutorials/universal-checkpointing/
     """
     from deepspeed.checkpoint import ds_to_universal
 
     out = root / UNIVERSAL_DIR / tag
-    if examine(out)[0] == COMPLETE:
-        return
-    shutil.rmtree(out, ignore_errors=True)
+    source = manifest_checksum(read_manifest(root / tag))
+    if out.exists():
+        state, reason = examine(out, verify=True)
+        if state == COMPLETE and read_manifest(out).get(_CONVERTED_FROM) == source:
+            log.info("loading %s, converted before", out)
+            return
+        if state == DAMAGED:
+            set_aside(out, root, reason, then=f"converting {tag} again")
+        else:  # unfinished, or converted from an earlier checkpoint of the same step
+            shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     ds_to_universal.main(
         argparse.Namespace(
@@ -217,6 +271,7 @@ def _convert_to_universal(root: Path, tag: str) -> None:
     )
     record = read_manifest(root / tag)
     record["files"] = make_durable(out, {})
+    record[_CONVERTED_FROM] = source
     write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
 
 

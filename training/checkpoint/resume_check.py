@@ -5,16 +5,22 @@ ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one also part
 parameters, and the bf16 and fp16 optimizers keep different state. Asked otherwise, its
 load fails deep inside every rank with an empty reason. A changed data-parallel world size
 is fine: the checkpointer loads through a universal checkpoint
-(deepspeed/checkpoint/ds_to_universal.py) then. So the launcher compares the newest local
-checkpoint's manifest with the run's config once, before any rank starts.
+(deepspeed/checkpoint/ds_to_universal.py) then. So the launcher compares the manifest of
+the checkpoint resume would take (local, or in S3 on a new node) with the run's config
+once, before any rank starts; the ranks compare it again with their engine before loading
+(the same sentence), should the launcher not have been able to read it.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from training.checkpoint.layout import committed_tags, read_manifest
+from training.checkpoint.layout import committed_tags, parse_step, read_manifest
+from training.checkpoint.store import CheckpointStore
 from training.spec.config import Config, ConfigError, PrecisionConfig
+
+log = logging.getLogger(__name__)
 
 
 def config_precision(precision: PrecisionConfig) -> str:
@@ -26,31 +32,67 @@ def engine_precision(engine) -> str:
     return "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
 
 
-def check_resumable(config: Config) -> None:
+def check_resumable(config: Config, mirror: CheckpointStore | None = None) -> None:
     """Raise ConfigError, naming what changed and the ways on, when the newest committed
-    checkpoint under config.checkpoint_dir was saved with another ZeRO stage or precision."""
-    root = Path(config.checkpoint_dir)
-    tags = committed_tags(root) if root.is_dir() else []
-    if not tags:
+    checkpoint (under config.checkpoint_dir, or in ``mirror`` when newer there, as resume
+    chooses) was saved with another ZeRO stage or precision."""
+    newest = _newest_manifest(Path(config.checkpoint_dir), mirror)
+    if newest is None:
         return
-    folder = root / tags[-1]
-    record = read_manifest(folder)
+    where, record = newest
+    problem = refusal(
+        where, record, zero_stage=config.zero.stage, precision=config_precision(config.precision)
+    )
+    if problem is not None:
+        raise ConfigError(problem)
+
+
+def refusal(where: str, record: dict, *, zero_stage: int, precision: str) -> str | None:
+    """The one line that stops a run whose ZeRO stage or precision is not the one the
+    checkpoint at ``where`` (its manifest: ``record``) was saved with; None when they match."""
     changed = []
-    if record.get("zero_stage", config.zero.stage) != config.zero.stage:
-        changed.append(("zero.stage", record["zero_stage"], config.zero.stage))
-    now = config_precision(config.precision)
-    saved = record.get("precision", now)  # manifests before this field: not known
-    if saved != now:
-        changed.append(("precision", saved, now))
+    if record.get("zero_stage", zero_stage) != zero_stage:
+        changed.append(("zero.stage", record["zero_stage"], zero_stage))
+    saved = record.get("precision", precision)  # manifests before this field: not known
+    if saved != precision:
+        changed.append(("precision", saved, precision))
     if not changed:
-        return
+        return None
     what = ", ".join(f"{key} {old} (this run: {new})" for key, old, new in changed)
     back = " ".join(_setting(key, old) for key, old, _ in changed)
-    raise ConfigError(
-        f"{folder} was saved with {what}, which DeepSpeed cannot load into this run: resume "
+    return (
+        f"{where} was saved with {what}, which DeepSpeed cannot load into this run: resume "
         f"it with {back}, start over with --fresh (the old run is kept aside), or give the "
         "new setup its own run.name (a run folder of its own)"
     )
+
+
+def _newest_manifest(root: Path, mirror: CheckpointStore | None) -> tuple[str, dict] | None:
+    """(where, manifest) of the checkpoint resume would take: the newest committed here or
+    in the mirror. The mirror out of reach leaves the local ones (resume then fails on
+    its own, saying so)."""
+    local = committed_tags(root) if root.is_dir() else []
+    remote = []
+    if mirror is not None:
+        try:
+            remote = mirror.committed_tags()
+        except Exception as exc:
+            log.warning(
+                "cannot list the checkpoints in %s (%s): compared with %s only",
+                mirror.uri,
+                exc,
+                root,
+            )
+    newest = max([*local, *remote], key=parse_step, default=None)
+    if newest is None:
+        return None
+    if newest in local:
+        return str(root / newest), read_manifest(root / newest)
+    try:
+        return f"{mirror.uri}/{newest}", mirror.manifest(newest)
+    except Exception as exc:
+        log.warning("cannot read %s/%s's manifest (%s): not compared", mirror.uri, newest, exc)
+        return None
 
 
 def _setting(key: str, value) -> str:

@@ -26,7 +26,13 @@ from pathlib import Path
 import boto3
 from botocore.exceptions import ClientError
 
-from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, parse_step, write_atomically
+from training.checkpoint.layout import (
+    COMMIT_MARKER,
+    POINTER_NAME,
+    parse_manifest,
+    parse_step,
+    write_atomically,
+)
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +153,11 @@ class S3Mirror:
     def latest_tag(self) -> str | None:
         committed = self.committed_tags()
         return committed[-1] if committed else None
+
+    def manifest(self, tag: str) -> dict:
+        """The manifest of a committed tag, read from S3 (``layout.parse_manifest``)."""
+        body = self._s3.get_object(Bucket=self.bucket, Key=self._key(tag, COMMIT_MARKER))["Body"]
+        return parse_manifest(body.read())
 
     # -------------------------------------------------------------- download
 

@@ -40,6 +40,10 @@ class CheckpointStore(Protocol):
         """Tags whose manifest was copied (and not newer than the pointer), oldest first."""
         ...
 
+    def manifest(self, tag: str) -> dict:
+        """The parsed manifest of a committed tag (``layout.parse_manifest``)."""
+        ...
+
     def download(self, tag: str, local_root: Path) -> Path:
         """Make ``local_root/tag`` a copy of a committed tag, manifest last; returns it."""
         ...

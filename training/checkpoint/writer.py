@@ -26,12 +26,14 @@ import contextlib
 import errno
 import os
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import psutil
 import torch
+import xxhash
 from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
     CheckpointCommitInfo,
     CheckpointEngine,
@@ -129,18 +131,38 @@ class HostCopyWriter(CheckpointEngine):
     file written is noted. A failed write is recorded rather than raised: DeepSpeed's
     save goes through barriers after each file, and a rank leaving early would leave
     the others waiting there; ``entries`` turns it into an error.
+
+    The manifest's checksums are taken from the written files, so they cannot see a staged
+    copy that changed before or while it was written (a stray write into a buffer, a bit
+    flipped in host memory): the files would match them. So each staged buffer is
+    checksummed as it is copied (XXH3 over chunks, in ``digest_threads`` threads while the
+    training thread copies the next tensors: ``_checksum``),
+    the save returns only once every checksum is taken (``copied``), and after each file is
+    written its buffers are checksummed again: a difference fails the write.
     """
 
-    def __init__(self, writer: CheckpointEngine, *, budget: int, staging: StagingBuffers):
+    def __init__(
+        self,
+        writer: CheckpointEngine,
+        *,
+        budget: int,
+        staging: StagingBuffers,
+        on_written: Callable[[], None] | None = None,
+        digest_threads: int = 1,
+    ):
         super().__init__()
+        self.on_written = on_written  # after each file, written or not
         self.name = "host copy"
         self.writer = writer
         self.budget = budget
         self.staging = staging
         self.short_of_memory = False
-        self.pending: list[tuple[dict, str]] = []
+        # (staged state, path, [(buffer, its checksums as copied, or their futures)])
+        self.pending: list[tuple[dict, str, list]] = []
         self.paths: list[Path] = []
         self.failures: list[str] = []
+        self.digest_threads = digest_threads
+        self._digesting: ThreadPoolExecutor | None = None
         self._info: CheckpointCommitInfo | None = None
 
     def create(self, info: CheckpointCommitInfo) -> None:
@@ -154,7 +176,9 @@ class HostCopyWriter(CheckpointEngine):
         size = _staged_bytes(state_dict)
         if size <= self.budget:
             self.budget -= size
-            self.pending.append((_host_copy(state_dict, self.staging.copy), path))
+            copies: list = []
+            staged = _host_copy(state_dict, lambda tensor: self._stage(tensor, copies))
+            self.pending.append((staged, path, copies))
             return
         if self.budget > 0:
             self.short_of_memory = True
@@ -181,13 +205,22 @@ class HostCopyWriter(CheckpointEngine):
     def preserves_storage_sharing(self) -> bool:
         return False  # every tensor is copied (or cloned) on its own before it is written
 
+    def copied(self) -> None:
+        """The copy is over: wait for the staged buffers' checksums (the save returns then)."""
+        for _, _, copies in self.pending:
+            copies[:] = [(buffer, [c.result() for c in checksums]) for buffer, checksums in copies]
+        if self._digesting is not None:
+            self._digesting.shutdown()
+            self._digesting = None
+
     def write_pending(self) -> None:
         if not self.pending:
             return
-        while self.pending:
-            state, path = self.pending.pop(0)
-            self._write(state, path)
-            del state  # the staging buffers hold the tensors until writes_done
+        with ThreadPoolExecutor(self.digest_threads, thread_name_prefix="checksum") as pool:
+            while self.pending:
+                state, path, copies = self.pending.pop(0)
+                self._write(state, path, copies, pool)
+                del state  # the staging buffers hold the tensors until writes_done
         if self._info is not None:
             self.writer.commit(self._info)
 
@@ -201,15 +234,30 @@ class HostCopyWriter(CheckpointEngine):
             if path.is_relative_to(step_dir)
         }
 
-    def _write(self, state_dict, path: str) -> None:
+    def _stage(self, tensor: torch.Tensor, copies: list) -> torch.Tensor:
+        buffer = self.staging.copy(tensor)
+        if self._digesting is None:
+            self._digesting = ThreadPoolExecutor(self.digest_threads, "checksum")
+        copies.append((buffer, [self._digesting.submit(_checksum, c) for c in _chunks(buffer)]))
+        return buffer
+
+    def _write(self, state_dict, path: str, copies=(), pool=None) -> None:
         try:
             self.writer.save(state_dict, path)
+            if copies and _changed(copies, pool):
+                raise _StagedCopyChanged(
+                    f"its host copy changed between the copy and the write ({len(copies)} "
+                    "staged tensors checked against their checksums taken as they were "
+                    "copied): the file does not hold the state the save copied"
+                )
         except Exception as exc:
             self.failures.append(f"could not write {path}: {_reason(exc)}: {exc}")
             with contextlib.suppress(OSError):
                 Path(path).unlink()
         else:
             self.paths.append(Path(path))
+        if self.on_written is not None:
+            self.on_written()
 
 
 @contextlib.contextmanager
@@ -294,4 +342,37 @@ def _let_go(buffers: list[tuple[_BufferKey, torch.Tensor]]) -> None:
 def _reason(exc: BaseException) -> str:
     if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
         return os.strerror(errno.ENOSPC)
+    if isinstance(exc, _StagedCopyChanged):
+        return "host memory"
     return type(exc).__name__
+
+
+class _StagedCopyChanged(RuntimeError):
+    """A staged buffer no longer holds what was copied into it."""
+
+
+# A staged buffer is checksummed in chunks of this many bytes, so that the chunks of one
+# large tensor (ZeRO's flat optimizer partitions) are hashed in parallel.
+_CHECKSUM_CHUNK = 64 << 20
+
+
+def _chunks(buffer: torch.Tensor) -> list[memoryview]:
+    """The bytes of a staged buffer (all of its own storage: staging allocates it dense)."""
+    data = torch.empty(0, dtype=torch.uint8).set_(buffer.untyped_storage()).numpy().data
+    return [data[start : start + _CHECKSUM_CHUNK] for start in range(0, len(data), _CHECKSUM_CHUNK)]
+
+
+def _checksum(chunk: memoryview) -> int:
+    # update() lets go of the GIL for inputs over 64 KiB (XXHASH_GIL_MINSIZE in
+    # ifduyue/python-xxhash src/_xxhash.c, commit 015826529c3728efc6847cb57d3d253ac164fccb),
+    # so the checksum threads run beside the training thread's copy.
+    digest = xxhash.xxh3_64()
+    digest.update(chunk)
+    return digest.intdigest()
+
+
+def _changed(copies: list, pool: ThreadPoolExecutor) -> bool:
+    """Whether any buffer's bytes differ from its checksums taken when it was copied."""
+    chunks = [chunk for buffer, _ in copies for chunk in _chunks(buffer)]
+    now = list(pool.map(_checksum, chunks))
+    return now != [checksum for _, checksums in copies for checksum in checksums]

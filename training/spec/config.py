@@ -188,9 +188,10 @@ class LoggingConfig(Section):
 class WatchdogConfig(Section):
     """Hang and straggler detection (training/watchdog.py, training/stragglers.py)."""
 
-    # A hang: no rank finished a step for max(hang_floor_s, hang_step_factor x the measured
-    # step time); before this run's first step (model build, checkpoint load) for
-    # hang_startup_s. The floor covers checkpoint saves and evaluations.
+    # A hang: no rank finished a step (or a part of a checkpoint save) for max(hang_floor_s,
+    # hang_step_factor x the measured step time); before this run's first step (model
+    # build, checkpoint load) for hang_startup_s. The floor covers evaluations and each
+    # part of a save (a save counts as progress file by file, stage by stage).
     hang_floor_s: float = Field(default=600.0, gt=0)
     hang_step_factor: float = Field(default=10.0, ge=1)
     hang_startup_s: float = Field(default=1800.0, gt=0)

@@ -3,8 +3,9 @@
 # runs the jobs of the stack's job spool in the training container. The gpu-training
 # systemd unit runs this on every boot and again after a failure. Exit codes are the
 # trainer's (docs/contracts.md section 3): 0 no job left (the node then stops itself), 2
-# bad configuration (systemd does not retry), 75 interrupted and checkpointed (systemd
-# starts it again), 69 the node failed its health gate (the node stops itself). GPU
+# bad configuration of the node (systemd does not retry), 69 the node failed its health
+# gate (the node stops itself), 1 a step here failed (systemd starts it again). A job's
+# own exit never ends the watcher: it marks the job and runs the next. GPU
 # metrics are published only once the node is ready, so boot, data sync and image pull
 # never count as idle.
 # Rendered by infra/node/boot.py, which fills in the placeholders.

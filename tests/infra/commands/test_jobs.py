@@ -247,3 +247,44 @@ def test_status_stop_and_start_follow_the_spools_current_job(stack, tmp_path):
     time.sleep(1.1)  # S3 keeps LastModified to the second
     stack.put_object(Bucket=BUCKET, Key="jobs/newer/state", Body=b"done")
     assert current_run_uri(stack, root) == f"{root}/newer"  # the last to change
+
+
+def test_jobs_lists_the_jobs_and_reports_each_spool_object_that_is_not_one(stack, tmp_path):
+    run_job.run(run_args(write(tmp_path, "good.toml", GOOD_JOB)))
+    good = stack.get_object(Bucket=BUCKET, Key="jobs/good/job.json")["Body"].read()
+    objects = {
+        "jobs/not-json/job.json": b"{this is not json",
+        "jobs/no-keys/job.json": b'{"name": "no-keys"}',
+        "jobs/README": b"a stray object beside the jobs",
+        "jobs/deep/er/job.json": good,
+        "jobs/paused/job.json": good.replace(b'"good"', b'"paused"'),
+        "jobs/paused/state": b"paused\n",
+        "jobs/garbled/job.json": good.replace(b'"good"', b'"garbled"'),
+        "jobs/garbled/state": b"\xff\xfe\x00",
+    }
+    for key, body in objects.items():
+        stack.put_object(Bucket=BUCKET, Key=key, Body=body)
+    lines = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert [line.split()[:2] for line in lines[1:2]] == [["good", "queued"]]
+    skipped = sorted(line for line in lines[2:] if line)
+    assert [line.split(":")[0] for line in skipped] == [
+        "skipped jobs/README",
+        "skipped jobs/deep/er/job.json",
+        "skipped jobs/garbled/state",
+        "skipped jobs/no-keys/job.json",
+        "skipped jobs/not-json/job.json",
+        "skipped jobs/paused/state",
+    ]
+    assert "not a job" in skipped[4] and "unknown state 'paused'" in skipped[5]
+    # run and cancel read the same spool: neither trips over the objects either.
+    assert cancel.run(argparse.Namespace(stack=STACK, job="good")).startswith("job good")
+
+
+def test_a_failed_job_is_listed_with_the_nodes_reason(stack, tmp_path):
+    run_job.run(run_args(write(tmp_path, "broken.toml", GOOD_JOB)))
+    why = "rank 0 (local rank 0) on node 0 (ip-10-0-1-7) exited with status 1: RuntimeError: boom"
+    state = f"failed\n{why} (exit 1, 4 starts within 6 h)\n".encode()
+    stack.put_object(Bucket=BUCKET, Key="jobs/broken/state", Body=state)
+    lines = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert lines[1].split()[:2] == ["broken", "failed"]
+    assert lines[-1] == f"job broken failed: {why} (exit 1, 4 starts within 6 h)"

@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from infra.jobs.spool import (
     CANCEL_NAME,
     DEFAULT_JOB,
@@ -30,6 +32,7 @@ from infra.jobs.spool import (
 from infra.node import boot as userdata
 from infra.node.boot import NodeBoot, render_files
 from training.checkpoint.s3 import S3Mirror
+from training.contract import CRASH_RESTARTS
 from training.spec.config import load_config
 
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
@@ -49,10 +52,15 @@ case "$tool" in
     set -- "${args[@]}"
     if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
     if [ "$1 $2" = "s3 ls" ]; then
+      # As the real CLI: whole seconds, and exit 1 with no output when nothing matches.
       prefix=${3#s3://}
+      listing=""
       if [ -d "$S3_ROOT/$prefix" ]; then
-        find "$S3_ROOT/$prefix" -type f -printf "%TY-%Tm-%Td %TT %s ${prefix#*/}%P\n"
+        listing=$(find "$S3_ROOT/$prefix" -type f -printf "%TY-%Tm-%Td %TT %s ${prefix#*/}%P\n" |
+          sed -E 's/^([^ ]+ [0-9:]+)\.[0-9]+ /\1 /')
       fi
+      [ -n "$listing" ] || exit 1
+      echo "$listing"
     fi
     if [ "$1 $2" = "s3 cp" ]; then
       [ "$3" = --only-show-errors ] && shift
@@ -66,7 +74,8 @@ case "$tool" in
     if [ "$1" = stop ]; then kill -TERM "$(cat "$CONTAINER_PID")"; fi
     if [ "$1" = run ] && [ "$3" = gpu-training ]; then
       # A job: it trains for the seconds its config names, or a second once it has a
-      # checkpoint; SIGTERM checkpoints it and ends it with 75, as the trainer does.
+      # checkpoint; SIGTERM checkpoints it and ends it with 75, as the trainer does. Then it
+      # says the line its config names, if any, and exits with its config's code (0).
       for arg in "$@"; do
         [ "${previous:-}" = --env-file ] && job_env=$arg
         previous=$arg
@@ -79,7 +88,9 @@ case "$tool" in
       checkpoint() { mkdir -p "$TRAIN_CHECKPOINT_DIR" && touch "$TRAIN_CHECKPOINT_DIR/checkpoint"; }
       trap 'checkpoint; exit 75' TERM
       for _ in $(seq "$((seconds * 10))"); do sleep 0.1; done
-      exit 0
+      says=$(sed -n 's/^# says = //p' "$TRAIN_CONFIG")
+      [ -z "$says" ] || echo "$says" >&2
+      exit "$(sed -n 's/^# exit = //p' "$TRAIN_CONFIG" | grep . || echo 0)"
     fi
     if [ "$1 $2 $3" = "run --rm --entrypoint" ]; then echo 1000:1000; fi
     if [ "${*: -3}" = "-m training health" ]; then
@@ -125,27 +136,46 @@ class Host:
         """An object of the job spool in the stack's bucket (s3://stack-checkpoints/jobs)."""
         return Path(self.env["S3_ROOT"]) / "stack-checkpoints" / job_key(name, leaf)
 
-    def submit(self, name: str, seconds: int) -> None:
-        """Put a job in the spool as `python -m infra run` does: a job that trains `seconds`."""
+    def submit(self, name: str, seconds: int, exit_code: int = 0, says: str = "") -> None:
+        """Put a job in the spool as `python -m infra run` does: a job that trains `seconds`,
+        then says `says` (its last line) and exits with `exit_code`."""
+        config = f"# seconds = {seconds}\n# exit = {exit_code}\n"
+        config += f"# says = {says}\n" if says else ""
         spec = JobSpec(
             name=name,
-            config_toml=f"# seconds = {seconds}\n[train]\nsteps = 100\n",
+            config_toml=config + "[train]\nsteps = 100\n",
             usd_per_hour=32.77,
             submitted_at=datetime.datetime.now(datetime.UTC),
         )
-        path = self.spool(name, SPEC_NAME)
+        self.put(job_key(name, SPEC_NAME), spec.model_dump_json().encode())
+
+    def put(self, key: str, body: bytes) -> None:
+        """Any object in the stack's bucket, as a person or a script might leave it."""
+        path = Path(self.env["S3_ROOT"]) / "stack-checkpoints" / key
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(spec.model_dump_json())
+        path.write_bytes(body)
 
     def state(self, name: str) -> str | None:
+        """The node's word on the job: the first line of its state object."""
         path = self.spool(name, STATE_NAME)
-        return path.read_text().strip() if path.exists() else None
+        return path.read_text(errors="replace").split("\n")[0].strip() if path.exists() else None
+
+    def reason(self, name: str) -> str:
+        """The rest of the state object: why the job failed."""
+        return self.spool(name, STATE_NAME).read_text().split("\n", 1)[1].strip()
 
 
 def simulated_host(
-    tmp_path: Path, boot: NodeBoot, *, drives: int = 0, default_job: bool = True, **env: str
+    tmp_path: Path,
+    boot: NodeBoot,
+    *,
+    drives: int = 0,
+    default_job: bool = True,
+    idle_s: int = 2,
+    **env: str,
 ) -> Host:
-    """Write the node's files under tmp_path/root, with the node's paths moved there."""
+    """Write the node's files under tmp_path/root, with the node's paths moved there; its
+    watcher polls every second and stops the node after `idle_s` without a job."""
     root, bin_dir = tmp_path / "root", tmp_path / "bin"
     moved = (
         userdata.BIN_DIR,
@@ -159,9 +189,8 @@ def simulated_host(
             content = re.sub(rf"(?<![\w/]){re.escape(directory)}", f"{root}{directory}", content)
         content = content.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={root}/sys/block")
         content = content.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
-        # The watcher polls every second, and stops the node after 2 s without a job.
         content = content.replace(f'float("{POLL_S}")', 'float("1")')
-        content = content.replace(f'float("{userdata.IDLE_STOP_S}")', 'float("2")')
+        content = content.replace(f'float("{userdata.IDLE_STOP_S}")', f'float("{idle_s}")')
         target = root / node_path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(content)
@@ -195,7 +224,7 @@ def simulated_host(
     return host
 
 
-def start_unit(host: Host) -> subprocess.CompletedProcess:
+def start_unit(host: Host, timeout: float = 60) -> subprocess.CompletedProcess:
     """Start gpu-training.service as systemd would: each ExecStartPre (a "-" prefix ignores its
     failure), then ExecStart if they passed."""
     unit = host.path(f"/etc/systemd/system/{userdata.UNIT_NAME}").read_text().splitlines()
@@ -206,7 +235,7 @@ def start_unit(host: Host) -> subprocess.CompletedProcess:
     for key, command in steps:
         tolerant = command.startswith("-")
         argv = shlex.split(command.removeprefix("-"))
-        result = subprocess.run(argv, env=host.env, capture_output=True, text=True, timeout=60)
+        result = subprocess.run(argv, env=host.env, capture_output=True, text=True, timeout=timeout)
         if result.returncode != 0 and not (key == "ExecStartPre" and tolerant):
             return result
     return result
@@ -417,7 +446,9 @@ def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
 
 
 def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
-    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    # An outage shorter than the idle stop (a node that cannot read its spool for that long
+    # stops, as an idle one does).
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False, idle_s=10)
     aws = Path(host.env["PATH"].split(":")[0]) / "aws"
     real = aws.read_text()
     # For its first three calls to S3, the aws CLI fails as it does without a network.
@@ -436,3 +467,109 @@ def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("could not read the job spool: Could not connect") == 3
     assert containers(host) == ["after-outage"] and host.state("after-outage") == "done"
+
+
+# --- a job spool no job, no object and no node can break --------------------------------
+
+
+def shutdowns(host: Host) -> list[str]:
+    return [line for line in host.called() if line.startswith("shutdown")]
+
+
+def test_an_empty_spool_stops_the_node_once_idle(tmp_path):
+    """`aws s3 ls` exits 1 on a prefix with nothing under it: that is an empty spool, not an
+    unreadable one, and a node with no job stops itself (no GPU billing forever)."""
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    result = start_unit(host, timeout=30)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "could not read the job spool" not in result.stdout
+    assert shutdowns(host) == ["shutdown -h +1 gpu-stack: no job"]
+
+
+STEP_5 = "failed: rank 0 (local rank 0) on node 0 (ip-10-0-1-7) exited with status 1: " + (
+    "RuntimeError: loss is NaN at step 5"
+)
+IMPORT = "error: model.builder = 'lab.broken:build': cannot import lab.broken, importing " + (
+    "it raised SyntaxError: invalid syntax (broken.py, line 1); fix the module"
+)
+HANG = "failed: hang: no rank finished a step (or a part of a checkpoint save) for 601.0 s"
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "says", "starts", "reason"),
+    [
+        (1, STEP_5, CRASH_RESTARTS + 1, STEP_5.removeprefix("failed: ")),
+        (2, IMPORT, 1, IMPORT.removeprefix("error: ")),
+        (75, HANG, CRASH_RESTARTS + 1, HANG.removeprefix("failed: ")),
+        (137, "", CRASH_RESTARTS + 1, "exit 137"),  # killed (out of memory): nothing said
+    ],
+    ids=["raises at step 5", "syntax error on import", "hangs", "killed"],
+)
+def test_a_failing_job_is_marked_failed_with_its_reason_and_the_next_job_runs(
+    tmp_path, exit_code, says, starts, reason
+):
+    """A crash is started again (within the bound every restart of a job has), bad
+    configuration never; then the job is failed, with the line that says why, and the
+    job behind it runs. The watcher itself never exits for a job's fault."""
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.submit("behind", seconds=0)
+    host.submit("broken", seconds=0, exit_code=exit_code, says=says)  # newest: first
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert containers(host) == ["broken"] * starts + ["behind"]
+    assert (host.state("broken"), host.state("behind")) == ("failed", "done")
+    assert host.reason("broken").startswith(reason)
+    assert shutdowns(host) == ["shutdown -h +1 gpu-stack: no job"]
+
+
+def test_malformed_spool_objects_are_skipped_and_the_good_job_runs(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.put(job_key("not-json", SPEC_NAME), b"{this is not json")
+    host.put(job_key("no-keys", SPEC_NAME), b'{"name": "no-keys"}')
+    host.put(job_key("binary", SPEC_NAME), bytes(range(256)))
+    host.put("jobs/README", b"a stray object beside the jobs")
+    host.put("jobs/some job/job.json", b"{}")  # not a job name
+    host.put("jobs/deep/er/job.json", b"{}")
+    host.submit("paused", seconds=0)
+    host.put(job_key("paused", STATE_NAME), b"paused\n")  # a state no node writes
+    host.submit("garbled", seconds=0)
+    host.put(job_key("garbled", STATE_NAME), b"\xff\xfe\x00running")
+    host.submit("good", seconds=0)
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert containers(host) == ["good"]
+    assert host.state("good") == "done"
+    for name in ("not-json", "no-keys", "binary"):
+        assert host.state(name) == "failed", name
+        assert host.reason(name).startswith(f"{SPEC_NAME} is not a job:"), host.reason(name)
+    assert host.state("paused") == "paused"  # left as it is, never run
+    assert shutdowns(host) == ["shutdown -h +1 gpu-stack: no job"]
+
+
+def test_jobs_submitted_together_run_newest_first_and_the_older_waits_its_turn(tmp_path):
+    """The newest job takes the GPUs; an older one queued behind it never stops it."""
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.submit("alpha", seconds=3)
+    host.submit("beta", seconds=3)  # within the same second of S3's clock, most likely
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert containers(host) == ["beta", "alpha"]
+    assert (host.state("alpha"), host.state("beta")) == ("done", "done")
+
+
+def test_an_older_job_sent_again_is_the_newest_and_takes_the_gpus(tmp_path):
+    """Sent again, a job is as new as its new job.json: it preempts the running one."""
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
+    host.submit("first", seconds=120)
+    unit = start_unit_in_background(host)
+    try:
+        wait_for(lambda: containers(host) == ["first"], timeout_s=30)
+        time.sleep(1.1)  # the next second on S3's clock
+        host.submit("second", seconds=120)
+        wait_for(lambda: containers(host) == ["first", "second"], timeout_s=30)
+        time.sleep(1.1)
+        host.submit("first", seconds=0)  # `run --name first` again
+        wait_for(lambda: containers(host) == ["first", "second", "first"], timeout_s=30)
+        assert host.state("second") == "yielded"
+    finally:
+        unit.kill()

@@ -297,3 +297,47 @@ def test_short_of_host_memory_the_kept_buffers_go_and_a_later_save_stages_again(
     checkpointer.wait()
     assert checkpointer._staging.kept_bytes == kept
     assert [examine(tmp_path / tag_for(s), verify=True)[0] for s in (1, 2, 3)] == [COMPLETE] * 3
+
+
+def first_tensor(value) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor) and value.numel() > 0:
+        return value
+    items = value.values() if isinstance(value, dict) else value
+    if isinstance(value, dict | list | tuple):
+        for item in items:
+            found = first_tensor(item)
+            if found is not None:
+                return found
+    return None
+
+
+@pytest.mark.parametrize("when", ["in the training thread", "in the writer's thread"])
+def test_a_host_copy_changed_between_the_copy_and_the_write_is_not_committed(
+    single_rank, tmp_path, when
+):
+    """A byte of a staged tensor changes after the copy, before its file is written (a stray
+    write into the buffer, a bit flipped in host memory): the file written from it would be
+    self-consistent, so checksums of the written files cannot see it; the copy's own can."""
+    engine = trained_engine(2)
+    writer, changed = engine.checkpoint_engine, []
+    ready = threading.Event()
+    save = writer.save
+
+    def change_then_save(state_dict, path):
+        assert ready.wait(60), "never released"
+        if when == "in the writer's thread" and not changed:
+            changed.append(path)
+            staged.view(-1)[0] += 1.0
+        save(state_dict, path)
+
+    writer.save = change_then_save
+    checkpointer = Checkpointer(tmp_path, asynchronous=True)
+    checkpointer.save(engine, 2, {"step": 2})
+    # The first tensor copied: its file is the first written.
+    staged = first_tensor([buffer for _, buffer in checkpointer._staging._in_use])
+    if when == "in the training thread":  # save() returned, the write not begun
+        staged.view(-1)[0] += 1.0
+    ready.set()
+    with pytest.raises(CheckpointError, match="changed between the copy and the write"):
+        checkpointer.wait()
+    assert not (tmp_path / tag_for(2)).exists()  # nothing half-trusted is left

@@ -14,11 +14,14 @@ import torch
 import xxhash
 
 from tests.training.checkpoint_engine import build_engine, train_step, weights
+from tests.training.damage import flip_bytes
 from tests.training.multirank import torchrun, torchrun_nodes
 from training.checkpoint.checkpointer import Checkpointer, CheckpointError
 from training.checkpoint.layout import (
     COMMIT_MARKER,
     COMPLETE,
+    DAMAGED,
+    DAMAGED_DIR,
     PARTIAL,
     POINTER_NAME,
     UNIVERSAL_DIR,
@@ -256,6 +259,103 @@ def test_saving_a_committed_step_again_keeps_it(single_rank, tmp_path):
     assert checkpointer.save(engine, 2, {"step": "again"}) == step_dir
     assert (step_dir / COMMIT_MARKER).read_text() == marker
     assert checkpointer.resume(build_engine())["step"] == 2
+
+
+def set_aside_here(root: Path) -> list[str]:
+    return (
+        sorted(p.name for p in (root / DAMAGED_DIR).iterdir())
+        if (root / DAMAGED_DIR).is_dir()
+        else []
+    )
+
+
+def test_a_damaged_committed_step_is_not_taken_as_saved_but_set_aside_and_written_again(
+    single_rank, tmp_path, caplog
+):
+    """A run that resumed before its newest step reaches that step again; the folder there,
+    committed by an earlier run, had bytes flipped (same size) since."""
+    engine = trained_engine(2)
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    model_file = tmp_path / tag_for(2) / "mp_rank_00_model_states.pt"
+    flip_bytes(model_file, count=64)
+
+    with caplog.at_level(logging.INFO, logger="training.checkpoint"):
+        Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    assert "already committed" not in caplog.text
+    assert examine(tmp_path / tag_for(2), verify=True) == (
+        COMPLETE,
+        "every file present and verified",
+    )
+    (aside,) = set_aside_here(tmp_path)
+    assert aside.startswith(f"{tag_for(2)}.")  # kept for inspection, with the damage in it
+    assert examine(tmp_path / DAMAGED_DIR / aside, verify=True)[0] == DAMAGED
+    (line,) = [r.getMessage() for r in caplog.records if "is damaged" in r.getMessage()]
+    assert str(tmp_path / tag_for(2)) in line and model_file.name in line and aside in line
+    resumed = build_engine(seed=1)
+    assert Checkpointer(tmp_path).resume(resumed)["step"] == 2
+    assert_same_weights(resumed, engine)
+
+
+def test_resume_sets_a_damaged_newest_checkpoint_aside_and_takes_the_one_before(
+    single_rank, tmp_path
+):
+    checkpointer = Checkpointer(tmp_path)
+    at_two = trained_engine(2)
+    checkpointer.save(at_two, 2, {"step": 2})
+    checkpointer.save(trained_engine(4), 4, {"step": 4})
+    flip_bytes(tmp_path / tag_for(4) / "mp_rank_00_model_states.pt", count=64)
+
+    resumed = build_engine(seed=1)
+    assert Checkpointer(tmp_path).resume(resumed)["step"] == 2
+    assert_same_weights(resumed, at_two)
+    assert step_dirs(tmp_path) == [tag_for(2)]  # step 4 is written anew when reached
+    assert [name.split(".")[0] for name in set_aside_here(tmp_path)] == [tag_for(4)]
+
+
+def test_with_every_checkpoint_set_aside_a_later_start_still_refuses_to_start_fresh(
+    single_rank, tmp_path
+):
+    checkpointer = Checkpointer(tmp_path)
+    checkpointer.save(trained_engine(2), 2, {"step": 2})
+    flip_bytes(tmp_path / tag_for(2) / "mp_rank_00_model_states.pt", count=64)
+    for _ in range(2):  # the start that set it aside, and the one after
+        with pytest.raises(CheckpointError, match=f"set aside in {tmp_path / DAMAGED_DIR}"):
+            Checkpointer(tmp_path).resume(build_engine())
+
+
+def test_a_damaged_universal_conversion_is_set_aside_and_converted_again(single_rank, tmp_path):
+    """A checkpoint resumed on another number of ranks goes through its universal
+    conversion, which later resumes reuse; bytes flipped in a converted tensor file."""
+    engine = trained_engine(2)
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    # Saved by 1 rank, chosen for 2: converted (the conversion does not depend on the
+    # ranks that load it).
+    point = Checkpointer(tmp_path).choose_resume(dp_world_size=2)
+    assert point.universal
+    converted = tmp_path / UNIVERSAL_DIR / tag_for(2)
+    fp32 = sorted(converted.rglob("fp32.pt"))[0]
+    flip_bytes(fp32, count=64)
+
+    checkpointer = Checkpointer(tmp_path)
+    assert checkpointer.choose_resume(dp_world_size=2).universal
+    assert examine(converted, verify=True)[0] == COMPLETE
+    assert [name.split(".")[0] for name in set_aside_here(tmp_path)] == [
+        f"{UNIVERSAL_DIR}-{tag_for(2)}"
+    ]
+    resumed = build_engine(seed=1, load_universal=True)
+    assert checkpointer.resume(resumed)["step"] == 2
+    assert_same_weights(resumed, engine)
+
+
+def test_a_folder_missing_files_on_a_root_every_rank_shares_is_no_checkpoint(single_rank, tmp_path):
+    """A download from S3 cut short leaves a manifest and some files: on a shared root that
+    is not this node's part of a checkpoint, so the step is written again when reached."""
+    engine = trained_engine(2)
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    next((tmp_path / tag_for(2)).glob("*optim_states.pt")).unlink()
+    assert examine(tmp_path / tag_for(2))[0] == PARTIAL
+    Checkpointer(tmp_path).save(engine, 2, {"step": 2})
+    assert examine(tmp_path / tag_for(2), verify=True)[0] == COMPLETE
 
 
 def test_stale_uncommitted_folder_of_the_same_step_is_replaced(single_rank, tmp_path):

@@ -1,5 +1,6 @@
 """A run resumed with another ZeRO stage or precision stops once, in one line, before any
-rank starts; the same run with another world size still resumes (universal checkpoint)."""
+rank starts, whether its checkpoints are on this disk or only in S3; the same run with
+another world size still resumes (universal checkpoint)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ import subprocess
 
 import pytest
 
+from tests.training.checkpoint_engine import build_engine, train_step
 from tests.training.jobs import TINY, job_command, job_env
 from tests.training.multirank import REPO_ROOT
+from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.resume_check import check_resumable
+from training.checkpoint.s3 import S3Mirror
 from training.spec.config import ConfigError, load_config
+
+pytestmark = pytest.mark.multiprocess
 
 
 def _train(output_dir, *overrides: str, **env: str) -> subprocess.CompletedProcess:
@@ -51,6 +57,40 @@ def test_another_zero_stage_stops_once_naming_the_change_and_the_ways_on(trained
         "over with --fresh (the old run is kept aside), or give the new setup its own run.name "
         "(a run folder of its own)\n"
     )
+
+
+@pytest.mark.parametrize("stage", [1, 3])
+def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(
+    trained, tmp_path, s3_uri, stage
+):
+    """A new node: an empty checkpoint folder, the run's checkpoints in S3 (as its first node
+    uploaded them). Without reading S3's manifest, stage 1 resumed silently and stage 3
+    failed on every rank inside DeepSpeed's load."""
+    tag = "step_00000010"
+    S3Mirror.from_uri(s3_uri).upload(trained / "checkpoints" / tag, tag)
+    result = _train(tmp_path, "train.steps=12", f"zero.stage={stage}", TRAIN_S3_URI=s3_uri)
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: {s3_uri}/{tag} was saved with zero.stage 2 (this run: {stage}), which "
+        "DeepSpeed cannot load into this run: resume it with --set zero.stage=2, start over "
+        "with --fresh (the old run is kept aside), or give the new setup its own run.name "
+        "(a run folder of its own)\n"
+    )
+    assert not list((tmp_path / "checkpoints").glob("step_*"))  # nothing fetched or trained
+
+
+def test_an_engine_of_another_stage_is_refused_in_the_same_words_before_deepspeed_loads(
+    single_rank, tmp_path
+):
+    """The ranks' own check, for a checkpoint the launcher could not read (S3 out of reach
+    then): the same sentence, not DeepSpeed's empty load error."""
+    engine = build_engine(zero_stage=2)
+    train_step(engine, 0)
+    Checkpointer(tmp_path).save(engine, 1, {"step": 1})
+    with pytest.raises(
+        ConfigError, match=r"step_00000001 was saved with zero\.stage 2 \(this run: 3\)"
+    ):
+        Checkpointer(tmp_path).resume(build_engine(zero_stage=3))
 
 
 def test_another_precision_is_named_with_the_flags_that_resume(trained, tmp_path):

@@ -16,6 +16,7 @@ CALLS = {
     "put_status",
     "tags",
     "committed_tags",
+    "manifest",
     "download",
     "delete",
 }

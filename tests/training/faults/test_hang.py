@@ -1,5 +1,6 @@
-"""A rank that hangs in a collective is found, its stack shown, and the job restarts from its
-last checkpoint; a normal run with checkpoints never trips the watchdog."""
+"""A rank that hangs in a collective or on its data loader is found, its stack (and its
+loader workers') shown, and the job restarts from its last checkpoint; a normal run with
+checkpoints, slow ones included, never trips the watchdog."""
 
 from __future__ import annotations
 
@@ -12,7 +13,10 @@ from tests.training.jobs import TINY, job_env, read_metrics, run_job, shared_run
 from tests.training.multirank import REPO_ROOT
 from training.contract import HANG_EXIT
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [
+    pytest.mark.slow(reason="each test runs a 2-rank job to a hang, or past one"),
+    pytest.mark.multiprocess,
+]
 
 INJECT = Path(__file__).with_name("inject")
 STEPS, CHECKPOINT_EVERY, HANG_AT = 40, 5, 12
@@ -110,3 +114,42 @@ def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
         f"hang test: resumed from step {last_checkpoint} to step {STEPS}, "
         "losses equal to the uninterrupted run's"
     )
+
+
+SLOW_WRITE_S = 3.3  # rank 0 writes 2 files a save: 6.6 s a save, against the bound of 10 s
+
+
+def test_saves_of_two_thirds_of_the_bound_end_the_run_without_an_alarm(tmp_path):
+    """Every save takes 6.6 s on rank 0 (a slow disk) and the steps a tenth of a second: the
+    save of step 5 is still being written at step 10, whose save waits for it, and the last
+    save waits for step 10's, then writes its own (13 s without a finished step). Each is
+    shorter than the bound, and none is a hang."""
+    out = tmp_path / "run"
+    env = job_env(out)
+    env.update(PYTHONPATH=str(INJECT), FAULT_POINT="writes", FAULT_SLOW_S=str(SLOW_WRITE_S))
+    job = (*JOB, "train.steps=12")  # checkpoints at 5, 10 and the end, 12
+    run = run_job(out, *job, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "hang:" not in run.stderr
+    assert [r["step"] for r in run.metrics] == list(range(1, 13))
+    assert (out / "checkpoints" / "step_00000012" / "commit.json").is_file()
+
+
+def test_a_rank_stuck_in_its_data_loader_is_named_with_the_loader_workers_stack(tmp_path):
+    """Rank 1's DataLoader worker stops for good after 20 items; rank 1 waits for its batch
+    outside any collective, rank 0 waits for rank 1 in one. The dump shows where the worker
+    is, not only that rank 1 waits for it."""
+    out = tmp_path / "run"
+    hung = run_job(
+        out,
+        *JOB,
+        "data.num_workers=1",
+        "data.builder=tests.training.faults.stuck_loader:build",
+        "data.options={stuck_rank = 1, stuck_after = 20}",
+        timeout=300,
+    )
+    assert hung.returncode == HANG_EXIT, hung.stderr[-3000:]
+    sentence = next(line for line in hung.stderr.splitlines() if "hang: no rank" in line)
+    assert "rank 1 on node " in sentence, sentence
+    worker = hung.stderr.split("Python stack of rank 1's data-loader worker")[1]
+    assert "wait_forever_in_the_loader" in worker and "stuck_loader.py" in worker, worker

@@ -16,6 +16,8 @@ launcher): no handler runs, nothing is flushed, as in a power cut.
             N is step N when every step is logged)
     batches every batch the rank takes sleeps FAULT_SLOW_S first (a slow rank: no
             FAULT_AT, nothing dies)
+    writes  every checkpoint file the rank writes takes FAULT_SLOW_S longer (a slow disk:
+            no FAULT_AT, nothing dies)
 
 With FAULT_ACTION=pause the worker does not die: it creates the file FAULT_FLAG and
 sleeps FAULT_PAUSE_S seconds there instead (a slow save, for a notice to land in).
@@ -109,6 +111,20 @@ def _install() -> None:
                 yield batch
 
         trainer.micro_batches = slow_batches
+    elif POINT == "writes":
+        import time
+
+        from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import (
+            TorchCheckpointEngine,
+        )
+
+        original_save = TorchCheckpointEngine.save
+
+        def slow_save(*args, **kwargs):
+            time.sleep(float(os.environ["FAULT_SLOW_S"]))
+            return original_save(*args, **kwargs)
+
+        TorchCheckpointEngine.save = slow_save
     elif POINT == "window":
         from training import trainer
 
