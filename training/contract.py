@@ -118,10 +118,6 @@ ENV = {
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
 
-# The job's own code (`python -m infra run --code DIR`): training/code.py puts it on the
-# import path; the node's job watcher and the Slurm submission set it.
-CODE_URI_ENV = "TRAIN_CODE_URI"
-
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
 HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"
