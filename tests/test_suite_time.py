@@ -73,8 +73,8 @@ def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
 )
 def test_a_slow_mark_needs_a_reason_and_seconds(suite, mark):
     result = _run(suite, f"import pytest\n@{mark}\ndef test_it():\n    pass\n")
-    assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*test_it: *slow(*"])
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*test_it: *slow(*"])
 
 
 def test_a_failing_test_keeps_its_own_failure(suite):

@@ -18,6 +18,7 @@ import pytest
 
 SLOW_MARKS = pytest.StashKey[dict[str, float]]()
 _SETUP_S = pytest.StashKey[float]()
+_MARK_ERROR = pytest.StashKey[str]()
 # Tests that use these fixtures share one cluster per worker: keep them on one worker.
 _GROUP_OF_FIXTURE = {"slurm": "slurm"}
 _GROUP_OF_MARK = {"image": "image"}
@@ -41,21 +42,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+class BadSlowMark(ValueError):
+    """A slow mark that does not say why and for how long."""
+
+
 def slow_seconds(item: pytest.Item) -> float | None:
     """The seconds a slow mark allows the test, None if it is not marked slow.
 
-    A slow mark without a reason or a positive number of seconds is a usage error.
+    A slow mark without a reason or a positive number of seconds is a BadSlowMark.
     """
     mark = item.get_closest_marker("slow")
     if mark is None:
         return None
     reason, seconds = mark.kwargs.get("reason"), mark.kwargs.get("seconds")
     if mark.args or not isinstance(reason, str) or not reason.strip():
-        raise pytest.UsageError(
-            f"{item.nodeid}: mark it slow(reason='what the time buys', seconds=N)"
-        )
+        raise BadSlowMark(f"{item.nodeid}: mark it slow(reason='what the time buys', seconds=N)")
     if not isinstance(seconds, int | float) or seconds <= 0:
-        raise pytest.UsageError(
+        raise BadSlowMark(
             f"{item.nodeid}: slow(seconds=...) must be the most it may take, in seconds"
         )
     return float(seconds)
@@ -67,7 +70,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     what a test uses (`slurm` from the fixture, the xdist group that keeps it on one worker)."""
     slow: dict[str, float] = {}
     for item in items:
-        seconds = slow_seconds(item)
+        try:
+            seconds = slow_seconds(item)
+        except BadSlowMark as error:
+            # The test fails with this line. A usage error here would crash an xdist worker.
+            item.stash[_MARK_ERROR] = str(error)
+            continue
         if seconds is not None:
             slow[item.nodeid] = seconds
             # Room for a hang to be told from a slow run: pytest-timeout's own limit.
@@ -86,6 +94,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         Path(config.getoption("slow_marks_json")).write_text(json.dumps(slow))
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _MARK_ERROR in item.stash:
+        pytest.fail(item.stash[_MARK_ERROR], pytrace=False)
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report: pytest.TestReport = yield
@@ -93,7 +107,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.stash[_SETUP_S] = report.duration
     elif report.when == "call" and report.passed:
         took = item.stash.get(_SETUP_S, 0.0) + report.duration
-        allowed = slow_seconds(item)
+        allowed = item.config.stash[SLOW_MARKS].get(item.nodeid)
         limit = allowed if allowed is not None else time_limit(item.config)
         if took > limit:
             report.outcome = "failed"

@@ -14,7 +14,9 @@ from tests.training.jobs import TINY, run_job, shared_run
 from training.checkpoint.layout import COMMIT_MARKER, COMPLETE, DAMAGED_DIR, examine, tag_for
 
 pytestmark = [
-    pytest.mark.slow(reason="a clean 2-rank run, then one resumed run per kind of damage"),
+    pytest.mark.slow(
+        reason="a clean 2-rank run, then one resumed run per kind of damage", seconds=600
+    ),
     pytest.mark.multiprocess,
 ]
 

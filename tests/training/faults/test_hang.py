@@ -14,7 +14,7 @@ from tests.training.multirank import REPO_ROOT
 from training.contract import HANG_EXIT
 
 pytestmark = [
-    pytest.mark.slow(reason="each test runs a 2-rank job to a hang, or past one"),
+    pytest.mark.slow(reason="each test runs a 2-rank job to a hang, or past one", seconds=600),
     pytest.mark.multiprocess,
 ]
 

@@ -26,7 +26,9 @@ from training.text.packing import CausalWindows, Split
 
 pytestmark = [
     pytest.mark.multiprocess,
-    pytest.mark.slow(reason="five tiny-Llama jobs (transformers and DeepSpeed start in each)"),
+    pytest.mark.slow(
+        reason="five tiny-Llama jobs (transformers and DeepSpeed start in each)", seconds=600
+    ),
     # One worker runs them all, so that the uninterrupted runs they share run once.
     pytest.mark.xdist_group("hf-training"),
 ]
