@@ -1,13 +1,15 @@
-"""Load a cluster config (YAML on stdin) with AWS ParallelCluster's own schema.
+"""Load cluster configs with AWS ParallelCluster's own schema.
 
 Runs under the interpreter of .venv-pcluster (requirements-pcluster.txt), not the
-project's: `python pcluster_schema.py CLUSTER_NAME < config.yaml`. Prints the first
-error as one line, `Path.To.Key: message`, and exits 1; or prints "valid". An unknown
-field comes first: a misspelt key also shows up as a missing one, and the
-misspelling is the cause.
+project's: `python pcluster_schema.py CLUSTER_NAME < configs.yaml`, where the YAML maps
+a name to a config. Prints a JSON object mapping each name to its verdict: "valid", or
+the first error as one line, `Path.To.Key: message`. An unknown field comes first: a
+misspelt key also shows up as a missing one, and the misspelling is the cause.
+Many configs in one process: loading ParallelCluster takes seconds, a config milliseconds.
 The schema needs a region and credentials in the environment, not the network.
 """
 
+import json
 import sys
 
 import yaml
@@ -27,15 +29,18 @@ def error_lines(messages, path=""):
             yield from error_lines(item, path)
 
 
-def main() -> int:
-    config = yaml.safe_load(sys.stdin)
+def verdict(cluster_name: str, config: dict) -> str:
     try:
-        ClusterSchema(cluster_name=sys.argv[1]).load(config)
+        ClusterSchema(cluster_name=cluster_name).load(config)
     except ValidationError as error:
         lines = list(error_lines(error.messages))
-        print(sorted(lines, key=lambda line: not line.endswith("Unknown field."))[0])
-        return 1
-    print("valid")
+        return sorted(lines, key=lambda line: not line.endswith("Unknown field."))[0]
+    return "valid"
+
+
+def main() -> int:
+    configs = yaml.safe_load(sys.stdin)
+    print(json.dumps({name: verdict(sys.argv[1], config) for name, config in configs.items()}))
     return 0
 
 
