@@ -88,7 +88,7 @@ def assert_refused(code: int, stderr: str, words: str, output_dir) -> None:
             marks=pytest.mark.slow(
                 reason="huggingface_hub retries a refused connection for about 24 s before "
                 "the one-line refusal",
-                seconds=60,
+                seconds=80,
             ),
         ),
     ],
