@@ -8,8 +8,10 @@ its loss must fall, a committed checkpoint must exist, and no DeepSpeed op may h
 compiled at run time (TORCH_EXTENSIONS_DIR stays empty); (3) the trainer started the way
 Pyxis/Enroot starts it: as another uid than the image's USER, without the ENTRYPOINT,
 with a HOME that does not exist; (4) a long job stopped with SIGTERM sent to the
-entrypoint (tini, PID 1 under `docker run`), which must checkpoint and exit 75. The
-image's config (labels, env, user, entrypoint) is checked too.
+entrypoint (tini, PID 1 under `docker run`), which must checkpoint and exit 75; that job
+is started with options alone (`docker run IMAGE --set ...`), which the entrypoint script
+turns into `python -m training --set ...`. The image's config (labels, env, user,
+entrypoint) is checked too.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from training.contract import ExitCode
 
 IMAGE_CHECK = Path(__file__).with_name("image_check.py")
 TRAINER_UID = 1000  # the image's non-root user
+# images/entrypoint.sh, the Dockerfile's ENTRYPOINT after tini.
+ENTRYPOINT_SCRIPT = "entrypoint.sh"
 # Enroot runs the container as the user who called srun, whatever the image's USER says.
 SLURM_USER_UID = 4242
 # A short job: ZeRO-2, a checkpoint midway and at the end, a loss logged every step.
@@ -81,9 +85,14 @@ def config_problems(config: dict, variant: Variant, release: str) -> list[str]:
     user = (config.get("User") or "root").split(":")[0]
     if user in ("", "0", "root"):
         problems.append(f"the image runs as root (User={config.get('User')!r})")
-    if not (config.get("Entrypoint") or [""])[0].endswith("tini"):
-        entrypoint = config.get("Entrypoint")
+    entrypoint = config.get("Entrypoint") or [""]
+    if not entrypoint[0].endswith("tini"):
         problems.append(f"entrypoint {entrypoint!r} is not tini: signals may not reach the trainer")
+    if not entrypoint[-1].endswith(ENTRYPOINT_SCRIPT):
+        problems.append(
+            f"entrypoint {entrypoint!r} does not end in {ENTRYPOINT_SCRIPT}: "
+            "`docker run IMAGE --config job.toml` would not train"
+        )
     if config.get("Cmd") != ["python", "-m", "training"]:
         problems.append(f"default command {config.get('Cmd')!r}, expected python -m training")
     return problems
@@ -149,7 +158,9 @@ class SmokeContainer:
     def __init__(self, image: str, storage_driver: str | None, name: str, config: dict):
         self.buildah = buildah_command(storage_driver)
         self.name = name
-        self.entrypoint = [*(config.get("Entrypoint") or []), *(config.get("Cmd") or [])]
+        # `docker run IMAGE ARGS` runs the Entrypoint with ARGS in place of the Cmd.
+        self.entrypoint = [*(config.get("Entrypoint") or [])]
+        self.default_command = [*self.entrypoint, *(config.get("Cmd") or [])]
         subprocess.run([*self.buildah, "rm", name], capture_output=True, check=False)
         _buildah(storage_driver, "from", "--name", name, "--pull-never", image)
 
@@ -188,7 +199,7 @@ def check_training(container: SmokeContainer, root: Path) -> list[str]:
     checkpoints, outputs, extensions = _job_folders(root, "checkpoints", "out", "extensions")
     overrides = [arg for item in TRAINING_OVERRIDES for arg in ("--set", item)]
     code = container.run(
-        [*container.entrypoint, *overrides],
+        [*container.default_command, *overrides],
         {checkpoints: "/checkpoints", outputs: "/smoke/out", extensions: "/smoke/extensions"},
         {**JOB_ENV, "TORCH_EXTENSIONS_DIR": "/smoke/extensions"},
     )
@@ -220,7 +231,8 @@ def check_as_slurm_starts_it(container: SmokeContainer, root: Path) -> list[str]
 
 
 def check_interrupt(container: SmokeContainer, root: Path, timeout: float = 300) -> list[str]:
-    """SIGTERM to the entrypoint (what `docker stop` does) must end in a checkpoint and exit 75."""
+    """SIGTERM to the entrypoint (what `docker stop` does) must end in a checkpoint and exit 75.
+    The job is given options alone, as `docker run IMAGE --set ...` gives them."""
     checkpoints, outputs = _job_folders(root, "checkpoints", "out")
     overrides = ["--set", "train.steps=1000000", "--set", "logging.every_steps=1"]
     argv = container.argv(

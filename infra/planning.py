@@ -127,6 +127,38 @@ def train_config_text(config: StackConfig) -> str | None:
     return text
 
 
+def memory_line(config: StackConfig, plan: Plan) -> str | None:
+    """GPU memory per rank of gpu:trainConfig's Hugging Face model (model.hf) on the plan's
+    GPUs, from the trainer's estimate (training/estimate.py: config.json alone, no weights);
+    None for any other job. ConfigError when the job's own setup cannot fit, with the
+    change that would."""
+    if config.train_config is None:
+        return None
+    train_config_text(config)  # readable, TOML
+    paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
+    try:
+        job = load_config(find_project_root() / config.train_config, env=paths)
+    except TrainConfigError as exc:
+        _refuse_train_config(config, str(exc))
+    if not job.is_hf:
+        return None
+    # torch and transformers: only for a Hugging Face job.
+    from training.estimate import RESERVE_FRACTION, fit
+
+    gpu = f"{plan.instance.gpu_model} {plan.instance.gpu_memory_gib} GiB"
+    try:
+        fits, needs, change = fit(
+            job, gpus=plan.gpus, nodes=plan.nodes, memory_gib=plan.instance.gpu_memory_gib
+        )
+    except TrainConfigError as exc:  # config.json out of reach: the Hub, S3
+        return f"{job.model.hf}: not estimated ({exc})"
+    usable = plan.instance.gpu_memory_gib * (1 - RESERVE_FRACTION)
+    where = f"{plan.gpus} x {gpu}, {usable:.1f} GiB usable"
+    if not fits:
+        _refuse_train_config(config, f"{job.model.hf} on {where}: {needs}; {change}")
+    return f"{job.model.hf} on {where}: {needs}"
+
+
 def _refuse_train_config(config: StackConfig, reason: str) -> None:
     raise ConfigError(f"gpu:trainConfig is {str(config.train_config)!r}: {reason}")
 

@@ -118,6 +118,13 @@ ENV = {
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
 }
 
+# huggingface_hub's own variables, which the stack sets for the container (the trainer
+# reads neither: huggingface_hub does, huggingface_hub/constants.py). HF_TOKEN is a secret:
+# the boot unit and the Slurm job read it from the stack's secret at each job's start
+# (infra/jobs/hf_token.py), never from a file, a job object or a log line.
+HF_TOKEN_ENV = "HF_TOKEN"  # a gated or private model's access token
+HF_HOME_ENV = "HF_HOME"  # huggingface_hub's cache (models from the Hub): the node's local disk
+
 # Set by the launcher for its workers (not by users): the folder where each rank
 # records the last step it finished, which the launcher's hang watchdog reads.
 HEARTBEAT_DIR_ENV = "TRAIN_HEARTBEAT_DIR"

@@ -348,8 +348,18 @@ def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
         )
     except SelfCheckError as exc:
         lines.append(f"precision    {exc}")
-    lines += _verdict(config, rows, usable)
+    lines += [f"{label:<13}{text}" for label, text in _verdict(config, rows, usable)]
     return "\n".join(lines)
+
+
+def fit(config: Config, *, gpus: int, nodes: int, memory_gib: float) -> tuple[bool, str, str]:
+    """(whether it fits, what the config's own setup needs per GPU, the cheapest change that
+    fits or "") on `gpus` GPUs of `memory_gib` GiB over `nodes`: `python -m infra plan`'s
+    line for a stack's job."""
+    usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
+    _, _, rows = estimate(config, gpus=gpus, nodes=nodes)
+    (_, needs), *change = _verdict(config, rows, usable)
+    return not change, needs, change[0][1] if change else ""
 
 
 def _total(row: Row, checkpointing: bool) -> int | None:
@@ -386,7 +396,9 @@ def _fit_mark(total: int | None, usable: float) -> str:
     return "*" if total is not None and total <= usable else " "
 
 
-def _verdict(config: Config, rows: list[Row], usable: float) -> list[str]:
+def _verdict(config: Config, rows: list[Row], usable: float) -> list[tuple[str, str]]:
+    """(label, text) lines: what the config's own setup needs, then a change when it does
+    not fit."""
     zero, ckpt = config.zero, config.model.activation_checkpointing
     current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
     mine = next(row for row in rows if row.setup == current)
@@ -394,12 +406,15 @@ def _verdict(config: Config, rows: list[Row], usable: float) -> list[str]:
     what = f"{current.label}{', activation checkpointing' if ckpt else ''}"
     if total is None:
         return [
-            f"your config  {what}: model states {_gib(mine.states_bytes)} GiB per GPU; "
-            "activations of a model.builder model are not estimated: leave room for them"
+            (
+                "your config",
+                f"{what}: model states {_gib(mine.states_bytes)} GiB per GPU; "
+                "activations of a model.builder model are not estimated: leave room for them",
+            )
         ]
     if total <= usable:
-        return [f"your config  {what}: {_gib(total)} GiB per GPU: fits"]
-    verdict = [f"your config  {what}: {_gib(total)} GiB per GPU: does not fit"]
+        return [("your config", f"{what}: {_gib(total)} GiB per GPU: fits")]
+    verdict = [("your config", f"{what}: {_gib(total)} GiB per GPU: does not fit")]
     # The cheapest change first (checkpointing, then more partitioning, then offload), and
     # never less partitioning or offload than the config already has.
     candidates = [
@@ -419,14 +434,20 @@ def _verdict(config: Config, rows: list[Row], usable: float) -> list[str]:
                 sets = " ".join(f"--set {s}" for s in settings)
                 return [
                     *verdict,
-                    f"change       {row.setup.label}"
-                    f"{' with activation checkpointing' if checkpointing else ''} "
-                    f"fits ({_gib(candidate)} GiB): {sets}",
+                    (
+                        "change",
+                        f"{row.setup.label}"
+                        f"{' with activation checkpointing' if checkpointing else ''} "
+                        f"fits ({_gib(candidate)} GiB): {sets}",
+                    ),
                 ]
     return [
         *verdict,
-        "change       nothing here fits: lower train.micro_batch_size, use more GPUs "
-        "(--gpus) or a GPU with more memory (--gpu-type)",
+        (
+            "change",
+            "nothing here fits: lower train.micro_batch_size, use more GPUs or GPUs with "
+            "more memory",
+        ),
     ]
 
 

@@ -23,6 +23,8 @@ from training.contract import (
     CRASH_WINDOW_S,
     DEFAULT_MASTER_PORT,
     ENV,
+    HF_HOME_ENV,
+    HF_TOKEN_ENV,
     UNHEALTHY_PREFIX,
     ExitCode,
 )
@@ -35,6 +37,8 @@ CONTAINER_PYTHON = "python"
 # Node-local disk on the cluster's compute nodes; the S3 mirror joins the nodes' parts
 # of a checkpoint and carries it to replacement nodes (docs/stack.md, "Slurm cluster").
 CLUSTER_CHECKPOINT_ROOT = "/scratch/checkpoints"
+# The node's cache (TRAIN_CACHE_DIR, HF_HOME under it) on the same local disk.
+CLUSTER_CACHE_DIR = "/scratch/cache"
 # The job's log, in the folder it was submitted from; %j: the job id, the same after a requeue.
 LOG_FILE = "train-%j.out"
 # Pyxis sets the image's environment over the job's, except the names given to
@@ -47,8 +51,13 @@ LOG_FILE = "train-%j.out"
 # image sets TRAIN_CHECKPOINT_DIR=/checkpoints, so without this the job's checkpoints
 # would land in the per-job container filesystem. Every trainer variable but the one the
 # image owns (its CUDA's minimum driver) is the job's.
+# huggingface_hub's token and cache are the job's too.
 IMAGE_ENVIRONMENT = ("TRAIN_MIN_DRIVER",)
-JOB_ENVIRONMENT = tuple(name for name in ENV if name not in IMAGE_ENVIRONMENT)
+JOB_ENVIRONMENT = (
+    *(name for name in ENV if name not in IMAGE_ENVIRONMENT),
+    HF_TOKEN_ENV,
+    HF_HOME_ENV,
+)
 # The job's one container on each node. Without a name Pyxis makes a container per step
 # (pyxis_<job>.<step>) and removes it after: every srun (the health gate, the training step,
 # each crash restart) imports and unpacks the image again. A named container is kept and
@@ -116,6 +125,11 @@ class BatchJob:
     expectation: NodeExpectation = field(default_factory=NodeExpectation)
     # Where a node's verdict goes for the Epilog (infra/cluster/epilog.py) to drain it.
     node_verdicts: str = NODE_VERDICTS_DIR
+    # TRAIN_CACHE_DIR (and HF_HOME under it) on the node's local disk; "": the trainer's default.
+    cache_dir: str = ""
+    # The stack's HF_TOKEN secret (infra/jobs/hf_token.py) and its region; "": none.
+    hf_token_secret: str = ""
+    region: str = ""
 
 
 def render_sbatch(job: BatchJob) -> str:
@@ -129,6 +143,9 @@ def render_sbatch(job: BatchJob) -> str:
         "checkpoint_root": job.checkpoint_root.rstrip("/"),
         "node_verdicts": job.node_verdicts.rstrip("/"),
         "s3_root": job.s3_root.rstrip("/"),
+        "cache_dir": job.cache_dir.rstrip("/"),
+        "hf_token_secret": job.hf_token_secret,
+        "region": job.region,
         "stop_lead_s": str(KILL_WAIT_S),
         "stop_signal": f"B:TERM@{KILL_WAIT_S}",
         "crash_restarts": str(CRASH_RESTARTS),

@@ -35,7 +35,9 @@ from typing import Any
 from infra.commands import head_node, leftovers, nodes, workspace
 from infra.commands.checkpoints import last_checkpoint, stop_report
 from infra.commands.outcome import Outcome
+from infra.jobs import hf_token
 from infra.jobs.spool import current_run_uri
+from training.contract import HF_TOKEN_ENV
 
 EXIT_LEFTOVERS = 1  # something still carries the stack's cost tag after the destroy
 
@@ -123,6 +125,9 @@ def run(
     cloudformation = workspace.aws("cloudformation", region) if log_prefix else None
     checkpoint = last_checkpoint(s3, current_run_uri(s3, outputs.checkpoint_uri)) if s3 else None
     stack.destroy(on_output=say, color="never")
+    secret = hf_token.secret_name(deployed.cost_tag[1])
+    if hf_token.delete(workspace.aws("secretsmanager", region), secret):
+        say(f"deleted the stack's {HF_TOKEN_ENV} secret {secret}")
     deleted = []
     if args.delete_data:
         if bucket and bucket_exists(s3, bucket):

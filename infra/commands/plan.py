@@ -18,7 +18,7 @@ from infra.knowledge.costs import cost_summary
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
-from infra.planning import resolve_plan
+from infra.planning import memory_line, resolve_plan
 from infra.report import format_cluster, format_costs, format_plan
 
 
@@ -147,7 +147,11 @@ def _stack_file_costs(profile: str, plan: Plan) -> str | None:
             "prices that stack"
         )
     summary = cost_summary(plan, stack.guardrails, market=stack.market)
-    return f"stack file     {path.name}\n{format_costs(summary)}"
+    lines = [f"stack file     {path.name}", format_costs(summary)]
+    memory = memory_line(stack, stack_plan)
+    if memory is not None:
+        lines.append(f"memory         {memory}")
+    return "\n".join(lines)
 
 
 def _runs(plan: Plan) -> tuple[str, int, str]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import io
+import os
 import tarfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,7 +27,7 @@ from infra.commands.job_target import JobTarget, job_target
 from infra.config.schema import stack_region
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
-from infra.jobs import spool
+from infra.jobs import hf_token, spool
 from infra.jobs.spool import JobSpec, JobState
 from infra.planning import check_plan, resolve_plan
 from training.spec.config import add_overrides_argument
@@ -69,9 +70,17 @@ def run(args: argparse.Namespace) -> str:
         has_code=archive is not None,
         submitted_at=datetime.datetime.now(datetime.UTC),
     )
+    stored = _store_hf_token(target)
     if target.is_cluster:
-        return _submit_to_slurm(target, spec, archive)
-    return _submit_to_spool(target, spec, archive)
+        return stored + _submit_to_slurm(target, spec, archive)
+    return stored + _submit_to_spool(target, spec, archive)
+
+
+def _store_hf_token(target: JobTarget) -> str:
+    """HF_TOKEN from this shell, when set, as the stack's secret: the job reads it at start."""
+    secrets = workspace.aws("secretsmanager", target.stack.region)
+    line = hf_token.store(secrets, hf_token.secret_name(target.stack.cost_tag[1]), os.environ)
+    return f"{line}\n" if line else ""
 
 
 def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> None:

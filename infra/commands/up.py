@@ -10,6 +10,7 @@ doctor's checks) before it asks whether to spend.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -26,9 +27,11 @@ from infra.config.stack_file import (
     stack_file_region,
 )
 from infra.errors import ConfigError
+from infra.jobs import hf_token
 from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.resolver import Plan
 from infra.planning import check_plan, resolve_plan
+from infra.project import project_name, stack_resource_name
 from infra.report import format_cost_table
 
 # The project's guardrail policies (policy/): Pulumi runs them at preview and up and fails on
@@ -163,6 +166,15 @@ def run(
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
         return "nothing was created"
     stack = stack or workspace.open_stack(name, create=True)
+    # Before the nodes boot: the default job reads it at its start.
+    secrets = workspace.aws(
+        "secretsmanager", stack_region(stack_file_region(stack_file_path(name)))
+    )
+    stored = hf_token.store(
+        secrets, hf_token.secret_name(stack_resource_name(project_name(), name)), os.environ
+    )
+    if stored:
+        say(stored)
 
     def pulumi_up():
         return stack.up(on_output=say, color="never", policy_packs=_policy_packs(args))

@@ -60,11 +60,18 @@ from infra.cluster.config import (
     efa_enabled,
 )
 from infra.cluster.epilog import render_epilog
-from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, render_sbatch
+from infra.cluster.sbatch import (
+    CLUSTER_CACHE_DIR,
+    CLUSTER_CHECKPOINT_ROOT,
+    BatchJob,
+    Launch,
+    render_sbatch,
+)
 from infra.components.iam import instance_policy
 from infra.components.storage import Storage
 from infra.config.schema import S3Uri
 from infra.functions.market import Market
+from infra.jobs import hf_token
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
@@ -148,9 +155,12 @@ def cloudformation_template(cluster_name: str, version: str, config: dict) -> di
     }
 
 
-def job_script(plan: Plan, image_uri: str, checkpoint_uri: str) -> str:
+def job_script(
+    plan: Plan, image_uri: str, checkpoint_uri: str, *, region: str, stack_resource: str
+) -> str:
     """The sbatch the head node gets: the stack's image on every node under Pyxis, its
-    health gate holding each node to the catalog's figures for the queue's type."""
+    health gate holding each node to the catalog's figures for the queue's type, its cache
+    on the nodes' scratch disk, the stack's HF_TOKEN secret read at each start."""
     return render_sbatch(
         BatchJob(
             nodes=plan.nodes,
@@ -158,6 +168,9 @@ def job_script(plan: Plan, image_uri: str, checkpoint_uri: str) -> str:
             checkpoint_root=CLUSTER_CHECKPOINT_ROOT,
             s3_root=checkpoint_uri,
             expectation=node_expectation(plan.instance, efa_attached=efa_enabled(plan.instance)),
+            cache_dir=CLUSTER_CACHE_DIR,
+            hf_token_secret=hf_token.secret_name(stack_resource),
+            region=region,
         )
     )
 
@@ -218,8 +231,8 @@ def _node_scripts(
         f"{name}-cluster-job",
         bucket=args.storage.bucket_name,
         key=JOB_SCRIPT_KEY,
-        content=pulumi.Output.all(args.image_uri, args.storage.checkpoint_uri).apply(
-            lambda values: job_script(args.plan, *values)
+        content=pulumi.Output.all(args.image_uri, args.storage.checkpoint_uri, args.region).apply(
+            lambda values: job_script(args.plan, *values[:2], region=values[2], stack_resource=name)
         ),
         opts=opts,
     )
@@ -259,7 +272,13 @@ class SlurmCluster(pulumi.ComponentResource):
             description=f"What {name}'s Slurm compute nodes reach: its bucket, image, logs",
             policy=pulumi.Output.all(
                 args.storage.bucket_arn, args.storage.repository_arn, args.storage.log_group_arn
-            ).apply(lambda arns: json.dumps(instance_policy(*arns, data=args.data))),
+            ).apply(
+                lambda arns: json.dumps(
+                    instance_policy(
+                        *arns, data=args.data, hf_token_secret=hf_token.secret_name(name)
+                    )
+                )
+            ),
             opts=child,
         )
         scripts = _node_scripts(name, args, child)

@@ -5,6 +5,7 @@
 - pull from the stack's own ECR repository;
 - write container logs to the stack's own log group;
 - publish GPU metrics into the guardrails' CloudWatch namespace (the idle alarm);
+- read the stack's HF_TOKEN secret, and no other secret (infra/jobs/hf_token.py);
 - AmazonSSMManagedInstanceCore, so Session Manager replaces SSH.
 """
 
@@ -18,6 +19,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.config.schema import S3Uri
+from infra.jobs import hf_token
 from infra.node.agent import agent_policy_statement
 
 SSM_MANAGED_POLICY = "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore"
@@ -81,8 +83,10 @@ def instance_policy(
     log_group_arn: str,
     data: S3Uri | None = None,
     alert_topic_arn: str | None = None,
+    hf_token_secret: str | None = None,
 ) -> dict:
-    """The inline policy document, as a dict (the role gets it as JSON)."""
+    """The inline policy document, as a dict (the role gets it as JSON); `hf_token_secret`:
+    the name of the stack's HF_TOKEN secret, which the nodes read at each job's start."""
     statements = [
         {
             "Sid": "CheckpointBucket",
@@ -138,6 +142,15 @@ def instance_policy(
                 "Effect": "Allow",
                 "Action": ["sns:Publish"],
                 "Resource": [alert_topic_arn],
+            }
+        )
+    if hf_token_secret is not None:
+        statements.append(
+            {
+                "Sid": "HuggingFaceToken",
+                "Effect": "Allow",
+                "Action": ["secretsmanager:GetSecretValue"],
+                "Resource": [hf_token.secret_arn(log_group_arn, hf_token_secret)],
             }
         )
     if data is not None:
@@ -200,7 +213,12 @@ class InstanceRole(pulumi.ComponentResource):
                 args.bucket_arn, args.repository_arn, args.log_group_arn, args.alert_topic_arn
             ).apply(
                 lambda arns: json.dumps(
-                    instance_policy(*arns[:3], data=args.data, alert_topic_arn=arns[3])
+                    instance_policy(
+                        *arns[:3],
+                        data=args.data,
+                        alert_topic_arn=arns[3],
+                        hf_token_secret=hf_token.secret_name(name),
+                    )
                 )
             ),
             opts=child,

@@ -9,6 +9,7 @@ from infra.components.default_job import default_job
 from infra.components.iam import InstanceRole, InstanceRoleArgs
 from infra.components.stack import STACK_TYPE, Foundation, StackArgs, foundation
 from infra.config.schema import StackConfig
+from infra.jobs import hf_token
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.costs import hourly_usd, price_model
 from infra.knowledge.resolver import Plan
@@ -59,7 +60,7 @@ class SingleNodeStack(pulumi.ComponentResource):
                 subnet_id=base.network.subnet_id,
                 security_group_id=base.network.security_group_id,
                 instance_profile_arn=role.instance_profile_arn,
-                user_data=_user_data(base, config, plan),
+                user_data=_user_data(name, base, config, plan),
                 wait_for=base.watchers,
                 region=base.region,
                 aws_profile=args.aws_settings.get("profile"),
@@ -96,7 +97,7 @@ class SingleNodeStack(pulumi.ComponentResource):
         self.register_outputs(self.outputs.present())
 
 
-def _user_data(base: Foundation, config: StackConfig, plan: Plan) -> pulumi.Output[str]:
+def _user_data(name: str, base: Foundation, config: StackConfig, plan: Plan) -> pulumi.Output[str]:
     """The boot script of every node, once the values only the deploy knows are known."""
     known_at_deploy = pulumi.Output.all(
         image_uri=base.image_uri,
@@ -114,6 +115,7 @@ def _user_data(base: Foundation, config: StackConfig, plan: Plan) -> pulumi.Outp
                 data_s3_uri=str(config.data_s3_uri) if config.data_s3_uri else None,
                 # One node attaches no EFA interface (compute.py).
                 expectation=node_expectation(plan.instance, efa_attached=False),
+                hf_token_secret=hf_token.secret_name(name),
             )
         )
     )

@@ -35,6 +35,8 @@ from training.contract import (
     CRASH_WINDOW_S,
     ERROR_PREFIX,
     FAILURE_PREFIX,
+    HF_HOME_ENV,
+    HF_TOKEN_ENV,
     UNHEALTHY_PREFIX,
     ExitCode,
 )
@@ -50,6 +52,9 @@ SCRATCH_DIR = "/scratch"  # instance-store RAID0 where the type has it: wiped on
 ENV_FILE = f"{ETC_DIR}/training.env"
 AGENT_CONFIG_FILE = f"{ETC_DIR}/cloudwatch-agent.json"
 DATA_DIR = f"{SCRATCH_DIR}/data"
+# Tokenized data, models copied from S3 (TRAIN_CACHE_DIR) and from the Hub (HF_HOME): on the
+# instance store, fetched again after a stop wipes it (the S3 copy of the tokens stays).
+CACHE_DIR = f"{SCRATCH_DIR}/cache"
 JOBS_DIR = f"{STATE_DIR}/jobs"  # each job's config and env file, as the watcher wrote them
 GPU_METRICS_SCRIPT = f"{BIN_DIR}/gpu-metrics.sh"
 JOB_WATCHER = f"{BIN_DIR}/watch-jobs.py"
@@ -89,6 +94,7 @@ class NodeBoot:
     instance_store_drives: int
     data_s3_uri: str | None = None
     alert_topic_arn: str = ""  # where a failed health gate is reported; "": nowhere
+    hf_token_secret: str = ""  # the stack's HF_TOKEN secret (infra/jobs/hf_token.py); "": none
     # The catalog's figures for the node's type, for the health gate.
     expectation: NodeExpectation = field(default_factory=NodeExpectation)
 
@@ -108,6 +114,8 @@ class NodeBoot:
         env = {
             "AWS_REGION": self.region,
             "AWS_DEFAULT_REGION": self.region,
+            "TRAIN_CACHE_DIR": CACHE_DIR,
+            HF_HOME_ENV: f"{CACHE_DIR}/huggingface",
             **self.expectation.to_env(),
         }
         if self.data_s3_uri:
@@ -176,6 +184,7 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "log_group": node.log_group,
                 "data_s3_uri": node.data_s3_uri or "",
                 "data_dir": DATA_DIR,
+                "cache_dir": CACHE_DIR,
                 "env_file": ENV_FILE,
                 "job_watcher": JOB_WATCHER,
                 "gpu_metrics": GPU_METRICS_SCRIPT,
@@ -217,6 +226,8 @@ def render_files(node: NodeBoot) -> dict[str, str]:
                 "reason_prefixes": f"{ERROR_PREFIX.strip()} {FAILURE_PREFIX.strip()}",
                 "code_uri_env": CODE_URI_ENV,
                 "job_log_stream_prefix": spool.JOB_LOG_STREAM_PREFIX,
+                "hf_token_secret": node.hf_token_secret,
+                "hf_token_env": HF_TOKEN_ENV,
             },
         ),
         f"/etc/systemd/system/{UNIT_NAME}": render_template(
@@ -297,6 +308,7 @@ def largest_user_data_bytes() -> int:
         instance_store_drives=99,
         data_s3_uri=f"s3://{'d' * 63}/{'p' * 200}",
         alert_topic_arn=f"arn:aws:sns:ap-southeast-2:123456789012:{'a' * 256}",
+        hf_token_secret=f"gpu-stack/{'s' * 128}/hf-token",
         expectation=NodeExpectation(gpus=8, gpu_model="H200", busbw_gbps=999.5, efa_devices=32),
     )
     return len(_cloud_config(longest).encode())

@@ -35,7 +35,8 @@ def test_hadolint_flags_what_the_dockerfile_avoids(tmp_path):
 
 def test_runtime_runs_the_demo_as_non_root_behind_tini():
     assert re.search(r"^USER 1000:1000$", RUNTIME, flags=re.M)
-    assert 'ENTRYPOINT ["/usr/bin/tini", "-s", "--"]' in RUNTIME
+    assert "COPY --chmod=0755 images/entrypoint.sh /usr/local/bin/entrypoint.sh" in RUNTIME
+    assert 'ENTRYPOINT ["/usr/bin/tini", "-s", "--", "/usr/local/bin/entrypoint.sh"]' in RUNTIME
     assert re.search(r'^CMD \["python", "-m", "training"\]$', RUNTIME, flags=re.M)
 
 
@@ -89,13 +90,14 @@ def test_context_ignore_file_lets_in_exactly_what_the_dockerfile_copies():
     rules = [line for line in ignore if line and not line.startswith("#")]
     assert rules[0] == "*", "everything else stays out of the context (.venv, node_modules)"
     allowed = [rule[1:] for rule in rules if rule.startswith("!")]
-    copied = re.findall(r"^COPY (?!--from)(\S+)", TEXT, flags=re.M)
+    copied = re.findall(r"^COPY (?!--from)(?:--chmod=\S+ )?(\S+)", TEXT, flags=re.M)
     assert copied == [
         "images/locks/${VARIANT}.txt",
         "images/portable_ops.py",
         "pyproject.toml",
         "common/",
         "training/",
+        "images/entrypoint.sh",
     ]
     for source in copied:
         assert any(source.startswith(prefix) for prefix in allowed), source

@@ -32,7 +32,7 @@ def good_config(variant=CPU):
             "DS_ACCELERATOR=cpu",
         ],
         "User": "1000:1000",
-        "Entrypoint": ["/usr/bin/tini", "-s", "--"],
+        "Entrypoint": ["/usr/bin/tini", "-s", "--", "/usr/local/bin/entrypoint.sh"],
         "Cmd": ["python", "-m", "training"],
     }
 
@@ -54,6 +54,8 @@ def test_config_problems_name_each_difference():
         "env DS_ACCELERATOR=None, expected 'cpu'",
         "the image runs as root (User='root')",
         "entrypoint ['python'] is not tini: signals may not reach the trainer",
+        "entrypoint ['python'] does not end in entrypoint.sh: "
+        "`docker run IMAGE --config job.toml` would not train",
     ]
 
 
@@ -90,7 +92,8 @@ class ScriptedContainer:
     """Stands in for buildah: "runs" a job by writing what a real one leaves in its mounts."""
 
     def __init__(self, compiles: str = ""):
-        self.entrypoint = ["/usr/bin/tini", "-s", "--", "python", "-m", "training"]
+        self.entrypoint = ["/usr/bin/tini", "-s", "--", "/usr/local/bin/entrypoint.sh"]
+        self.default_command = [*self.entrypoint, "python", "-m", "training"]
         self.compiles, self.calls = compiles, []
 
     def run(self, command, mounts, env, user=""):
@@ -112,6 +115,8 @@ def test_training_check_fails_when_an_op_is_compiled_at_run_time(tmp_path):
     assert problems == ["DeepSpeed compiled deepspeed_shm_comm at run time: pre-build it"]
     ((_, env, _),) = compiling.calls
     assert env["TORCH_EXTENSIONS_DIR"] == "/smoke/extensions"
+    ((command, _, _),) = compiling.calls
+    assert command[:7] == compiling.default_command
 
 
 def test_slurm_check_runs_as_another_user_without_the_entrypoint(tmp_path):

@@ -208,7 +208,8 @@ def hub_error(config: Config, error: Exception) -> Exception:
         if get_token() is None:
             return ConfigError(
                 f"model.hf = {model!r} is a gated model and HF_TOKEN is not set: accept its "
-                f"terms at {page} and set HF_TOKEN to a token of that account"
+                f"terms at {page} and set HF_TOKEN to a token of that account (on a stack: "
+                "in the shell that runs `up` or `run`)"
             )
         return ConfigError(
             f"model.hf = {model!r} is a gated model that HF_TOKEN's account has no access "

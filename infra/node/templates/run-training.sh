@@ -18,6 +18,7 @@ readonly MIN_DRIVER="@@min_driver@@"
 readonly LOG_GROUP="@@log_group@@"
 readonly DATA_S3_URI="@@data_s3_uri@@"
 readonly DATA_DIR="@@data_dir@@"
+readonly CACHE_DIR="@@cache_dir@@"
 readonly SCRATCH_DIR="@@scratch_dir@@"
 readonly STATE_DIR="@@state_dir@@"
 readonly ENV_FILE="@@env_file@@"
@@ -78,8 +79,9 @@ docker rm --force "$CONTAINER" >/dev/null 2>&1 || true
 # The image may run as a non-root user: the directories it writes through the bind
 # mounts must be that user's. Ask the image (numeric ids, whatever its USER line says).
 owner=$(docker run --rm --entrypoint sh "$IMAGE_URI" -c 'echo "$(id -u):$(id -g)"')
-install -d -o "${owner%:*}" -g "${owner#*:}" "$STATE_DIR/checkpoints" "$STATE_DIR/output"
-log "checkpoints and output under $STATE_DIR belong to the container's user $owner"
+install -d -o "${owner%:*}" -g "${owner#*:}" "$STATE_DIR/checkpoints" "$STATE_DIR/output" \
+  "$CACHE_DIR"
+log "checkpoints and output under $STATE_DIR, the cache $CACHE_DIR belong to the container's user $owner"
 
 docker_args=(
   --name "$CONTAINER"

@@ -46,6 +46,7 @@ CRASH_RESTARTS, CRASH_WINDOW_S = int("@@crash_restarts@@"), float("@@crash_windo
 REASONS = tuple(word + " " for word in str.split("@@reason_prefixes@@"))
 CODE_URI_ENV = "@@code_uri_env@@"
 JOB_LOG_STREAM_PREFIX = "@@job_log_stream_prefix@@"
+HF_TOKEN_SECRET, HF_TOKEN_ENV = "@@hf_token_secret@@", "@@hf_token_env@@"
 # run-training.sh passes the image, then its `docker run` options.
 IMAGE_URI, DOCKER_OPTIONS = sys.argv[1], sys.argv[2:]
 # s3://bucket/jobs: keys start with jobs/
@@ -143,6 +144,21 @@ def set_state(name, state, reason=""):
     return True
 
 
+# The stack's Hugging Face token (`up` and `run` store the user's HF_TOKEN as its secret),
+# read at each job's start: a token stored since the last job counts. "" when none is
+# stored. The token goes nowhere but into the container's environment.
+def hf_token():
+    if not HF_TOKEN_SECRET:
+        return ""
+    read = ("secretsmanager", "get-secret-value", "--secret-id", HF_TOKEN_SECRET)
+    try:
+        return aws(*read, "--query", "SecretString", "--output", "text").rstrip("\n")
+    except subprocess.CalledProcessError as error:
+        if "ResourceNotFoundException" not in error.stderr:
+            log(f"could not read {HF_TOKEN_SECRET} ({error.stderr.strip()}): no {HF_TOKEN_ENV}")
+        return ""
+
+
 # One job's `docker run`: its output passes through, and the last line that says why it
 # ended badly is kept. A container that cannot start (a full disk) is a crash like any.
 class Container:
@@ -176,9 +192,17 @@ class Container:
         # The job's output goes to a log stream of its own (`logs --job NAME`), not node-0's.
         stream = f"awslogs-stream={JOB_LOG_STREAM_PREFIX}{name}"
         docker = [stream if o.startswith("awslogs-stream=") else o for o in DOCKER_OPTIONS]
-        options = [*docker, "--env-file", f"{folder}/job.env", IMAGE_URI]
-        command = ["docker", "run", *options, "python", "-m", "training", *overrides]
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        options = [*docker, "--env-file", f"{folder}/job.env"]
+        # `--env NAME` alone: docker takes the value from its own environment, so the token
+        # is on no command line (docs.docker.com/reference/cli/docker/container/run/#env).
+        environ, token = dict(os.environ), hf_token()
+        if token:
+            environ[HF_TOKEN_ENV] = token
+            options += ["--env", HF_TOKEN_ENV]
+        command = ["docker", "run", *options, IMAGE_URI, "python", "-m", "training", *overrides]
+        return subprocess.Popen(
+            command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
 
     def pass_output(self):
         for raw in self.process.stdout:

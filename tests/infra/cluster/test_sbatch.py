@@ -116,3 +116,59 @@ def test_the_catalog_figures_reach_the_health_gate():
         "export TRAIN_EXPECT_GPUS=8\nexport TRAIN_EXPECT_GPU_MODEL=A100\n"
         "export TRAIN_EXPECT_BUSBW_GBPS=230.0\nexport TRAIN_EXPECT_EFA=4\n"
     ) in script
+
+
+FAKE_AWS = """#!/bin/bash
+echo "aws $*" >> "$CALLS"
+case "$SECRET_STATE" in
+  stored) echo hf_sbatchToken ;;
+  none) echo "An error occurred (ResourceNotFoundException) ..." >&2; exit 254 ;;
+  denied) echo "An error occurred (AccessDeniedException) ..." >&2; exit 254 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("state", ["stored", "none", "denied"])
+def test_the_job_reads_the_stacks_hf_token_and_never_prints_it(tmp_path, state):
+    script = render_sbatch(
+        BatchJob(
+            nodes=1,
+            launch=CLUSTER_LAUNCH,
+            checkpoint_root="/scratch/checkpoints",
+            cache_dir="/scratch/cache",
+            hf_token_secret="gpu-stack/p-s/hf-token",
+            region="eu-west-1",
+        )
+    )
+    # The script's own lines, from the cache folder to the token's export, run as they are.
+    part = script[script.index('cache_dir="') : script.index("export_hf_token\n") + 16]
+    (tmp_path / "aws").write_text(FAKE_AWS)
+    (tmp_path / "aws").chmod(0o755)
+    shown = 'echo "token=${HF_TOKEN:-} cache=$TRAIN_CACHE_DIR hub=$HF_HOME"'
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "CALLS": str(tmp_path / "calls")}
+    done = subprocess.run(
+        ["bash", "-c", f"set -euo pipefail\n{part}\n{shown}"],
+        env={**env, "SECRET_STATE": state},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
+    assert done.returncode == 0, done.stderr
+    *said, seen = done.stdout.splitlines()
+    token = "hf_sbatchToken" if state == "stored" else ""
+    assert seen == f"token={token} cache=/scratch/cache hub=/scratch/cache/huggingface"
+    assert "hf_sbatchToken" not in "".join(said) + done.stderr
+    assert said == (
+        [
+            "slurm: could not read gpu-stack/p-s/hf-token (An error occurred "
+            "(AccessDeniedException) ... ): no HF_TOKEN for this job"
+        ]
+        if state == "denied"
+        else []
+    )
+    assert (tmp_path / "calls").read_text().split() == [
+        *["aws", "secretsmanager", "get-secret-value", "--region", "eu-west-1", "--secret-id"],
+        "gpu-stack/p-s/hf-token",
+        *["--query", "SecretString", "--output", "text"],
+    ]
+    assert "HF_TOKEN" in CLUSTER_LAUNCH.srun_options[-1]  # Pyxis keeps the job's value

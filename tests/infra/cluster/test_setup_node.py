@@ -165,7 +165,9 @@ def test_the_image_uri_names_the_user_the_credentials_file_gives_its_registry(no
     the credentials file Enroot reads ($ENROOT_CONFIG_PATH/.credentials) has a line for that
     registry with that login: Enroot sends it (src/docker.sh, docker::_authenticate)."""
     plan = resolve("p4d.24xlarge", nodes=2, cluster=PARALLELCLUSTER.release())
-    script = job_script(plan, IMAGE_URI, "s3://bucket/checkpoints")
+    script = job_script(
+        plan, IMAGE_URI, "s3://bucket/checkpoints", region="us-east-1", stack_resource="p-s"
+    )
     (image,) = {
         word.removeprefix("--container-image=")
         for line in script.splitlines()

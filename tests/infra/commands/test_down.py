@@ -93,9 +93,15 @@ def test_nothing_left_when_the_stack_deleted_its_own_data(spot_stack, aws):
         down.delete_repository(aws.client("ecr"), REPOSITORY)
 
     stack.on_destroy = delete_data_on_destroy
-    assert down.run(_args(), out=io.StringIO(), sleep=lambda s: None) == (
+    # `up` or `run` stored the user's HF_TOKEN: it goes with the stack.
+    secret = "gpu-stack/gpu-training-stack-l4x1/hf-token"
+    aws.client("secretsmanager").create_secret(Name=secret, SecretString="hf_x")
+    out = io.StringIO()
+    assert down.run(_args(), out=out, sleep=lambda s: None) == (
         "stack l4x1 is destroyed; nothing remains"
     )
+    assert f"deleted the stack's HF_TOKEN secret {secret}" in out.getvalue()
+    assert aws.client("secretsmanager").list_secrets()["SecretList"] == []
 
 
 def test_no_is_no(spot_stack, aws):

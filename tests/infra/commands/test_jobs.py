@@ -277,7 +277,11 @@ def test_jobs_lists_the_jobs_and_reports_each_spool_object_that_is_not_one(stack
     ]
     assert "not a job" in skipped[4] and "unknown state 'paused'" in skipped[5]
     # run and cancel read the same spool: neither trips over the objects either.
-    assert cancel.run(argparse.Namespace(stack=STACK, job="good")).startswith("job good")
+    # No node answers here: a clock past the cancel's wait after one look at the spool.
+    clock = iter(range(0, 10**6, cancel.CANCEL_WAIT_S))
+    said = cancel.run(argparse.Namespace(stack=STACK, job="good"), now=lambda: next(clock))
+    assert said.startswith("job good: cancel requested")
+    assert "jobs/good/cancel" in spool_keys(stack)
 
 
 def test_a_failed_job_is_listed_with_the_nodes_reason(stack, tmp_path):
@@ -288,3 +292,29 @@ def test_a_failed_job_is_listed_with_the_nodes_reason(stack, tmp_path):
     lines = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
     assert lines[1].split()[:2] == ["broken", "failed"]
     assert lines[-1] == f"job broken failed: {why} (exit 1, 4 starts within 6 h)"
+
+
+def test_hf_token_reaches_the_stacks_secret_and_nothing_the_job_writes(
+    stack, tmp_path, monkeypatch
+):
+    """HF_TOKEN from the shell is stored as the stack's secret (updated by a later run, kept
+    by a run without it) and appears in no spool object and no line `run` prints."""
+    import boto3
+
+    secrets = boto3.client("secretsmanager", region_name="us-east-1")
+    name = "gpu-stack/gpu-training-stack-l4x1/hf-token"  # the stack's cost tag value
+    config = write(tmp_path, "gated.toml", GOOD_JOB)
+    monkeypatch.setenv("HF_TOKEN", "hf_first_secret_value")
+    said = run_job.run(run_args(config))
+    assert "HF_TOKEN stored for the stack's jobs (Secrets Manager secret " + name in said
+    monkeypatch.setenv("HF_TOKEN", "hf_second_secret_value")
+    said += run_job.run(run_args(config, name="gated-2"))
+    assert secrets.get_secret_value(SecretId=name)["SecretString"] == "hf_second_secret_value"
+    monkeypatch.delenv("HF_TOKEN")
+    said += run_job.run(run_args(config, name="gated-3"))
+    assert secrets.get_secret_value(SecretId=name)["SecretString"] == "hf_second_secret_value"
+    objects = b"".join(
+        stack.get_object(Bucket=BUCKET, Key=key)["Body"].read() for key in spool_keys(stack)
+    )
+    assert len(spool_keys(stack)) == 3 and b"secret_value" not in objects
+    assert "secret_value" not in said

@@ -245,3 +245,66 @@ def test_a_capacity_block_of_a_type_without_a_block_price_is_refused_at_preview(
     assert cli.main(["plan", "--resources", "--stack-file", str(stack_file)]) == 2
     err = capsys.readouterr().err
     assert "no capacity-block price for g6.2xlarge in us-east-1" in err
+
+
+HF_JOB = """[model]
+hf = "{model}"
+activation_checkpointing = true
+[data]
+kind = "jsonl"
+path = "/no/such/data.jsonl"
+seq_len = 4096
+[train]
+micro_batch_size = 1
+[zero]
+stage = 3
+[precision]
+bf16 = true
+"""
+
+
+@pytest.mark.slow(
+    reason="the estimate imports torch, transformers and DeepSpeed (about 20 s on 2 loaded "
+    "cores); the two plans take about 3 s",
+    seconds=40,
+)
+def test_a_hugging_face_job_is_planned_with_its_memory_per_gpu(tmp_path, monkeypatch, capsys):
+    """Llama 3.1 8B (its config.json alone) at ZeRO-3 fits 8 x A100 80 GiB and not one L4:
+    there `plan` refuses it in one line with the change that fits. Each verdict is the one
+    `python -m training estimate` gives for that GPU."""
+    from training.estimate import report
+    from training.spec.config import load_config
+
+    model = tmp_path / "llama-3.1-8b"
+    model.mkdir()
+    hub = REPO / "tests" / "training" / "data" / "hub" / "meta-llama" / "Llama-3.1-8B"
+    (model / "config.json").write_bytes((hub / "config.json").read_bytes())
+    job = tmp_path / "job.toml"
+    job.write_text(HF_JOB.format(model=model))
+    monkeypatch.setattr(plan, "stack_file_path", lambda name: tmp_path / f"Pulumi.{name}.yaml")
+
+    def plan_with_the_job(profile: str, gpus: int, gpu_type: str) -> tuple[int, str, str, str]:
+        stack = yaml.safe_load((REPO / f"Pulumi.{profile}.yaml").read_text())
+        stack["config"]["gpu:trainConfig"] = str(job)
+        (tmp_path / f"Pulumi.{profile}.yaml").write_text(yaml.safe_dump(stack))
+        code = cli.main(["plan", profile])
+        out, err = capsys.readouterr()
+        estimate = report(load_config(job), gpus=gpus, nodes=1, gpu_type=gpu_type)
+        (verdict,) = [
+            line.removeprefix("your config  ")
+            for line in estimate.splitlines()
+            if line.startswith("your config")
+        ]
+        return code, out, err, verdict
+
+    code, out, err, verdict = plan_with_the_job("a100x8-80g", 8, "A100-80GB")
+    assert code == 0, err
+    assert verdict.endswith(": fits")
+    assert f"memory         {model} on 8 x A100 80 GiB, 72.0 GiB usable: {verdict}" in out
+
+    code, out, err, verdict = plan_with_the_job("l4x1", 1, "L4-24GB")
+    assert code == 2 and out == ""
+    assert verdict.endswith(": does not fit")
+    (line,) = err.splitlines()
+    assert line.startswith(f"error: gpu:trainConfig is '{job}': {model} on 1 x L4 24 GiB")
+    assert f": {verdict}; " in line and "--set zero.offload" in line

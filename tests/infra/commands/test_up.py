@@ -198,3 +198,20 @@ def test_preview_says_in_one_line_when_a_node_is_replaced(stub_stack, monkeypatc
         "instance type, AMI, image or boot scripts changed), which loses its root volume's "
         "local checkpoints"
     )
+
+
+def test_up_stores_hf_token_before_pulumi_creates_the_nodes(stub_stack, aws, monkeypatch):
+    stub_stack.outputs_ = stack_outputs(["i-0abc"], spot=False, image_uri="r/repo:tag")
+    monkeypatch.setenv("HF_TOKEN", "hf_upSecretValue")
+    name = "gpu-stack/gpu-training-stack-l4x1/hf-token"  # <project>-<stack>
+    secrets = aws.client("secretsmanager")
+    seen = []
+    stub_stack.on_up = lambda options: seen.append(
+        secrets.get_secret_value(SecretId=name)["SecretString"]
+    )
+    out = io.StringIO()
+    result = up.run(_args(), out=out, ask=lambda q: "y", probes=READY)
+    assert seen == ["hf_upSecretValue"]  # there when Pulumi's up started
+    said = out.getvalue()
+    assert f"HF_TOKEN stored for the stack's jobs (Secrets Manager secret {name})" in said
+    assert "hf_upSecretValue" not in said + result

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from infra.components.iam import SSM_MANAGED_POLICY, instance_policy
 from infra.config.schema import S3Uri
+from infra.jobs import hf_token
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import node_policy, run_stack
 
@@ -42,6 +43,21 @@ def test_no_data_statement_without_a_data_uri():
     )
 
 
+def test_the_nodes_read_their_stacks_hf_token_secret_and_no_other():
+    policy = instance_policy(BUCKET, REPO, LOGS, hf_token_secret="gpu-stack/p-s/hf-token")
+    assert by_sid(policy)["HuggingFaceToken"] == {
+        "Sid": "HuggingFaceToken",
+        "Effect": "Allow",
+        "Action": ["secretsmanager:GetSecretValue"],
+        # Secrets Manager adds "-" and six characters to the name in the ARN.
+        "Resource": [
+            "arn:aws:secretsmanager:us-east-1:123456789012:secret:gpu-stack/p-s/hf-token-??????"
+        ],
+    }
+    others = [s for s in policy["Statement"] if s["Sid"] != "HuggingFaceToken"]
+    assert not any("secretsmanager" in str(s["Action"]) for s in others)
+
+
 def test_training_data_is_read_only_under_its_prefix():
     statements = by_sid(
         instance_policy(BUCKET, REPO, LOGS, data=S3Uri(bucket="corpus", prefix="tokens/v2"))
@@ -65,3 +81,7 @@ def test_stack_role_trusts_ec2_and_carries_ssm_core():
     assert statements["TrainingDataRead"]["Resource"] == ["arn:aws:s3:::corpus/tokens/*"]
     bucket = one(run, "aws:s3/bucket:Bucket").state["arn"]
     assert statements["CheckpointObjects"]["Resource"] == [f"{bucket}/*"]
+    logs = statements["ContainerLogs"]["Resource"][0]
+    secret = hf_token.secret_name(role.name.removesuffix("-node"))
+    assert statements["HuggingFaceToken"]["Resource"] == [hf_token.secret_arn(logs, secret)]
+    assert secret.startswith("gpu-stack/") and logs.startswith("arn:aws:logs:")

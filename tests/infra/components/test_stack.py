@@ -12,6 +12,7 @@ import pytest
 
 from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import PROJECT, run_program
+from infra.jobs import hf_token
 from infra.knowledge.profiles import load_profiles
 from policy import rules
 from tests.support.infra import data_file_prices
@@ -181,7 +182,9 @@ def test_instance_role_names_only_the_stacks_own_resources(case):
     repository = one(run, "aws:ecr/repository:Repository").state["arn"]
     log_group = training_log_group(run).state["arn"]
     alerts = one(run, "aws:sns/topic:Topic").state["arn"]  # a failed health gate's reason
-    own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*", alerts}
+    # The stack's HF_TOKEN secret, named after the stack (project "gpu-training-stack").
+    secret = hf_token.secret_arn(log_group, hf_token.secret_name("gpu-training-stack-test"))
+    own = {bucket, f"{bucket}/*", repository, log_group, f"{log_group}:*", alerts, secret}
     for statement in node_policy(run)["Statement"]:
         actions = _as_list(statement["Action"])
         resources = _as_list(statement["Resource"])

@@ -523,7 +523,7 @@ def test_scratch_without_instance_store_stays_on_the_root_volume(tmp_path):
 # --- the seam with the trainer (docs/contracts.md, section 3) ------------------------------
 
 # Variables read by the libraries inside the container rather than by the trainer.
-LIBRARY_PREFIXES = ("AWS_", "NCCL_", "FI_", "RDMAV_")
+LIBRARY_PREFIXES = ("AWS_", "NCCL_", "FI_", "RDMAV_", "HF_")
 
 
 def trainer_variables() -> set[str]:

@@ -35,6 +35,7 @@ from training.checkpoint.s3 import S3Mirror
 from training.contract import CRASH_RESTARTS
 from training.spec.config import load_config
 
+HF_TOKEN_SECRET = "gpu-stack/gpu-training-stack-p4d/hf-token"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
 
 # One script for every tool: it records its name and arguments and behaves as the host says.
@@ -51,6 +52,15 @@ case "$tool" in
     done
     set -- "${args[@]}"
     if [ "$1 $2" = "ecr get-login-password" ]; then echo token; fi
+    if [ "$1 $2" = "secretsmanager get-secret-value" ]; then
+      # The stack's secrets, served from the folder $SECRETS (one file per secret name).
+      if [ ! -f "$SECRETS/$4" ]; then
+        echo "An error occurred (ResourceNotFoundException) when calling the GetSecretValue" \
+          "operation: Secrets Manager can't find the specified secret." >&2
+        exit 254
+      fi
+      cat "$SECRETS/$4"
+    fi
     if [ "$1 $2" = "s3 ls" ]; then
       # As the real CLI: whole seconds, and exit 1 with no output when nothing matches.
       prefix=${3#s3://}
@@ -81,6 +91,8 @@ case "$tool" in
         previous=$arg
       done
       set -a; . "$job_env"; set +a
+      # What the container would see of HF_TOKEN: passed by name only (`--env HF_TOKEN`).
+      case " $* " in *" --env HF_TOKEN "*) echo "${HF_TOKEN:-}" > "$CONTAINER_PID.hf-token" ;; esac
       echo "$$" > "$CONTAINER_PID"
       echo "container start $(basename "$(dirname "$job_env")")" >> "$CALLS"
       seconds=$(sed -n 's/^# seconds = //p' "$TRAIN_CONFIG")
@@ -216,6 +228,7 @@ def simulated_host(
             "CALLS": str(calls),
             "S3_ROOT": str(tmp_path / "s3"),
             "CONTAINER_PID": str(tmp_path / "container.pid"),
+            "SECRETS": str(tmp_path / "secrets"),
             **env,
         },
     )
@@ -249,6 +262,7 @@ def p4d_node() -> NodeBoot:
         min_driver="580.65.06",
         checkpoint_s3_uri="s3://stack-checkpoints/checkpoints",
         instance_store_drives=8,
+        hf_token_secret=HF_TOKEN_SECRET,  # none stored, unless a test stores one
     )
 
 
@@ -263,6 +277,9 @@ def test_on_a_dlami_with_its_nvme_mount_the_job_uses_it_and_reaches_docker_run(t
     assert f"mount --bind {dlami} {host.path(userdata.SCRATCH_DIR)}" in calls
     assert not any(line.startswith(("mdadm", "mkfs")) for line in calls)
     assert any(line.startswith("docker run --name gpu-training") for line in calls)
+    # No HF_TOKEN stored for the stack: the job runs without one, and nothing is said.
+    assert not any(" --env HF_TOKEN " in line for line in calls)
+    assert f"could not read {HF_TOKEN_SECRET}" not in result.stdout + result.stderr
 
 
 def test_with_raw_drives_scratch_is_assembled_before_the_job(tmp_path):
@@ -285,6 +302,9 @@ def test_a_failing_mdadm_still_trains_on_the_root_volume(tmp_path):
     assert any(line.startswith("mdadm --create") for line in calls)
     assert not any(line.startswith(("mkfs", "mount -o")) for line in calls)
     assert any(line.startswith("docker run --name gpu-training") for line in calls)
+    # No HF_TOKEN stored for the stack: the job runs without one, and nothing is said.
+    assert not any(" --env HF_TOKEN " in line for line in calls)
+    assert f"could not read {HF_TOKEN_SECRET}" not in result.stdout + result.stderr
 
 
 def test_the_unit_waits_for_the_amis_nvme_setup_and_the_fabric_manager():
@@ -422,11 +442,28 @@ def test_cancel_stops_a_running_job_with_a_checkpoint_and_skips_a_queued_one(tmp
 
 
 def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
+    secret, token = HF_TOKEN_SECRET, "hf_sImUlAtEdToKeN"
     boot = NodeBoot(**{**p4d_node().__dict__, "data_s3_uri": "s3://corpus/tokens"})
     host = simulated_host(tmp_path, boot, default_job=False)
     host.submit("lr-sweep", seconds=0)
+    (tmp_path / "secrets" / secret).parent.mkdir(parents=True)
+    (tmp_path / "secrets" / secret).write_text(token + "\n")  # as `aws ... --output text`
     result = start_unit(host)
     assert result.returncode == 0, result.stdout + result.stderr
+    # The stack's HF_TOKEN reaches the container, and no log line, command line, file on the
+    # node or object in S3.
+    assert (tmp_path / "container.pid.hf-token").read_text() == token + "\n"
+    written = [
+        path.read_bytes()
+        for folder in (host.root, tmp_path / "s3")
+        for path in folder.rglob("*")
+        if path.is_file()
+    ]
+    assert not any(token.encode() in content for content in written)
+    assert token not in result.stdout + result.stderr + host.calls.read_text()
+    # The node's cache is on the scratch disk, owned by the container's user.
+    cache = host.path(userdata.CACHE_DIR)
+    assert cache.is_dir() and any(str(cache) in line for line in host.called() if "install" in line)
     job_env = host.path(f"{userdata.JOBS_DIR}/lr-sweep/job.env").read_text().splitlines()
     env = dict(line.split("=", 1) for line in host.path(userdata.ENV_FILE).read_text().splitlines())
     env |= dict(line.split("=", 1) for line in job_env)
@@ -435,6 +472,7 @@ def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
     assert config.checkpoint_dir == host.path(f"{userdata.STATE_DIR}/checkpoints/lr-sweep")
     assert Path(config.output_dir) == host.path(f"{userdata.STATE_DIR}/output/lr-sweep")
     assert config.data.path == str(host.path(userdata.DATA_DIR))
+    assert env["TRAIN_CACHE_DIR"] == str(cache) and env["HF_HOME"] == f"{cache}/huggingface"
     assert (
         S3Mirror.from_uri(env["TRAIN_S3_URI"]).uri == "s3://stack-checkpoints/checkpoints/lr-sweep"
     )

@@ -19,7 +19,15 @@ from tests.training.tiny_hf import (
     save_model,
 )
 
-pytestmark = pytest.mark.multiprocess
+pytestmark = [
+    pytest.mark.multiprocess,
+    # Measured 31 s on 2 cores under a load of about 8; the two ranks' start (torch,
+    # transformers, DeepSpeed) is most of it.
+    pytest.mark.slow(
+        reason="two gloo ranks build a tiny Llama at ZeRO-3, then rank 0 once more whole",
+        seconds=60,
+    ),
+]
 
 LAYERS = 8  # so that one module is a small part of the model
 

@@ -96,7 +96,7 @@ def test_a_record_without_the_text_field_names_the_fields_it_has(tmp_path, tiny_
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="a tokenizing process per core, each importing transformers", seconds=600)
+@pytest.mark.slow(reason="a tokenizing process per core, each importing transformers", seconds=50)
 def test_many_chats_are_tokenized_on_every_core_in_their_order(tmp_path, tiny_hf, monkeypatch):
     """Past one batch of chats, a tokenizing process per core: the documents still come
     out in the records' order, each as the template renders it."""
