@@ -97,6 +97,16 @@ def _summary(run: Callable) -> str | None:
     return lines[0] if lines else None
 
 
+def _refuse_empty_names(args: argparse.Namespace) -> None:
+    """`plan ''` names no stack: refused, not read as the default one."""
+    for positional in ("stack", "profile"):
+        if getattr(args, positional, None) == "":
+            raise ConfigError(
+                f"{positional} name is '' (empty): give one (see `python -m infra offers`), "
+                "or leave it out for the default"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
@@ -117,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_parser(name, help=help_line, add_help=False)
     try:
         args = parser.parse_args(argv)
+        _refuse_empty_names(args)
         output = COMMANDS[args.command][1](args)
     except (ConfigError, MatrixError) as exc:
         print(f"error: {exc}", file=sys.stderr)

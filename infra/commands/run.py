@@ -82,11 +82,10 @@ def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> N
     path = stack_file_path(stack_name)
     stack_config = load_stack_file(path)
     plan = resolve_plan(stack_config, stack_region(stack_file_region(path)))
-    try:
-        job = stack_config.model_copy(update={"train_config": config.resolve()})
-        check_plan(job, plan, overrides)
-    except ConfigError as exc:
-        raise ConfigError(f"--config {config}: {exc}") from None
+    job = stack_config.model_copy(update={"train_config": config.resolve()})
+    # The error names the job as typed here, not the stack key it is checked through.
+    sets = "".join(f" --set {item}" for item in overrides)
+    check_plan(job, plan, overrides, named=f"--config {config}{sets}")
 
 
 def code_archive(folder: Path) -> bytes:

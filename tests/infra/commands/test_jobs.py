@@ -91,8 +91,14 @@ def test_a_set_the_trainer_would_refuse_is_checked_with_the_config(stack, tmp_pa
     with pytest.raises(ConfigError) as refused:
         run_job.run(run_args(job, overrides=["train.global_batch_size=12"]))
     assert "world size 8" in str(refused.value) and "12" in str(refused.value)
-    with pytest.raises(ConfigError, match=r"train\.stepz"):
+    # Named as typed: the file and the --set, not the stack key it is checked through.
+    assert str(refused.value).startswith(f"--config {job} --set train.global_batch_size=12: ")
+    with pytest.raises(ConfigError) as refused:
         run_job.run(run_args(job, overrides=["train.stepz=3"]))
+    assert "gpu:trainConfig" not in str(refused.value)
+    assert "--set train.stepz=3" in str(refused.value) and "train.stepz: unknown key" in str(
+        refused.value
+    )
     assert spool_keys(stack) == []
 
 
