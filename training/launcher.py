@@ -131,15 +131,24 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
         # after its shutdown timeout instead of letting them checkpoint.
         signals_to_handle="SIGHUP,SIGQUIT",
     )
-    previous = {
-        sig: signal.signal(sig, _forward_to_workers) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
+    _stopped_at_once.clear()
+
+    def on_stop_signal(signum: int, frame) -> None:
+        trained = max(hang_watch.steps().values(), default=-1) >= 0
+        if signum == signal.SIGINT and (not trained or "SIGINT" in _forwarded):
+            _stop_at_once()
+        else:
+            _forward_to_workers(signum, frame)
+
+    previous = {sig: signal.signal(sig, on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if startup.stop_requested():  # between the caller's check and the handlers above
             return stopped_before_training(startup.stop_requested())
         with hang_watch:
             elastic_launch(config, sys.executable)("-m", WORKER_MODULE, *worker_args)
     except ChildFailedError as error:
+        if _stopped_at_once:
+            return _cancelled()
         if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
             _say_why(hang_watch.hang.sentence())
             return HANG_EXIT
@@ -218,11 +227,32 @@ def _say_why(reason: str) -> None:
 
 
 def stopped_before_training(signal_name: str | None) -> int:
+    """A stop request before any worker started: Ctrl-C ends the run (130), SIGTERM (a
+    spot notice, `docker stop`) asks for a restart (75); nothing trained either way."""
+    if signal_name == "SIGINT":
+        return _cancelled()
     log.warning("received %s: %s (exit code 75)", signal_name, STOPPED_BEFORE_TRAINING)
     return ExitCode.INTERRUPTED
 
 
+def _cancelled() -> int:
+    log.warning("received SIGINT: %s (exit code 130)", EXIT_MEANING[ExitCode.CANCELLED])
+    return ExitCode.CANCELLED
+
+
 _forwarded: list[str] = []  # the stop signals passed on to the workers
+_stopped_at_once: list[bool] = []  # a Ctrl-C that killed the workers instead
+
+
+def _stop_at_once() -> None:
+    """Ctrl-C before the first step (nothing worth a checkpoint yet) or a second Ctrl-C:
+    kill every worker and its data loaders now, without a checkpoint."""
+    _stopped_at_once.append(True)
+    workers = psutil.Process().children(recursive=True)
+    log.warning("received SIGINT: stopping %d worker process(es) at once", len(workers))
+    for worker in workers:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            worker.kill()
 
 
 def _forward_to_workers(signum: int, _frame) -> None:
