@@ -8,7 +8,7 @@ Each command registers itself in `COMMANDS` (name -> (add_arguments, run)); a ne
 command adds one entry; the first line of its `run` docstring (else of its module's)
 is its `--help` line.
 `run` returns the text to print, or an Outcome (text, exit status).
-Bad input ends in a one-line error and exit 2.
+Bad input, and a setup mistake (common/setup_errors.py), end in a one-line error and exit 2.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.pipes import run_until_pipe_closes
+from common.setup_errors import explain
 from images.matrix import MatrixError
 from infra.commands import (
     cancel,
@@ -135,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: nothing more was changed", file=sys.stderr)
         return 130
+    except Exception as exc:  # a setup mistake (not logged in, no network, ...): one line
+        line = explain(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     text, code = output if isinstance(output, Outcome) else (output, 0)
     if text:
         print(text)
