@@ -76,7 +76,7 @@ def _aws(error: BaseException) -> tuple[str, str] | None:
         where = error.kwargs.get("endpoint_url", "AWS")
         return (
             f"no network: cannot reach {where}",
-            "check this machine's connection (and HTTPS_PROXY if it needs one), then run this again",
+            "check this machine's connection (and HTTPS_PROXY if it needs one), then try again",
         )
     if isinstance(error, (botocore.SSOError, botocore.TokenRetrievalError)):
         return f"the AWS login has expired ({error})", "run `aws sso login`, then this again"
