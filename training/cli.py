@@ -29,7 +29,13 @@ from training.code import use_job_code
 from training.components import preflight
 from training.contract import ERROR_PREFIX, FAILURE_PREFIX, PREPARED_DATA_ENV, ExitCode
 from training.ds_config import build_ds_config
-from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
+from training.environment import (
+    TopologyError,
+    TrainerEnv,
+    check_job_folders,
+    check_writable_dirs,
+    read_environment,
+)
 from training.fresh import move_aside
 from training.inputs import gather
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
@@ -140,6 +146,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         topo = topology_from_env(env)
         use_job_code(env)  # before the builders import: they may live in it
         config, batch = load(args, env, topo.world_size)
+        check_job_folders(config.output_dir, config.checkpoint_dir, env.op_cache_dir)
         preflight(config)
         check_driver(env.min_driver, installed_driver())
         check_precision(

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import NoReturn
 
+from common.setup_errors import explain
 from training import logs, startup
 from training.contract import ERROR_PREFIX, ExitCode
 from training.environment import TopologyError, TrainerEnv, read_environment
@@ -57,8 +58,15 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
         record_worker_error(env.heartbeat_dir, placement.rank, str(error))
         code = error.exit_code
     except Exception as error:
-        log.exception("rank %d failed", placement.rank)
-        record_worker_error(env.heartbeat_dir, placement.rank, f"{type(error).__name__}: {error}")
+        # A full disk or a folder it cannot write is said in one line (the launcher repeats
+        # it once for the job); anything else is a bug, with its traceback.
+        setup = explain(error)
+        if setup is None:
+            log.exception("rank %d failed", placement.rank)
+        else:
+            log.error("rank %d: %s", placement.rank, setup)
+        reason = setup or f"{type(error).__name__}: {error}"
+        record_worker_error(env.heartbeat_dir, placement.rank, reason)
         code = ExitCode.FAILED
     # Interpreter shutdown spends seconds in native finalizers (communication backends)
     # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
