@@ -143,7 +143,9 @@ class DataConfig(Section):
     synthetic_samples: int = Field(default=100_000, gt=0, le=10**12)
     # Encoder presets (bert-*): the fraction of tokens hidden for the model to predict.
     mask_prob: float = Field(default=0.15, gt=0, lt=1)
-    num_workers: int = Field(default=0, ge=0, le=256)
+    # DataLoader processes per rank; "auto": the machine's CPUs shared by its ranks, one
+    # kept for each rank itself, at most 10 (training/data.py, data_workers).
+    num_workers: Annotated[int, Field(ge=0, le=256)] | Literal["auto"] = 0
     # Image kinds: the side of the square crop the model sees, and the number of classes.
     image_size: int = Field(default=224, ge=16, le=8192)
     num_classes: int | None = Field(default=None, gt=1)
