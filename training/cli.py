@@ -146,8 +146,8 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         topo = topology_from_env(env)
         use_job_code(env)  # before the builders import: they may live in it
         config, batch = load(args, env, topo.world_size)
+        preflight(config)  # its own words for a checkpoint folder nobody can create
         check_job_folders(config.output_dir, config.checkpoint_dir, env.op_cache_dir)
-        preflight(config)
         check_driver(env.min_driver, installed_driver())
         check_precision(
             bf16=config.precision.bf16,
