@@ -164,10 +164,12 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
                     rank, failure.local_rank, failure.exitcode, topo.node_rank, node, reason
                 )
                 log.error(line)
-                lines.append((reason is None, line))  # a worker that said why comes first
+                # A worker that said why comes first; one that only says a peer failed, last.
+                peer = reason is not None and reason.startswith(AFTER_PEER)
+                lines.append((reason is None, peer, line))
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         if lines:
-            _say_why(min(lines)[1])
+            _say_why(min(lines)[-1])
         return code
     finally:
         for sig, handler in previous.items():
@@ -207,6 +209,22 @@ def record_worker_error(folder: Path | None, rank: int, reason: str) -> None:
     if folder is not None:
         with contextlib.suppress(OSError):
             _worker_error_file(folder, rank).write_text(" ".join(reason.split())[:_REASON_CHARS])
+
+
+AFTER_PEER = "stopped after another rank failed: "
+
+
+def peer_error(folder: Path | None, rank: int) -> str | None:
+    """Worker side: why another rank of this node failed, if one said so already. A rank
+    whose collective broke because a peer died (a gloo or NCCL error) then says that in one
+    line, instead of a traceback that buries the cause."""
+    if folder is None:
+        return None
+    for path in sorted(folder.glob("rank-*.error")):
+        if path != _worker_error_file(folder, rank):
+            with contextlib.suppress(OSError):
+                return path.read_text().strip() or None
+    return None
 
 
 def _worker_error(folder: Path, rank: int) -> str | None:

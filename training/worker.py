@@ -25,7 +25,7 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.cli import configure_logging, load, parser
     from training.interrupt import StopFlag, spot_endpoint_from_env
-    from training.launcher import die_with_launcher, record_worker_error
+    from training.launcher import AFTER_PEER, die_with_launcher, peer_error, record_worker_error
     from training.oom import OutOfMemory
     from training.spec.config import ConfigError
     from training.trainer import Placement, Trainer
@@ -61,11 +61,16 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
         # A full disk or a folder it cannot write is said in one line (the launcher repeats
         # it once for the job); anything else is a bug, with its traceback.
         setup = explain(error)
-        if setup is None:
-            log.exception("rank %d failed", placement.rank)
-        else:
+        broken = setup is None and _collective_broke(error)
+        peer = peer_error(env.heartbeat_dir, placement.rank) if broken else None
+        if setup is not None:
             log.error("rank %d: %s", placement.rank, setup)
-        reason = setup or f"{type(error).__name__}: {error}"
+        elif peer is not None:  # the cause is the other rank's, already said
+            log.error("rank %d stopped: another rank failed first (%s)", placement.rank, peer)
+        else:
+            log.exception("rank %d failed", placement.rank)
+        reason = setup or (f"{AFTER_PEER}{peer}" if peer else None)
+        reason = reason or f"{type(error).__name__}: {error}"
         record_worker_error(env.heartbeat_dir, placement.rank, reason)
         code = ExitCode.FAILED
     # Interpreter shutdown spends seconds in native finalizers (communication backends)
@@ -75,6 +80,17 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _collective_broke(error: Exception) -> bool:
+    """A collective that failed because a peer rank went away: torch raises DistError
+    subclasses (torch.distributed), or a RuntimeError from gloo naming the lost connection."""
+    import torch.distributed
+
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("gloo" in text.lower() or "NCCL" in text)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,13 @@ def test_the_worker_entry_point_refuses_to_start_without_the_launcher():
         "error: python -m training.worker is one rank of a job, started by the launcher "
         "(RANK is unset): run python -m training\n"
     )
+
+
+def test_a_rank_whose_peer_failed_first_points_at_the_peer_s_reason(tmp_path):
+    from training.launcher import peer_error, record_worker_error
+
+    assert peer_error(tmp_path, 1) is None and peer_error(None, 1) is None
+    record_worker_error(tmp_path, 1, "its own")
+    assert peer_error(tmp_path, 1) is None  # its own reason is not a peer's
+    record_worker_error(tmp_path, 0, "no space left on the disk holding /data/runs/x: free some")
+    assert peer_error(tmp_path, 1) == "no space left on the disk holding /data/runs/x: free some"
