@@ -16,6 +16,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -172,6 +174,7 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
             _say_why(min(lines)[-1])
         return code
     finally:
+        _stopped_at_once.clear()  # ends the killing thread, if any
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(heartbeats, ignore_errors=True)
@@ -264,13 +267,22 @@ _stopped_at_once: list[bool] = []  # a Ctrl-C that killed the workers instead
 
 def _stop_at_once() -> None:
     """Ctrl-C before the first step (nothing worth a checkpoint yet) or a second Ctrl-C:
-    kill every worker and its data loaders now, without a checkpoint."""
-    _stopped_at_once.append(True)
-    workers = psutil.Process().children(recursive=True)
-    log.warning("received SIGINT: stopping %d worker process(es) at once", len(workers))
-    for worker in workers:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            worker.kill()
+    kill every worker and its data loaders now, without a checkpoint. torch's agent may
+    still be starting workers (and, once one died, SIGTERMs the rest and waits 30 s for
+    them): every process it starts from here on is killed too, until launch() returns."""
+    first = not _stopped_at_once
+    _stopped_at_once.append(True)  # before the thread starts: it runs while this is set
+    if first:
+        log.warning("received SIGINT: stopping the workers at once")
+        threading.Thread(target=_keep_killing_workers, name="stop-at-once", daemon=True).start()
+
+
+def _keep_killing_workers() -> None:
+    while _stopped_at_once:
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        time.sleep(0.05)
 
 
 def _forward_to_workers(signum: int, _frame) -> None:
