@@ -192,7 +192,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of "
             f"{topo.nnodes} (world size {topo.world_size}), output in {config.output_dir}",
         )
-        return launch(topo, argv, config.watchdog, env.node_name)
+        return launch(topo, argv, config.watchdog, env.node_name, env.op_cache_dir)
     finally:
         lock.release()
 

@@ -101,7 +101,13 @@ def rendezvous_port(topo: Topology, env: TrainerEnv) -> Topology:
     return topo
 
 
-def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, node: str) -> int:
+def launch(
+    topo: Topology,
+    worker_args: list[str],
+    watchdog: WatchdogConfig,
+    node: str,
+    op_cache: Path | None = None,
+) -> int:
     """Run `python -m training.worker <worker_args>` on every local rank; return the job's
     exit code.
 
@@ -150,6 +156,8 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
             elastic_launch(config, sys.executable)("-m", WORKER_MODULE, *worker_args)
     except ChildFailedError as error:
         if _stopped_at_once:
+            if op_cache is not None:
+                release_op_build_locks(heartbeats, op_cache)
             return _cancelled()
         if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
             _say_why(hang_watch.hang.sentence())
@@ -275,6 +283,18 @@ def _stop_at_once() -> None:
     if first:
         log.warning("received SIGINT: stopping the workers at once")
         threading.Thread(target=_keep_killing_workers, name="stop-at-once", daemon=True).start()
+
+
+def release_op_build_locks(marks: Path, op_cache: Path) -> None:
+    """Remove the build locks of the ops killed workers were loading. torch's build lock
+    (torch/utils/file_baton.py, FileBaton: a `lock` file in the op's build folder) is
+    waited on forever by the next start when its holder died, so a Ctrl-C during a first
+    start would otherwise hang every later one on this machine."""
+    for mark in marks.glob(f"rank-*{startup.OP_BUILD_MARK}"):
+        name = mark.read_text().strip()
+        for lock in [*op_cache.glob(f"{name}/lock"), *op_cache.glob(f"*/{name}/lock")]:
+            log.warning("removing %s, left by a worker stopped while it built", lock)
+            lock.unlink(missing_ok=True)
 
 
 def _keep_killing_workers() -> None:

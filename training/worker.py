@@ -32,7 +32,7 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     from training.watchdog import install_stack_dump
 
     args = parser().parse_args(argv)
-    startup.watch_op_builds()
+    startup.watch_op_builds(env.heartbeat_dir, env.rank or 0)
     die_with_launcher(env)
     placement = Placement.from_env(env)
     install_stack_dump(env.heartbeat_dir, placement.rank)
