@@ -2,19 +2,25 @@
 # `make test` runs the test suite. Both prepare .venv on first use.
 # `make test-fast` is the inner loop: every test that needs no Slurm cluster, no image
 # build and no training processes.
-.PHONY: demo test test-fast lint bootstrap
+.PHONY: demo test test-fast lint bootstrap bootstrap-demo
 
 # Parallel test workers (pytest-xdist). Tests that share the loopback Slurm cluster, or the
 # image build, stay together on one worker (--dist loadgroup, tests/support/suite_time.py).
 TEST_WORKERS ?= 3
 PYTEST = .venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
 
+# The demo needs the Python environment only; the tests also need test-only tools
+# (Slurm, munge, buildah, ...: scripts/bootstrap lists them).
 bootstrap:
 	scripts/bootstrap
 
-demo: bootstrap
+bootstrap-demo:
+	scripts/bootstrap --demo
+
+# The DeepSpeed op bootstrap compiled: the demo's first step does not wait for a build.
+demo: bootstrap-demo
 	.venv/bin/python -m infra plan a100x8 --resources
-	.venv/bin/python -m training
+	TORCH_EXTENSIONS_DIR=$(CURDIR)/.venv/torch_extensions .venv/bin/python -m training
 
 test: bootstrap lint
 	$(PYTEST)

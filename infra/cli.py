@@ -8,7 +8,7 @@ Each command registers itself in `COMMANDS` (name -> (add_arguments, run)); a ne
 command adds one entry; the first line of its `run` docstring (else of its module's)
 is its `--help` line.
 `run` returns the text to print, or an Outcome (text, exit status).
-Bad input ends in a one-line error and exit 2.
+Bad input, and a setup mistake (common/setup_errors.py), end in a one-line error and exit 2.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common.pipes import run_until_pipe_closes
+from common.setup_errors import explain
 from images.matrix import MatrixError
 from infra.commands import (
     cancel,
@@ -97,6 +98,16 @@ def _summary(run: Callable) -> str | None:
     return lines[0] if lines else None
 
 
+def _refuse_empty_names(args: argparse.Namespace) -> None:
+    """`plan ''` names no stack: refused, not read as the default one."""
+    for positional in ("stack", "profile"):
+        if getattr(args, positional, None) == "":
+            raise ConfigError(
+                f"{positional} name is '' (empty): give one (see `python -m infra offers`), "
+                "or leave it out for the default"
+            )
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] and argv[0] in TRAINING_COMMANDS:
@@ -117,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         commands.add_parser(name, help=help_line, add_help=False)
     try:
         args = parser.parse_args(argv)
+        _refuse_empty_names(args)
         output = COMMANDS[args.command][1](args)
     except (ConfigError, MatrixError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -124,6 +136,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: nothing more was changed", file=sys.stderr)
         return 130
+    except Exception as exc:  # a setup mistake (not logged in, no network, ...): one line
+        line = explain(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     text, code = output if isinstance(output, Outcome) else (output, 0)
     if text:
         print(text)

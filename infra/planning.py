@@ -97,17 +97,20 @@ def _resolve_for_cluster(config: StackConfig, profile_plan: Plan, region: str) -
         ) from None
 
 
-def check_plan(config: StackConfig, plan: Plan, overrides: Sequence[str] = ()) -> None:
+def check_plan(
+    config: StackConfig, plan: Plan, overrides: Sequence[str] = (), *, named: str | None = None
+) -> None:
     """The refusals that need the plan: the guardrails' (instance type allowed, budget at the
     price of the stack's market, alerts) and the trainer's on gpu:trainConfig, with
-    `overrides` (`--set KEY=VALUE`) over it as the trainer will apply them."""
+    `overrides` (`--set KEY=VALUE`) over it as the trainer will apply them. `named` is how
+    the user gave the job (`run`'s "--config job.toml"), the key gpu:trainConfig otherwise."""
     config.guardrails.check_instance_type(plan.instance.type)
     config.guardrails.check_against(hourly_usd(plan, config.market))
     if config.train_config is not None:
-        _check_train_config(config, plan, overrides)
+        _check_train_config(config, plan, overrides, named)
 
 
-def train_config_text(config: StackConfig) -> str | None:
+def train_config_text(config: StackConfig, named: str | None = None) -> str | None:
     """gpu:trainConfig's TOML text, refused unless it parses; None when the key is unset
     (the image's default job)."""
     if config.train_config is None:
@@ -117,13 +120,13 @@ def train_config_text(config: StackConfig) -> str | None:
     path = find_project_root() / config.train_config
     if not path.is_file():
         _refuse_train_config(
-            config, "not a file (give the path of a training TOML, relative to Pulumi.yaml)"
+            config, "not a file (give the path of a training TOML, relative to Pulumi.yaml)", named
         )
     try:
         text = path.read_text()
         tomllib.loads(text)
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        _refuse_train_config(config, f"not valid TOML ({exc})")
+        _refuse_train_config(config, f"not valid TOML ({exc})", named)
     return text
 
 
@@ -159,11 +162,13 @@ def memory_line(config: StackConfig, plan: Plan) -> str | None:
     return f"{job.model.hf} on {where}: {needs}"
 
 
-def _refuse_train_config(config: StackConfig, reason: str) -> None:
-    raise ConfigError(f"gpu:trainConfig is {str(config.train_config)!r}: {reason}")
+def _refuse_train_config(config: StackConfig, reason: str, named: str | None = None) -> None:
+    raise ConfigError(f"{named or f'gpu:trainConfig is {str(config.train_config)!r}'}: {reason}")
 
 
-def _check_train_config(config: StackConfig, plan: Plan, overrides: Sequence[str]) -> None:
+def _check_train_config(
+    config: StackConfig, plan: Plan, overrides: Sequence[str], named: str | None
+) -> None:
     """Run the trainer's own start-up checks on gpu:trainConfig against the stack's GPUs.
 
     The node runs them again and exits 2, but only once the instances are up and billing;
@@ -171,7 +176,7 @@ def _check_train_config(config: StackConfig, plan: Plan, overrides: Sequence[str
     builder ("package.module:function") is checked for its form only: its package is in the
     image, not in this venv, so the node checks it imports.
     """
-    train_config_text(config)  # readable, TOML
+    train_config_text(config, named)  # readable, TOML
     paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
     try:
         job = load_config(find_project_root() / config.train_config, overrides, env=paths)
@@ -187,4 +192,5 @@ def _check_train_config(config: StackConfig, plan: Plan, overrides: Sequence[str
             config,
             f"the trainer would refuse it on {plan.nodes} x {plan.instance.type} (world size "
             f"{plan.gpus}, compute capability {plan.instance.compute_capability}): {exc}",
+            named,
         )

@@ -29,7 +29,13 @@ from training.code import use_job_code
 from training.components import preflight
 from training.contract import ERROR_PREFIX, FAILURE_PREFIX, PREPARED_DATA_ENV, ExitCode
 from training.ds_config import build_ds_config
-from training.environment import TopologyError, TrainerEnv, check_writable_dirs, read_environment
+from training.environment import (
+    TopologyError,
+    TrainerEnv,
+    check_job_folders,
+    check_writable_dirs,
+    read_environment,
+)
 from training.fresh import move_aside
 from training.inputs import gather
 from training.launcher import launch, rendezvous_port, stopped_before_training, topology_from_env
@@ -140,7 +146,8 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         topo = topology_from_env(env)
         use_job_code(env)  # before the builders import: they may live in it
         config, batch = load(args, env, topo.world_size)
-        preflight(config)
+        preflight(config)  # its own words for a checkpoint folder nobody can create
+        check_job_folders(config.output_dir, config.checkpoint_dir, env.op_cache_dir)
         check_driver(env.min_driver, installed_driver())
         check_precision(
             bf16=config.precision.bf16,
@@ -185,7 +192,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             f"starting {topo.nproc_per_node} worker(s) on node {topo.node_rank} of "
             f"{topo.nnodes} (world size {topo.world_size}), output in {config.output_dir}",
         )
-        return launch(topo, argv, config.watchdog, env.node_name)
+        return launch(topo, argv, config.watchdog, env.node_name, env.op_cache_dir)
     finally:
         lock.release()
 

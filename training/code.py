@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from training.contract import CODE_URI_ENV
@@ -71,6 +72,20 @@ def _unpacked(uri: str) -> Path:
 
 def _missing_requirements(path: Path) -> list:
     """The requirements of `path` the image lacks; ConfigError on one it has another version of."""
+    return requirements_against(path, _installed_version, "the image's")
+
+
+def _installed_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def requirements_against(path: Path, version_of: Callable[[str], str | None], whose: str) -> list:
+    """The requirements of `path` that `version_of` (a package's version, None when absent)
+    lacks; ConfigError on one it has another version of. The node checks against what the
+    image has installed, `run --code` against the image's lock file, before uploading."""
     if not path.is_file():
         return []
     # Here: the command line imports CODE_URI_ENV from this module without the trainer's
@@ -88,14 +103,13 @@ def _missing_requirements(path: Path) -> list:
             raise ConfigError(
                 f"{path.name} line {number}: {text!r} is not a requirement ({error})"
             ) from None
-        try:
-            installed = importlib.metadata.version(requirement.name)
-        except importlib.metadata.PackageNotFoundError:
+        installed = version_of(requirement.name)
+        if installed is None:
             missing.append(requirement)
             continue
         if not requirement.specifier.contains(installed, prereleases=True):
             raise ConfigError(
-                f"{path.name} line {number}: {text!r} conflicts with the image's "
+                f"{path.name} line {number}: {text!r} conflicts with {whose} "
                 f"{requirement.name} {installed}: drop the line (the image's version is used) "
                 "or build an image with it"
             )

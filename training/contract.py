@@ -27,6 +27,10 @@ class ExitCode(IntEnum):
     # stops the node, the Slurm job drains it and is requeued onto others. 69 is
     # EX_UNAVAILABLE (sysexits.h).
     NODE_UNHEALTHY = 69
+    # Ctrl-C (SIGINT) before any rank finished a step, or a second Ctrl-C: stopped at once,
+    # no checkpoint written, nothing restarted or requeued. 130 is 128 + SIGINT, the shell's
+    # own code for a command Ctrl-C ended.
+    CANCELLED = 130
 
 
 # A hang (no rank finished a step within the watchdog's bound) ends the job with the
@@ -49,6 +53,7 @@ EXIT_MEANING = {
     ExitCode.BAD_CONFIG: "the configuration or environment was rejected; nothing was trained",
     ExitCode.INTERRUPTED: "interrupted and checkpointed: run the same command again to resume",
     ExitCode.NODE_UNHEALTHY: "this node failed its health gate: train on another node",
+    ExitCode.CANCELLED: "stopped at once by Ctrl-C: no checkpoint was written by this run",
 }
 
 # The gate's last line on a failing node starts with this; the Slurm job drains the node

@@ -11,6 +11,7 @@ targets being inputs shifted by one token.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,17 @@ import torch
 from torch.utils.data import Dataset
 
 from training.watchdog import install_loader_stack_dump
+
+MAX_AUTO_WORKERS = 10
+
+
+def data_workers(num_workers: int | str, ranks_per_node: int, cpus: int | None = None) -> int:
+    """data.num_workers as a count: "auto" shares this machine's CPUs among its ranks, one
+    kept for each rank's own work, at most 10 (2 ranks on 2 cores: none; 1 rank on 8 vCPUs: 7)."""
+    if num_workers != "auto":
+        return int(num_workers)
+    cpus = cpus if cpus is not None else len(os.sched_getaffinity(0))
+    return max(0, min(MAX_AUTO_WORKERS, cpus // max(1, ranks_per_node) - 1))
 
 
 def worker_processes(num_workers: int) -> dict:

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import socket
 import tempfile
 import urllib.parse
@@ -57,6 +58,10 @@ class TrainerEnv:
     code_uri: str | None = None  # TRAIN_CODE_URI: the job's own code (training/code.py)
     # TRAIN_CACHE_DIR: tokenized data and models copied from S3, on the node's local disk.
     cache_dir: Path = field(default_factory=lambda: _default_cache_dir({}))
+    # Where DeepSpeed's JIT-compiled ops are cached: TORCH_EXTENSIONS_DIR, else
+    # torch_extensions in the user's cache folder (torch/utils/cpp_extension.py,
+    # get_default_build_root, through torch._appdirs.user_cache_dir).
+    op_cache_dir: Path = field(default_factory=lambda: _op_cache_dir({}))
     # PYTHONPATH as inherited: the job's code goes before it, for the launcher's ranks too.
     python_path: str | None = None
     expect: NodeExpectation = field(default_factory=NodeExpectation)
@@ -95,6 +100,7 @@ class TrainerEnv:
             usd_per_hour=_price(environ.get("TRAIN_USD_PER_HOUR", "")),
             code_uri=environ.get("TRAIN_CODE_URI", "").strip() or None,
             cache_dir=_default_cache_dir(environ),
+            op_cache_dir=_op_cache_dir(environ),
             python_path=environ.get("PYTHONPATH") or None,
             expect=_expectation(environ),
             launcher_pid=_integer(environ, LAUNCHER_PID_ENV, None),
@@ -142,6 +148,13 @@ def _default_cache_dir(environ: Mapping[str, str]) -> Path:
     if environ.get("TRAIN_CACHE_DIR"):
         return Path(environ["TRAIN_CACHE_DIR"])
     return Path(environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "training"
+
+
+def _op_cache_dir(environ: Mapping[str, str]) -> Path:
+    if environ.get("TORCH_EXTENSIONS_DIR"):
+        return Path(environ["TORCH_EXTENSIONS_DIR"])
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    return Path(environ.get("XDG_CACHE_HOME") or home / ".cache") / "torch_extensions"
 
 
 def read_environment() -> TrainerEnv:
@@ -237,13 +250,43 @@ def check_writable_dirs(env: TrainerEnv) -> None:
             check_writable_dir(name, Path(env.config_paths[name]))
 
 
+# Room a job needs on its output disk before it starts: logs, metrics and the first
+# checkpoint's temporary files (the checkpointer checks each save's own size later).
+MIN_FREE_BYTES = 100 * 2**20
+
+
+def check_job_folders(output_dir: Path, checkpoint_dir: Path, op_cache_dir: Path) -> None:
+    """Refuse, in one line before any worker starts, a job whose folders cannot be written
+    or whose output disk is full, and a HOME where DeepSpeed's compiled ops cannot be
+    cached (each rank would crash there with a traceback)."""
+    for name, folder in (
+        ("the run's output folder (run.output_dir, TRAIN_OUTPUT_DIR)", output_dir),
+        ("the checkpoint folder (checkpoint.dir, TRAIN_CHECKPOINT_DIR)", checkpoint_dir),
+        ("the compiled-op cache (HOME, XDG_CACHE_HOME or TORCH_EXTENSIONS_DIR)", op_cache_dir),
+    ):
+        check_writable_dir(name, folder)
+    for name, folder in (("output", output_dir), ("checkpoint", checkpoint_dir)):
+        free = shutil.disk_usage(_existing(folder)).free
+        if free < MIN_FREE_BYTES:
+            raise TopologyError(
+                f"the {name} folder {str(folder)!r} is on a full disk ({free // 2**20} MiB "
+                f"free, a job needs {MIN_FREE_BYTES // 2**20} MiB to start): free some space, "
+                "or point TRAIN_OUTPUT_DIR and TRAIN_CHECKPOINT_DIR at a disk with room"
+            )
+
+
+def _existing(folder: Path) -> Path:
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return existing
+
+
 def check_writable_dir(name: str, folder: Path) -> None:
     """Raise TopologyError unless this user can create `folder` (or write in it): tried for
     real, in a scratch folder removed at once, since permission bits alone do not tell (a
     read-only mount, /proc, a full disk)."""
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
+    existing = _existing(folder)
     if not existing.is_dir():
         raise TopologyError(f"{name} = {str(folder)!r}: {existing} is a file, not a folder")
     try:

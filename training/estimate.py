@@ -294,7 +294,10 @@ def estimate(config: Config, *, gpus: int, nodes: int = 1) -> tuple[ModelSize, i
         raise ConfigError(f"--nodes {nodes}: a job needs at least 1 node")
     if gpus % nodes:
         raise ConfigError(f"--gpus {gpus} over --nodes {nodes}: give a GPU count nodes divide")
-    micro = validate(config, gpus).micro_batch_size
+    # The estimate reads no data: a job whose data path is set only where it runs (a
+    # stack's TRAIN_DATA_PATH) is estimated all the same.
+    unread = config.data.model_copy(update={"path": config.data.path or "not-read-by-estimate"})
+    micro = validate(config.model_copy(update={"data": unread}), gpus).micro_batch_size
     size = model_size(config)
     zero = config.zero
     current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)

@@ -16,6 +16,8 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -99,7 +101,13 @@ def rendezvous_port(topo: Topology, env: TrainerEnv) -> Topology:
     return topo
 
 
-def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, node: str) -> int:
+def launch(
+    topo: Topology,
+    worker_args: list[str],
+    watchdog: WatchdogConfig,
+    node: str,
+    op_cache: Path | None = None,
+) -> int:
     """Run `python -m training.worker <worker_args>` on every local rank; return the job's
     exit code.
 
@@ -131,15 +139,26 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
         # after its shutdown timeout instead of letting them checkpoint.
         signals_to_handle="SIGHUP,SIGQUIT",
     )
-    previous = {
-        sig: signal.signal(sig, _forward_to_workers) for sig in (signal.SIGTERM, signal.SIGINT)
-    }
+    _stopped_at_once.clear()
+
+    def on_stop_signal(signum: int, frame) -> None:
+        trained = max(hang_watch.steps().values(), default=-1) >= 0
+        if signum == signal.SIGINT and (not trained or "SIGINT" in _forwarded):
+            _stop_at_once()
+        else:
+            _forward_to_workers(signum, frame)
+
+    previous = {sig: signal.signal(sig, on_stop_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         if startup.stop_requested():  # between the caller's check and the handlers above
             return stopped_before_training(startup.stop_requested())
         with hang_watch:
             elastic_launch(config, sys.executable)("-m", WORKER_MODULE, *worker_args)
     except ChildFailedError as error:
+        if _stopped_at_once:
+            if op_cache is not None:
+                release_op_build_locks(heartbeats, op_cache)
+            return _cancelled()
         if hang_watch.hang is not None:  # the watchdog said why, and killed the workers
             _say_why(hang_watch.hang.sentence())
             return HANG_EXIT
@@ -155,12 +174,15 @@ def launch(topo: Topology, worker_args: list[str], watchdog: WatchdogConfig, nod
                     rank, failure.local_rank, failure.exitcode, topo.node_rank, node, reason
                 )
                 log.error(line)
-                lines.append((reason is None, line))  # a worker that said why comes first
+                # A worker that said why comes first; one that only says a peer failed, last.
+                peer = reason is not None and reason.startswith(AFTER_PEER)
+                lines.append((reason is None, peer, line))
         log.warning("%s (exit code %d)", EXIT_MEANING[code], code)
         if lines:
-            _say_why(min(lines)[1])
+            _say_why(min(lines)[-1])
         return code
     finally:
+        _stopped_at_once.clear()  # ends the killing thread, if any
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         shutil.rmtree(heartbeats, ignore_errors=True)
@@ -200,6 +222,22 @@ def record_worker_error(folder: Path | None, rank: int, reason: str) -> None:
             _worker_error_file(folder, rank).write_text(" ".join(reason.split())[:_REASON_CHARS])
 
 
+AFTER_PEER = "stopped after another rank failed: "
+
+
+def peer_error(folder: Path | None, rank: int) -> str | None:
+    """Worker side: why another rank of this node failed, if one said so already. A rank
+    whose collective broke because a peer died (a gloo or NCCL error) then says that in one
+    line, instead of a traceback that buries the cause."""
+    if folder is None:
+        return None
+    for path in sorted(folder.glob("rank-*.error")):
+        if path != _worker_error_file(folder, rank):
+            with contextlib.suppress(OSError):
+                return path.read_text().strip() or None
+    return None
+
+
 def _worker_error(folder: Path, rank: int) -> str | None:
     try:
         return _worker_error_file(folder, rank).read_text().strip() or None
@@ -218,11 +256,53 @@ def _say_why(reason: str) -> None:
 
 
 def stopped_before_training(signal_name: str | None) -> int:
+    """A stop request before any worker started: Ctrl-C ends the run (130), SIGTERM (a
+    spot notice, `docker stop`) asks for a restart (75); nothing trained either way."""
+    if signal_name == "SIGINT":
+        return _cancelled()
     log.warning("received %s: %s (exit code 75)", signal_name, STOPPED_BEFORE_TRAINING)
     return ExitCode.INTERRUPTED
 
 
+def _cancelled() -> int:
+    log.warning("received SIGINT: %s (exit code 130)", EXIT_MEANING[ExitCode.CANCELLED])
+    return ExitCode.CANCELLED
+
+
 _forwarded: list[str] = []  # the stop signals passed on to the workers
+_stopped_at_once: list[bool] = []  # a Ctrl-C that killed the workers instead
+
+
+def _stop_at_once() -> None:
+    """Ctrl-C before the first step (nothing worth a checkpoint yet) or a second Ctrl-C:
+    kill every worker and its data loaders now, without a checkpoint. torch's agent may
+    still be starting workers (and, once one died, SIGTERMs the rest and waits 30 s for
+    them): every process it starts from here on is killed too, until launch() returns."""
+    first = not _stopped_at_once
+    _stopped_at_once.append(True)  # before the thread starts: it runs while this is set
+    if first:
+        log.warning("received SIGINT: stopping the workers at once")
+        threading.Thread(target=_keep_killing_workers, name="stop-at-once", daemon=True).start()
+
+
+def release_op_build_locks(marks: Path, op_cache: Path) -> None:
+    """Remove the build locks of the ops killed workers were loading. torch's build lock
+    (torch/utils/file_baton.py, FileBaton: a `lock` file in the op's build folder) is
+    waited on forever by the next start when its holder died, so a Ctrl-C during a first
+    start would otherwise hang every later one on this machine."""
+    for mark in marks.glob(f"rank-*{startup.OP_BUILD_MARK}"):
+        name = mark.read_text().strip()
+        for lock in [*op_cache.glob(f"{name}/lock"), *op_cache.glob(f"*/{name}/lock")]:
+            log.warning("removing %s, left by a worker stopped while it built", lock)
+            lock.unlink(missing_ok=True)
+
+
+def _keep_killing_workers() -> None:
+    while _stopped_at_once:
+        for process in psutil.Process().children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        time.sleep(0.05)
 
 
 def _forward_to_workers(signum: int, _frame) -> None:

@@ -13,6 +13,9 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
+
+OP_BUILD_MARK = ".op-build"
 
 _received: list[str] = []
 
@@ -58,9 +61,12 @@ def begin(phase: str, doing: str) -> None:
     _say(f"start-up: {phase}: {doing}")
 
 
-def watch_op_builds() -> None:
+def watch_op_builds(marks: Path | None = None, rank: int = 0) -> None:
     """Say when DeepSpeed loads a JIT op (compiled on a machine's first start, then
-    cached), and time it: it happens inside the rendezvous or the engine build.
+    cached), and time it: it happens inside the rendezvous or the engine build. While it
+    loads, `marks/rank-<rank>.op-build` names the op: a worker killed meanwhile (Ctrl-C
+    during start-up) leaves torch's build lock behind, which the launcher then removes
+    (training/launcher.py, release_op_build_locks).
 
     DeepSpeed loads such ops through OpBuilder.jit_load
     (deepspeed/ops/op_builder/builder.py); there is no hook to be told otherwise.
@@ -75,10 +81,15 @@ def watch_op_builds() -> None:
             "first start, a minute or more; loaded from the cache after)"
         )
         began = time.time()
+        mark = marks / f"rank-{rank}{OP_BUILD_MARK}" if marks is not None else None
+        if mark is not None:
+            mark.write_text(self.name)
         try:
             return jit_load(self, *args, **kwargs)
         finally:
             _op_builds.append((began, time.time()))
+            if mark is not None:
+                mark.unlink(missing_ok=True)
 
     OpBuilder.jit_load = timed_jit_load
 

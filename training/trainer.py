@@ -23,7 +23,7 @@ from training.checkpoint.checkpointer import Checkpointer
 from training.checkpoint.s3 import S3Mirror
 from training.components import build_dataset, build_eval_dataset
 from training.contract import RUN_SPANS_FIELD, ExitCode
-from training.data import worker_processes
+from training.data import data_workers, worker_processes
 from training.engine import build_engine, mean_over_ranks, seed_everything
 from training.environment import TrainerEnv
 from training.evaluation import Evaluator
@@ -106,6 +106,7 @@ class Trainer:
         self.is_rank0 = placement.rank == 0
         # Steps and parts of checkpoint saves, for the launcher's hang watchdog.
         self.heartbeat = Heartbeat(env.heartbeat_dir, placement.rank)
+        self.data_workers = data_workers(config.data.num_workers, env.local_world_size)
 
     def run(self) -> int:
         """Train to train.steps (0), or until a stop request, checkpointed (75)."""
@@ -185,7 +186,7 @@ class Trainer:
                 rank=placement.rank,
                 world_size=placement.world_size,
                 batch_size=batch.micro_batch_size,
-                num_workers=config.data.num_workers,
+                num_workers=self.data_workers,
                 device=device,
                 # At ZeRO-3 every forward gathers parameters with the other ranks.
                 same_count_per_rank=config.zero.stage == 3,
@@ -232,7 +233,7 @@ class Trainer:
             batch_size=micro_batch,
             sampler=sampler,
             drop_last=True,
-            **worker_processes(config.data.num_workers),
+            **worker_processes(self.data_workers),
             pin_memory=self.on_gpu,
             # Its own generator: making an iterator then draws no number from the global one,
             # which dropout uses and a resumed run restores exactly.

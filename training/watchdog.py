@@ -180,7 +180,8 @@ class HangWatchdog:
                 self._fire(steps, now - last_change, bound)
                 return
 
-    def _read_steps(self) -> dict[int, int]:
+    def steps(self) -> dict[int, int]:
+        """rank -> last finished step in this run (-1: none yet, still starting)."""
         return {rank: step for rank, (step, _) in self._read_records().items()}
 
     def _read_records(self) -> dict[int, tuple[int, int]]:

@@ -12,6 +12,7 @@ import os
 import sys
 from typing import NoReturn
 
+from common.setup_errors import explain
 from training import logs, startup
 from training.contract import ERROR_PREFIX, ExitCode
 from training.environment import TopologyError, TrainerEnv, read_environment
@@ -24,14 +25,14 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     from training.checkpoint.checkpointer import CheckpointError
     from training.cli import configure_logging, load, parser
     from training.interrupt import StopFlag, spot_endpoint_from_env
-    from training.launcher import die_with_launcher, record_worker_error
+    from training.launcher import AFTER_PEER, die_with_launcher, peer_error, record_worker_error
     from training.oom import OutOfMemory
     from training.spec.config import ConfigError
     from training.trainer import Placement, Trainer
     from training.watchdog import install_stack_dump
 
     args = parser().parse_args(argv)
-    startup.watch_op_builds()
+    startup.watch_op_builds(env.heartbeat_dir, env.rank or 0)
     die_with_launcher(env)
     placement = Placement.from_env(env)
     install_stack_dump(env.heartbeat_dir, placement.rank)
@@ -57,8 +58,20 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
         record_worker_error(env.heartbeat_dir, placement.rank, str(error))
         code = error.exit_code
     except Exception as error:
-        log.exception("rank %d failed", placement.rank)
-        record_worker_error(env.heartbeat_dir, placement.rank, f"{type(error).__name__}: {error}")
+        # A full disk or a folder it cannot write is said in one line (the launcher repeats
+        # it once for the job); anything else is a bug, with its traceback.
+        setup = explain(error)
+        broken = setup is None and _collective_broke(error)
+        peer = peer_error(env.heartbeat_dir, placement.rank) if broken else None
+        if setup is not None:
+            log.error("rank %d: %s", placement.rank, setup)
+        elif peer is not None:  # the cause is the other rank's, already said
+            log.error("rank %d stopped: another rank failed first (%s)", placement.rank, peer)
+        else:
+            log.exception("rank %d failed", placement.rank)
+        reason = setup or (f"{AFTER_PEER}{peer}" if peer else None)
+        reason = reason or f"{type(error).__name__}: {error}"
+        record_worker_error(env.heartbeat_dir, placement.rank, reason)
         code = ExitCode.FAILED
     # Interpreter shutdown spends seconds in native finalizers (communication backends)
     # with nothing left to do: checkpoints are fsynced and metrics closed by now. Exit
@@ -67,6 +80,17 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _collective_broke(error: Exception) -> bool:
+    """A collective that failed because a peer rank went away: torch raises DistError
+    subclasses (torch.distributed), or a RuntimeError from gloo naming the lost connection."""
+    import torch.distributed
+
+    if isinstance(error, torch.distributed.DistError):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("gloo" in text.lower() or "NCCL" in text)
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.setup_errors import problem_and_fix
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
@@ -58,7 +59,12 @@ class Runtime:
 
 
 class ProbeError(Exception):
-    """A probe could not get its answer; the message says what went wrong."""
+    """A probe could not get its answer; the message says what went wrong, `fix` (when the
+    probe knows it) what to do."""
+
+    def __init__(self, message: str, fix: str | None = None):
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -149,13 +155,17 @@ def _aws_identity(region: str | None) -> tuple[str, str | None]:
     import boto3
     import botocore.exceptions
 
-    session = boto3.Session(region_name=region)
-    if session.get_credentials() is None:
-        raise ProbeError("no AWS credentials found")
     try:
+        session = boto3.Session(region_name=region)
+        if session.get_credentials() is None:
+            raise ProbeError("no AWS credentials found")
         identity = session.client("sts").get_caller_identity()
-    except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as exc:
+    except botocore.exceptions.ClientError as exc:
         raise ProbeError(f"AWS refused the credentials ({exc})") from None
+    except botocore.exceptions.BotoCoreError as exc:
+        # A misspelt AWS_PROFILE, no network, an expired SSO login: said as such, with the fix.
+        problem, fix = problem_and_fix(exc) or (f"cannot ask AWS who this is ({exc})", None)
+        raise ProbeError(problem, fix) from None
     return identity["Account"], session.region_name
 
 
@@ -266,7 +276,7 @@ def renting_checks(probes: Probes, *, plan: Plan, spot: bool, region: str | None
                 "aws",
                 "FAIL",
                 str(exc),
-                "run `aws configure` (or `aws sso login`), or set AWS_PROFILE",
+                exc.fix or "run `aws configure` (or `aws sso login`), or set AWS_PROFILE",
             )
         )
         return checks

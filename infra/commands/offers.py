@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 from dataclasses import dataclass
 
 from images.matrix import load_matrix
@@ -109,8 +110,11 @@ def select_offers(
         raise ConfigError(f"--region {region}: {exc}") from None
     if min_gpus < 1:
         raise ConfigError(f"--min-gpus is {min_gpus}: give 1 or more")
-    if max_price is not None and max_price <= 0:
-        raise ConfigError(f"--max-price is {max_price:g}: give a price above 0 (USD per hour)")
+    if max_price is not None and not (math.isfinite(max_price) and max_price > 0):
+        raise ConfigError(
+            f"--max-price is {max_price:g}: give a price above 0 (USD per hour), "
+            "or leave it out for no cap"
+        )
     models = sorted({i.gpu_model for i in catalog.instances.values()})
     if gpu is not None and gpu.upper() not in {m.upper() for m in models}:
         raise ConfigError(f"--gpu {gpu!r} is not in the catalog: use one of {', '.join(models)}")

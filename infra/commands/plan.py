@@ -17,7 +17,7 @@ from infra.knowledge.catalog import Catalog, load_catalog
 from infra.knowledge.costs import cost_summary
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles, resolve_profile
-from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, Plan, resolve
+from infra.knowledge.resolver import AUTO, DEFAULT_PLAN_REGION, MAX_NODES, Plan, resolve
 from infra.planning import memory_line, resolve_plan
 from infra.report import format_cluster, format_costs, format_plan
 
@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> str:
     if args.profile and args.instance:
         raise ConfigError("give a profile or --instance, not both")
     matrix = load_matrix(args.matrix)
+    _check_flags(args, matrix)
     catalog = load_catalog(args.catalog)
     profiles = load_profiles(args.profiles)
     if (args.nodes is not None and args.nodes > 1) or args.parallelcluster:
@@ -96,6 +97,17 @@ def run(args: argparse.Namespace) -> str:
     report = format_plan(plan, profile=profiles.get(name), rate=profiles.exchange_rate)
     costs = _stack_file_costs(name, plan)
     return report if costs is None else f"{report}\n{costs}"
+
+
+def _check_flags(args: argparse.Namespace, matrix) -> None:
+    """--nodes and --variant checked as typed, before what they combine with."""
+    if args.nodes is not None and not 1 <= args.nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes {args.nodes}: give a whole number from 1 to {MAX_NODES}")
+    if args.variant is not None and args.variant != AUTO and args.variant not in matrix.names:
+        raise ConfigError(
+            f"--variant {args.variant!r}: unknown image variant (known: "
+            f"{', '.join(matrix.names)}, or {AUTO})"
+        )
 
 
 def _run_cluster_plan(args: argparse.Namespace, profiles, catalog, matrix) -> str:

@@ -28,12 +28,12 @@ from infra.config.schema import stack_region
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.errors import ConfigError
 from infra.jobs import hf_token, spool
+from infra.jobs.code_check import check_code, code_files
 from infra.jobs.spool import JobSpec, JobState
+from infra.knowledge.resolver import Plan
 from infra.planning import check_plan, resolve_plan
-from training.spec.config import add_overrides_argument
+from training.spec.config import add_overrides_argument, load_config
 
-# Left out of a --code archive: caches and version control, never the job's code.
-_NOT_CODE = {"__pycache__", ".git", ".venv", ".mypy_cache", ".pytest_cache", ".ruff_cache"}
 # A spool object, not user data, carries the code; still, a folder this large is a data
 # set or a virtual environment by mistake.
 MAX_CODE_BYTES = 50 * 1024 * 1024
@@ -59,8 +59,15 @@ def run(args: argparse.Namespace) -> str:
     """Start a job on a running stack: the node picks it up, no new node (--code DIR)."""
     name = spool.check_name(args.name or args.config.stem)
     stack_name = workspace.stack_name(args)
-    check_job(stack_name, args.config, args.overrides)
-    archive = code_archive(args.code) if args.code is not None else None
+    plan = check_job(stack_name, args.config, args.overrides)
+    archive = None
+    if args.code is not None:
+        if not args.code.is_dir():
+            raise ConfigError(
+                f"--code {args.code}: not a folder (give the folder holding your package)"
+            )
+        check_code(args.code, load_config(args.config, args.overrides), plan.variant)
+        archive = code_archive(args.code)
     target = job_target(stack_name)
     spec = JobSpec(
         name=name,
@@ -83,19 +90,19 @@ def _store_hf_token(target: JobTarget) -> str:
     return f"{line}\n" if line else ""
 
 
-def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> None:
+def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> Plan:
     """The trainer's start-up checks on `config` against the stack's GPUs, as `preview`
-    runs them on gpu:trainConfig (infra.planning.check_plan)."""
+    runs them on gpu:trainConfig (infra.planning.check_plan); the stack's plan."""
     if not config.is_file():
         raise ConfigError(f"--config {config}: not a file (give the path of a training TOML)")
     path = stack_file_path(stack_name)
     stack_config = load_stack_file(path)
     plan = resolve_plan(stack_config, stack_region(stack_file_region(path)))
-    try:
-        job = stack_config.model_copy(update={"train_config": config.resolve()})
-        check_plan(job, plan, overrides)
-    except ConfigError as exc:
-        raise ConfigError(f"--config {config}: {exc}") from None
+    job = stack_config.model_copy(update={"train_config": config.resolve()})
+    # The error names the job as typed here, not the stack key it is checked through.
+    sets = "".join(f" --set {item}" for item in overrides)
+    check_plan(job, plan, overrides, named=f"--config {config}{sets}")
+    return plan
 
 
 def code_archive(folder: Path) -> bytes:
@@ -104,11 +111,8 @@ def code_archive(folder: Path) -> bytes:
         raise ConfigError(f"--code {folder}: not a folder (give the folder holding your package)")
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for path in sorted(folder.rglob("*")):
-            relative = path.relative_to(folder)
-            if _NOT_CODE.intersection(relative.parts) or not path.is_file():
-                continue
-            archive.add(path, arcname=str(relative), recursive=False)
+        for path in code_files(folder):
+            archive.add(path, arcname=str(path.relative_to(folder)), recursive=False)
     size = buffer.tell()
     if size > MAX_CODE_BYTES:
         raise ConfigError(

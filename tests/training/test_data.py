@@ -158,3 +158,13 @@ def test_workers_do_not_inherit_locks_other_threads_hold():
 def test_no_workers_loads_in_the_process_itself():
     # DataLoader raises ValueError for a start method without workers.
     assert [int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(0))] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("setting", "ranks", "cpus", "workers"),
+    [("auto", 2, 2, 0), ("auto", 1, 8, 7), ("auto", 4, 48, 10), ("auto", 8, 4, 0), (3, 2, 2, 3)],
+)
+def test_auto_data_workers_share_the_machine_s_cpus_among_its_ranks(setting, ranks, cpus, workers):
+    from training.data import data_workers
+
+    assert data_workers(setting, ranks, cpus=cpus) == workers

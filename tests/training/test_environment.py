@@ -153,3 +153,30 @@ def test_the_reader_is_torch_free():
         [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout == "[]\n"
+
+
+def test_an_unwritable_home_is_refused_before_any_worker_starts(tmp_path, monkeypatch, capsys):
+    # DeepSpeed would compile its ops into ~/.cache/torch_extensions in every rank, and each
+    # would crash there with a traceback; the launcher says it once, with the fix.
+    from training.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", "/proc/no-home")
+    for variable in ("XDG_CACHE_HOME", "TORCH_EXTENSIONS_DIR"):
+        monkeypatch.delenv(variable, raising=False)
+    assert main(["--set", "train.steps=2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the compiled-op cache (HOME")
+    assert "/proc/no-home/.cache/torch_extensions" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_full_output_disk_is_refused_in_one_line(tmp_path, monkeypatch):
+    from shutil import _ntuple_diskusage as Usage
+
+    from training import environment
+
+    free = environment.MIN_FREE_BYTES - 1
+    monkeypatch.setattr(environment.shutil, "disk_usage", lambda _: Usage(0, 0, free))
+    with pytest.raises(TopologyError, match=r"'.*out' is on a full disk \(99 MiB free"):
+        environment.check_job_folders(tmp_path / "out", tmp_path / "ckpt", tmp_path / "ext")

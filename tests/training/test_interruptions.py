@@ -149,3 +149,34 @@ def spans(status: dict) -> list[tuple[datetime.datetime, datetime.datetime]]:
 def read_status(mirror: S3Mirror) -> dict:
     body = mirror._s3.get_object(Bucket=mirror.bucket, Key=f"{mirror.prefix}/{STATUS_NAME}")
     return json.loads(body["Body"].read())
+
+
+@pytest.mark.slow(reason="a real launcher and 2 ranks stopped while they start", seconds=40)
+def test_ctrl_c_during_start_up_stops_at_once_with_130_and_trains_nothing(tmp_path):
+    job = start(tmp_path, LONG_RUN, env={})
+    log_file = tmp_path / f"log-{LONG_RUN}.txt"
+    try:
+        deadline = time.monotonic() + 120
+        while "start-up: launch" not in log_file.read_text():  # the workers are starting
+            assert job.poll() is None and time.monotonic() < deadline, log_file.read_text()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGINT)
+        asked = time.monotonic()
+        code = job.wait(timeout=60)
+        waited = time.monotonic() - asked
+    finally:
+        if job.poll() is None:
+            job.kill()
+    log = log_file.read_text()
+    assert code == ExitCode.CANCELLED == 130, log[-3000:]
+    assert waited < 10, log[-3000:]  # at once: no step, no checkpoint written first
+    assert "received SIGINT" in log and "Traceback" not in log
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+    assert committed_steps(tmp_path / "ckpt") == []
+
+
+def test_a_stop_before_the_workers_start_is_130_for_ctrl_c_and_75_for_sigterm():
+    from training.launcher import stopped_before_training
+
+    assert stopped_before_training("SIGINT") == ExitCode.CANCELLED
+    assert stopped_before_training("SIGTERM") == ExitCode.INTERRUPTED

@@ -180,3 +180,29 @@ def test_the_worker_entry_point_refuses_to_start_without_the_launcher():
         "error: python -m training.worker is one rank of a job, started by the launcher "
         "(RANK is unset): run python -m training\n"
     )
+
+
+def test_a_rank_whose_peer_failed_first_points_at_the_peer_s_reason(tmp_path):
+    from training.launcher import peer_error, record_worker_error
+
+    assert peer_error(tmp_path, 1) is None and peer_error(None, 1) is None
+    record_worker_error(tmp_path, 1, "its own")
+    assert peer_error(tmp_path, 1) is None  # its own reason is not a peer's
+    record_worker_error(tmp_path, 0, "no space left on the disk holding /data/runs/x: free some")
+    assert peer_error(tmp_path, 1) == "no space left on the disk holding /data/runs/x: free some"
+
+
+def test_a_build_lock_left_by_a_worker_killed_while_it_built_is_removed(tmp_path):
+    # torch's FileBaton lock in <cache>/<python>_<device>/<op>/lock: the next start would wait
+    # on it forever. Only the ops the killed workers were building are unlocked.
+    from training.launcher import release_op_build_locks
+
+    marks, cache = tmp_path / "heartbeats", tmp_path / "torch_extensions"
+    marks.mkdir()
+    for op in ("deepspeed_shm_comm", "cpu_adam"):
+        (cache / "py311_cpu" / op).mkdir(parents=True)
+        (cache / "py311_cpu" / op / "lock").touch()
+    (marks / "rank-0.op-build").write_text("deepspeed_shm_comm")
+    release_op_build_locks(marks, cache)
+    assert not (cache / "py311_cpu" / "deepspeed_shm_comm" / "lock").exists()
+    assert (cache / "py311_cpu" / "cpu_adam" / "lock").exists()  # nobody was building it

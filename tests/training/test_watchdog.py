@@ -57,7 +57,7 @@ def test_a_heartbeat_records_the_last_step_for_the_watchdog(tmp_path):
     beat.beat(41)
     beat.beat(42)
     watchdog = HangWatchdog(tmp_path, WatchdogConfig(), nproc=2, first_rank=2, node="n1")
-    assert watchdog._read_steps() == {2: -1, 3: 42}
+    assert watchdog.steps() == {2: -1, 3: 42}
 
 
 def test_a_part_of_a_save_changes_the_record_and_leaves_the_step(tmp_path):
@@ -69,5 +69,5 @@ def test_a_part_of_a_save_changes_the_record_and_leaves_the_step(tmp_path):
     before = watchdog._read_records()
     beat.progress()
     assert watchdog._read_records() != before
-    assert watchdog._read_steps() == {0: 12}
+    assert watchdog.steps() == {0: 12}
     assert watchdog._read_records() == {0: (12, 1)}

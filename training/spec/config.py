@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, ValidationError
 
 from common.errors import ConfigError, Problem, describe
 from training.spec.presets import PRESETS, VISION_PRESETS
@@ -47,14 +47,35 @@ def _import_string(value: str) -> str:
 
 ImportString = Annotated[str, AfterValidator(_import_string)]
 
+# A run's folder is runs/<name>: one folder name, never a path out of runs/ or runs/ itself.
+_RUN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.+-]{0,99}")
+
+
+def _run_name(value: str) -> str:
+    if not _RUN_NAME.fullmatch(value):
+        raise ValueError(
+            "a run name is one folder name under runs/: 1 to 100 letters, digits, '_', '-', "
+            "'.' or '+', not starting with '.', '-' or '+' (no '/'), e.g. 'gpt-350m'"
+        )
+    return value
+
+
+RunName = Annotated[str, AfterValidator(_run_name)]
+# Upper bounds on counts, far above any real job, so a typo (10**21 steps) fails here.
+MAX_STEPS = 10**9
+MAX_BATCH = 2**24
+
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # StrictBool fields take true/false only ("yes" is refused, not read as true);
+    # NaN and infinity are refused in every float.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class RunConfig(Section):
-    name: str = "run"
-    seed: int = 1234
+    name: RunName = "run"
+    # numpy seeds must be below 2**32; each rank seeds with seed + rank.
+    seed: int = Field(default=1234, ge=0, le=2**31 - 1)
     # Empty means runs/<name>; TRAIN_OUTPUT_DIR overrides.
     output_dir: str = ""
 
@@ -68,7 +89,7 @@ class ModelConfig(Section):
     init: Literal["pretrained", "config"] = "pretrained"
     revision: str | None = None  # a Hub branch, tag or commit of `hf`
     # Run the model's own Python from the Hub (config.json's auto_map): only when asked.
-    trust_remote_code: bool = False
+    trust_remote_code: StrictBool = False
     # sequence-classification: the number of classes (data.label_field holds 0..num_labels-1).
     num_labels: int | None = Field(default=None, gt=1)
     preset: Literal[(*PRESETS, *VISION_PRESETS)] = "tiny"  # type: ignore[valid-type]
@@ -77,11 +98,11 @@ class ModelConfig(Section):
     # Keyword arguments for `builder` (free-form: they belong to your model).
     options: dict[str, Any] = Field(default_factory=dict)
     # Overrides of the preset's shape (built-in presets, not with builder).
-    n_layer: int | None = Field(default=None, gt=0)
-    n_head: int | None = Field(default=None, gt=0)
-    n_embd: int | None = Field(default=None, gt=0)
+    n_layer: int | None = Field(default=None, gt=0, le=1024)
+    n_head: int | None = Field(default=None, gt=0, le=1024)
+    n_embd: int | None = Field(default=None, gt=0, le=2**17)
     dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: StrictBool = False
 
 
 class DataConfig(Section):
@@ -114,26 +135,28 @@ class DataConfig(Section):
     revision: str | None = None
     # Text kinds: read and tokenize the training split while training instead of preparing
     # it first (data larger than the disk); the held-out split is still prepared.
-    streaming: bool = False
+    streaming: StrictBool = False
     dtype: Literal["uint16", "uint32"] = "uint16"
-    seq_len: int = Field(default=256, gt=0)
+    seq_len: int = Field(default=256, gt=0, le=2**24)
     # Defaults: 50304 (GPT-2's vocabulary padded to a multiple of 64) for synthetic and tokens.
-    vocab_size: int | None = Field(default=None, gt=1)
-    synthetic_samples: int = Field(default=100_000, gt=0)
+    vocab_size: int | None = Field(default=None, gt=1, le=2**24)
+    synthetic_samples: int = Field(default=100_000, gt=0, le=10**12)
     # Encoder presets (bert-*): the fraction of tokens hidden for the model to predict.
     mask_prob: float = Field(default=0.15, gt=0, lt=1)
-    num_workers: int = Field(default=0, ge=0)
+    # DataLoader processes per rank; "auto": the machine's CPUs shared by its ranks, one
+    # kept for each rank itself, at most 10 (training/data.py, data_workers).
+    num_workers: Annotated[int, Field(ge=0, le=256)] | Literal["auto"] = 0
     # Image kinds: the side of the square crop the model sees, and the number of classes.
-    image_size: int = Field(default=224, ge=16)
+    image_size: int = Field(default=224, ge=16, le=8192)
     num_classes: int | None = Field(default=None, gt=1)
 
 
 class TrainConfig(Section):
-    steps: int = Field(default=1000, gt=0)
+    steps: int = Field(default=1000, gt=0, le=MAX_STEPS)
     # Give any two of these three (world size is known at launch); all three must agree.
-    global_batch_size: int | None = Field(default=None, gt=0)
-    micro_batch_size: int | None = Field(default=None, gt=0)
-    gradient_accumulation_steps: int | None = Field(default=None, gt=0)
+    global_batch_size: int | None = Field(default=None, gt=0, le=MAX_BATCH)
+    micro_batch_size: int | None = Field(default=None, gt=0, le=MAX_BATCH)
+    gradient_accumulation_steps: int | None = Field(default=None, gt=0, le=MAX_BATCH)
     gradient_clipping: float = Field(default=1.0, ge=0.0)
 
 
@@ -148,41 +171,41 @@ class SchedulerConfig(Section):
     # cosine: WarmupCosineLR (warmup, then cosine decay to min_lr_ratio at train.steps);
     # constant: WarmupLR (warmup, then hold lr).
     kind: Literal["cosine", "constant"] = "cosine"
-    warmup_steps: int = Field(default=100, ge=1)
+    warmup_steps: int = Field(default=100, ge=1, le=MAX_STEPS)
     min_lr_ratio: float = Field(default=0.1, ge=0, le=1)
 
 
 class ZeroConfig(Section):
     stage: int = Field(default=2, ge=0, le=3)
-    offload_optimizer: bool = False
-    offload_param: bool = False
+    offload_optimizer: StrictBool = False
+    offload_param: StrictBool = False
 
 
 class PrecisionConfig(Section):
-    bf16: bool = False
-    fp16: bool = False
+    bf16: StrictBool = False
+    fp16: StrictBool = False
     # fp16 dynamic loss scaling: start at 2**initial_scale_power, grow after this many good steps.
-    initial_scale_power: int = Field(default=16, ge=0)
-    loss_scale_window: int = Field(default=1000, gt=0)
+    initial_scale_power: int = Field(default=16, ge=0, le=64)
+    loss_scale_window: int = Field(default=1000, gt=0, le=MAX_STEPS)
 
 
 class CheckpointConfig(Section):
-    every_steps: int = Field(default=1000, gt=0)
-    keep_last: int = Field(default=3, gt=0)
+    every_steps: int = Field(default=1000, gt=0, le=MAX_STEPS)
+    keep_last: int = Field(default=3, gt=0, le=1000)
     # Training waits only while the state is copied to host memory; the write, fsync,
     # commit and upload go on in the background (docs/checkpoints.md).
-    asynchronous: bool = True
+    asynchronous: StrictBool = True
     # Empty means <output_dir>/checkpoints; TRAIN_CHECKPOINT_DIR overrides.
     dir: str = ""
 
 
 class LoggingConfig(Section):
-    every_steps: int = Field(default=10, gt=0)
+    every_steps: int = Field(default=10, gt=0, le=MAX_STEPS)
     # Image kinds: top-1 accuracy on the held-out split (val/) every this many steps and at
     # the end.
-    eval_every_steps: int = Field(default=1000, gt=0)
-    tensorboard: bool = True
-    progress_bar: bool = True
+    eval_every_steps: int = Field(default=1000, gt=0, le=MAX_STEPS)
+    tensorboard: StrictBool = True
+    progress_bar: StrictBool = True
 
 
 class WatchdogConfig(Section):

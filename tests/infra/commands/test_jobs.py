@@ -91,8 +91,14 @@ def test_a_set_the_trainer_would_refuse_is_checked_with_the_config(stack, tmp_pa
     with pytest.raises(ConfigError) as refused:
         run_job.run(run_args(job, overrides=["train.global_batch_size=12"]))
     assert "world size 8" in str(refused.value) and "12" in str(refused.value)
-    with pytest.raises(ConfigError, match=r"train\.stepz"):
+    # Named as typed: the file and the --set, not the stack key it is checked through.
+    assert str(refused.value).startswith(f"--config {job} --set train.global_batch_size=12: ")
+    with pytest.raises(ConfigError) as refused:
         run_job.run(run_args(job, overrides=["train.stepz=3"]))
+    assert "gpu:trainConfig" not in str(refused.value)
+    assert "--set train.stepz=3" in str(refused.value) and "train.stepz: unknown key" in str(
+        refused.value
+    )
     assert spool_keys(stack) == []
 
 
@@ -318,3 +324,54 @@ def test_hf_token_reaches_the_stacks_secret_and_nothing_the_job_writes(
     )
     assert len(spool_keys(stack)) == 3 and b"secret_value" not in objects
     assert "secret_value" not in said
+
+
+# Each --code folder the node would refuse or crash on, refused before anything is uploaded:
+# (files, the config's [model] builder, words of the one-line error).
+BAD_CODE = [
+    ({"mymodels/tiny.py": "def build(config:\n"}, None, ["mymodels/tiny.py line 1", "py_compile"]),
+    (
+        {"mymodels/tiny.py": "def build(config): ...\n", "requirements.txt": "torch==1.13.0\n"},
+        None,
+        ["requirements.txt line 1: 'torch==1.13.0' conflicts with the cu130 image's torch"],
+    ),
+    (
+        {"mymodels/tiny.py": "def build(config): ...\n"},
+        "mymodels.tiny:make",
+        ["model.builder = 'mymodels.tiny:make'", "defines no 'make'"],
+    ),
+    (
+        {"mymodels/tiny.py": "def build(config): ...\n"},
+        "mymodels.large:build",
+        ["no module mymodels.large"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("files", "builder", "words"), BAD_CODE)
+def test_code_the_node_would_refuse_is_refused_before_upload(
+    stack, tmp_path, files, builder, words
+):
+    code = tmp_path / "mycode"
+    for name, text in files.items():
+        (code / name).parent.mkdir(parents=True, exist_ok=True)
+        (code / name).write_text(text)
+    job = GOOD_JOB + (f'[model]\nbuilder = "{builder}"\n' if builder else "")
+    with pytest.raises(ConfigError) as refused:
+        run_job.run(run_args(write(tmp_path, "j.toml", job), code=code))
+    message = str(refused.value)
+    assert "\n" not in message and all(word in message for word in words), message
+    assert spool_keys(stack) == []
+
+
+def test_code_with_a_builder_it_defines_and_requirements_the_image_meets_is_sent(stack, tmp_path):
+    code = tmp_path / "mycode"
+    (code / "mymodels").mkdir(parents=True)
+    (code / "mymodels" / "__init__.py").write_text("")
+    (code / "mymodels" / "tiny.py").write_text("import torch\n\ndef build(config): ...\n")
+    (code / "requirements.txt").write_text(
+        "torch>=2\ntabulate==0.9.0\n"
+    )  # not in the lock: installed
+    job = GOOD_JOB + '[model]\nbuilder = "mymodels.tiny:build"\n'
+    run_job.run(run_args(write(tmp_path, "j.toml", job), code=code))
+    assert "jobs/j/code.tar.gz" in spool_keys(stack)

@@ -135,12 +135,17 @@ def test_an_older_cluster_release_plans_the_newest_variant_its_driver_runs():
         (("plan", "--instance", "p3.2xlarge", "--variant", "cpu"), "'cpu' has no CUDA"),
         (
             ("plan", "--instance", "p4d.24xlarge", "--nodes", "0"),
-            "nodes must be a whole number from 1 to 256, got 0",
+            "--nodes 0: give a whole number from 1 to 256",
         ),
         (
             ("plan", "--instance", "p4d.24xlarge", "--nodes", "100000"),
-            "nodes must be a whole number from 1 to 256, got 100000",
+            "--nodes 100000: give a whole number from 1 to 256",
         ),
+        # Checked as typed, before what they combine with (a profile sets its own).
+        (("plan", "a100x8", "--nodes", "0"), "--nodes 0: give a whole number from 1 to 256"),
+        (("plan", "--variant", "cu999"), "--variant 'cu999': unknown image variant"),
+        (("plan", ""), "profile name is '' (empty)"),
+        (("offers", "--max-price", "nan"), "--max-price is nan"),
         (("plan", "--resources", "--stack-file", "/"), "no stack file /: give a profile"),
         (("plan", "--instance", "p4d.24xlarge", "--nodes", "two"), "--nodes: invalid int"),
         (("plan", "l4x1", "--instance", "p3.2xlarge"), "not both"),

@@ -129,6 +129,19 @@ BAD_CONFIGS = [
         ["model.hf=m", "data.kind=jsonl", "data.path=x", "data.subset=en"],
         ["data.subset is set but data.kind = 'jsonl'"],
     ),
+    # Strict values: a run folder stays one folder under runs/, numbers have maxima,
+    # booleans are booleans, NaN is not a number.
+    (["run.name='../../x'"], ["run.name is '../../x'", "no '/'"]),
+    (["run.name=''"], ["run.name is ''", "one folder name under runs/"]),
+    (["run.name='.'"], ["run.name is '.'"]),
+    (["run.name='a/b'"], ["run.name is 'a/b'"]),
+    (["train.steps=1000000000000000000000"], ["train.steps", "must be at most 1000000000"]),
+    (["train.micro_batch_size=100000000"], ["train.micro_batch_size", "must be at most"]),
+    (["run.seed=-1"], ["run.seed is -1", "at least 0"]),
+    (["precision.bf16=yes"], ["precision.bf16 is 'yes'", "boolean"]),
+    (["precision.bf16=1"], ["precision.bf16 is 1", "boolean"]),
+    (["optimizer.lr=nan"], ["optimizer.lr is nan", "finite"]),
+    (["optimizer.lr=inf"], ["optimizer.lr is inf"]),
 ]
 
 
