@@ -201,6 +201,27 @@ class WatchdogConfig(Section):
     straggler_windows: int = Field(default=3, gt=0)
 
 
+def _rank_count_or_auto(value: int | str) -> int | str:
+    if value == "auto" or (isinstance(value, int) and value > 0):
+        return value
+    raise ValueError('expected a number of ranks (1, 2, 4, 8) or "auto"')
+
+
+class ParallelConfig(Section):
+    """Model parallelism (training/spec/parallel.py): ranks that split each layer (DeepSpeed
+    AutoTP) or each sequence (Ulysses); data parallelism is what is left of the world."""
+
+    # Ranks that split each layer, within one node; "auto": chosen from the model's size,
+    # the GPUs' memory, the node's interconnect and the sequence length.
+    tensor: Annotated[int | str, AfterValidator(_rank_count_or_auto)] = 1
+    # Ranks that split each sequence (DeepSpeed Ulysses).
+    sequence: int = Field(default=1, gt=0)
+    # For a model with neither a tp_plan nor a DeepSpeed preset: DeepSpeed's
+    # tensor_parallel.partition_config ({"layer_specs": [{"patterns": [...],
+    # "partition_type": "column" | "row"}, ...]}), passed as given.
+    partition_config: dict[str, Any] | None = None
+
+
 class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -213,6 +234,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @property
     def output_dir(self) -> Path:
@@ -292,8 +314,12 @@ def load_config(
         raise ConfigError(describe(error, known=_known_keys)) from None
 
 
-def validate(config: Config, world_size: int) -> BatchSizes:
-    """Reject impossible combinations; return the resolved batch sizes."""
+def validate(config: Config, world_size: int, gpus_per_node: int | None = None) -> BatchSizes:
+    """Reject impossible combinations; return the resolved batch sizes (over the
+    data-parallel ranks: world / (parallel.tensor x parallel.sequence)).
+    ``gpus_per_node`` None: the world is one node."""
+    from training.spec.parallel import check_layout  # it reads Config
+
     zero, precision = config.zero, config.precision
     if precision.bf16 and precision.fp16:
         raise ConfigError(
@@ -347,7 +373,7 @@ def validate(config: Config, world_size: int) -> BatchSizes:
             f"= {config.train.steps}: the cosine schedule needs steps after warmup "
             "(lower warmup_steps or use scheduler.kind = 'constant')"
         )
-    return resolve_batch_sizes(config.train, world_size)
+    return resolve_batch_sizes(config.train, check_layout(config, world_size, gpus_per_node).data)
 
 
 def _check_workload(config: Config) -> None:
