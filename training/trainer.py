@@ -33,6 +33,7 @@ from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler, micro_batches
 from training.spec.config import BatchSizes, Config, ConfigError, resolve_batch_sizes
+from training.spec.parallel import layout
 from training.stragglers import StragglerReport
 from training.text.stream import StreamedWindows
 from training.watchdog import Heartbeat
@@ -158,9 +159,10 @@ class Trainer:
         # Chosen before the engine is built, which must know whether it loads a universal
         # checkpoint (training/checkpoint/resume.py); loaded once the engine exists.
         startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
-        resume_point = checkpointer.choose_resume(dp_world_size=placement.world_size)
+        grid = layout(config, placement.world_size)
+        resume_point = checkpointer.choose_resume(dp_world_size=grid.data, tensor=grid.tensor)
         startup.begin("engine build", "model, data and the DeepSpeed engine")
-        batch = resolve_batch_sizes(config.train, placement.world_size)
+        batch = resolve_batch_sizes(config.train, grid.data)
         files = inputs.for_worker(config, self.env)
         engine = build_engine(
             config,
@@ -172,8 +174,12 @@ class Trainer:
         model_flops = flops_per_token(
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
-        dataset = build_dataset(config, files, rank=placement.rank, world_size=placement.world_size)
-        sampler, batches = self._batches(dataset, batch.micro_batch_size)
+        # The ranks of a tensor group read the same batches (DeepSpeed asserts it): data is
+        # split over the data-parallel ranks only. DeepSpeed's mesh is (data, tensor), so a
+        # tensor group is `tensor` neighbouring ranks (groups._init_tp_mesh_device).
+        data_rank = placement.rank // grid.tensor
+        dataset = build_dataset(config, files, rank=data_rank, world_size=grid.data)
+        sampler, batches = self._batches(dataset, batch.micro_batch_size, data_rank, grid.data)
         # Dropout and other randomness differ per rank from here on.
         seed_everything(config.run.seed + placement.rank)
 
@@ -182,8 +188,8 @@ class Trainer:
         if held_out is not None:
             evaluator = Evaluator(
                 held_out,
-                rank=placement.rank,
-                world_size=placement.world_size,
+                rank=data_rank,
+                world_size=grid.data,
                 batch_size=batch.micro_batch_size,
                 num_workers=config.data.num_workers,
                 device=device,
@@ -217,15 +223,15 @@ class Trainer:
                 )
         return job
 
-    def _batches(self, dataset, micro_batch: int):
-        """(where the data stands, this rank's micro-batches forever)."""
+    def _batches(self, dataset, micro_batch: int, data_rank: int, data_ranks: int):
+        """(where the data stands, this data-parallel rank's micro-batches forever)."""
         if isinstance(dataset, StreamedWindows):
             # Read in this process: the stream's position is then exactly what was used.
             loader = DataLoader(dataset, batch_size=micro_batch, num_workers=0)
             return dataset, iter(loader)
-        config, placement = self.config, self.placement
+        config = self.config
         sampler = ResumableDistributedSampler(
-            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
+            len(dataset), rank=data_rank, world_size=data_ranks, seed=config.run.seed
         )
         loader = DataLoader(
             dataset,
@@ -355,6 +361,7 @@ class StepMetrics:
         clock: GoodputClock,
     ):
         self.config, self.job, self.world_size = config, job, placement.world_size
+        self.layout = layout(config, placement.world_size)
         self.clock = clock
         self.price = env.usd_per_hour
         # An image is one unit of work (its FLOPs are the model's per "token").
@@ -403,7 +410,7 @@ class StepMetrics:
             # Seconds a step waited for its batches (all its micro-batches) in this window.
             "data_wait_per_step_s": (waited - self.window_waited) / steps,
             "epoch": job.sampler.epoch,
-            "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
+            "samples_seen_in_epoch": job.sampler.consumed * self.layout.data,
             **scores,
             **(slowest or {}),
             **self.gpu.read(),
