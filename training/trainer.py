@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import resource
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -488,14 +489,22 @@ class StepMetrics:
         waited = self.clock.attempt.data_wait_s / max(steps, 1)
         return (
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
-            f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
+            f"{self.last_loss:.4f}, layout {self.layout.describe()}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
             f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
-            f"data wait {1000 * waited:.1f} ms/step, "
+            f"data wait {1000 * waited:.1f} ms/step, {peak_memory()} per rank, "
             f"{run_cost(took, self.world_size, self.price)}; {self.goodput_line()}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
+
+
+def peak_memory() -> str:
+    """Rank 0's peak memory: the GPU memory its tensors held, or without a GPU the process's
+    peak resident memory (ru_maxrss, KiB on Linux)."""
+    if torch.cuda.is_available():
+        return f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+    return f"peak host memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
 
 
 def _percent(value: float | None) -> str:
