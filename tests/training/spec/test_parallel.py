@@ -174,3 +174,13 @@ def test_estimate_chooses_a_layout_for_an_8b_llama_and_refuses_tensor_3(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("error: parallel.tensor x parallel.sequence = 3 x 1 = 3 does not divide")
+
+
+def test_auto_at_start_without_a_gpu_is_tensor_1_and_says_why(tmp_path):
+    from training.estimate import tensor_at_start
+
+    config = _config(tmp_path, [*HF_JOB, 'parallel.tensor="auto"'])
+    assert tensor_at_start(config, world_size=2, nodes=1) == (
+        1,
+        'parallel.tensor = "auto": tensor 1 (no GPU: nothing to split layers over)',
+    )
