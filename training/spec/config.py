@@ -318,8 +318,6 @@ def validate(config: Config, world_size: int, gpus_per_node: int | None = None) 
     """Reject impossible combinations; return the resolved batch sizes (over the
     data-parallel ranks: world / (parallel.tensor x parallel.sequence)).
     ``gpus_per_node`` None: the world is one node."""
-    from training.spec.parallel import check_layout  # it reads Config
-
     zero, precision = config.zero, config.precision
     if precision.bf16 and precision.fp16:
         raise ConfigError(
@@ -373,7 +371,65 @@ def validate(config: Config, world_size: int, gpus_per_node: int | None = None) 
             f"= {config.train.steps}: the cosine schedule needs steps after warmup "
             "(lower warmup_steps or use scheduler.kind = 'constant')"
         )
-    return resolve_batch_sizes(config.train, check_layout(config, world_size, gpus_per_node).data)
+    return resolve_batch_sizes(config.train, check_layout(config, world_size, gpus_per_node))
+
+
+def check_layout(config: Config, world_size: int, gpus_per_node: int | None = None) -> int:
+    """The [parallel] layout's checks that need no model files (training/spec/parallel.py
+    has the model's); the data-parallel ranks. ``gpus_per_node`` None: one node."""
+    # "auto" counts as 1 until the launcher chose.
+    tensor = 1 if config.parallel.tensor == "auto" else config.parallel.tensor
+    sequence = config.parallel.sequence
+    gpus_per_node = gpus_per_node or world_size
+    if tensor > 1 and sequence > 1:
+        raise ConfigError(
+            f"parallel.tensor = {tensor} with parallel.sequence = {sequence}: DeepSpeed does "
+            "not document AutoTP and Ulysses together; choose one (tensor for a model too big "
+            "for a GPU, sequence for sequences too long for one)"
+        )
+    if world_size % (tensor * sequence):
+        raise ConfigError(
+            f"parallel.tensor x parallel.sequence = {tensor} x {sequence} = "
+            f"{tensor * sequence} does not divide the world size {world_size}: use a divisor "
+            f"of {world_size} (the data-parallel ranks are world / (tensor x sequence))"
+        )
+    if tensor > gpus_per_node:
+        raise ConfigError(
+            f"parallel.tensor = {tensor} is more than the {gpus_per_node} GPUs of one node: a "
+            "tensor group all-reduces inside every layer and must stay on one node's NVLink; "
+            f"use parallel.tensor <= {gpus_per_node}"
+        )
+    if config.data.seq_len % sequence:
+        raise ConfigError(
+            f"data.seq_len = {config.data.seq_len} is not a multiple of parallel.sequence = "
+            f"{sequence}: each rank takes an equal slice of every sequence"
+        )
+    if (tensor > 1 or config.parallel.tensor == "auto") and not config.is_hf:
+        raise ConfigError(
+            f"parallel.tensor = {config.parallel.tensor!r} needs a Hugging Face model "
+            "(model.hf): DeepSpeed's AutoTP splits a transformers model's layers by their names"
+        )
+    if sequence > 1 and not config.is_hf:
+        raise ConfigError(
+            f"parallel.sequence = {sequence} needs a Hugging Face model (model.hf): Ulysses "
+            "replaces a transformers model's attention"
+        )
+    if sequence > 1:
+        # DeepSpeed's Ulysses needs its attention adapter registered before the model is
+        # built, its data loader adapter and a token-weighted loss across the sequence group
+        # (https://www.deepspeed.ai/tutorials/ulysses-alst-sequence-parallelism/): not
+        # wired here yet, so a run would silently train on duplicated batches.
+        raise ConfigError(
+            f"parallel.sequence = {sequence}: this trainer does not run DeepSpeed Ulysses "
+            "sequence parallelism yet; use parallel.sequence = 1 (parallel.tensor splits "
+            "activations too)"
+        )
+    if config.parallel.partition_config is not None and config.parallel.tensor == 1:
+        raise ConfigError(
+            "parallel.partition_config is set but parallel.tensor = 1: it says how "
+            "tensor-parallel ranks split the layers (set parallel.tensor)"
+        )
+    return world_size // (tensor * sequence)
 
 
 def _check_workload(config: Config) -> None:

@@ -1,6 +1,8 @@
 """The job's layout: ranks that split each layer (tensor), each sequence (sequence), and
-the data-parallel ranks left over; and the checks a layout must pass before any GPU is
-rented (`estimate`, the stack's `plan`, the launcher), each a one-line ConfigError.
+the data-parallel ranks left over; and the checks a layout must pass against the model's
+config.json before any GPU is rented (`estimate`, the launcher), each a one-line
+ConfigError. The checks that need no model files (which `plan` runs too) are
+training.spec.config.check_layout.
 
 Tensor parallelism is DeepSpeed's AutoTP training (``tensor_parallel.autotp_size``,
 https://www.deepspeed.ai/tutorials/autotp-training/): each rank of a tensor group holds a
@@ -47,61 +49,6 @@ def tensor_degree(config: Config) -> int:
 
 def layout(config: Config, world_size: int) -> Layout:
     tensor, sequence = tensor_degree(config), config.parallel.sequence
-    return Layout(tensor, sequence, world_size // (tensor * sequence))
-
-
-def check_layout(config: Config, world_size: int, gpus_per_node: int | None = None) -> Layout:
-    """The layout's checks that need no model files; `gpus_per_node` None: one node."""
-    tensor, sequence = tensor_degree(config), config.parallel.sequence
-    gpus_per_node = gpus_per_node or world_size
-    if tensor > 1 and sequence > 1:
-        raise ConfigError(
-            f"parallel.tensor = {tensor} with parallel.sequence = {sequence}: DeepSpeed does "
-            "not document AutoTP and Ulysses together; choose one (tensor for a model too big "
-            "for a GPU, sequence for sequences too long for one)"
-        )
-    if world_size % (tensor * sequence):
-        raise ConfigError(
-            f"parallel.tensor x parallel.sequence = {tensor} x {sequence} = "
-            f"{tensor * sequence} does not divide the world size {world_size}: use a divisor "
-            f"of {world_size} (the data-parallel ranks are world / (tensor x sequence))"
-        )
-    if tensor > gpus_per_node:
-        raise ConfigError(
-            f"parallel.tensor = {tensor} is more than the {gpus_per_node} GPUs of one node: a "
-            "tensor group all-reduces inside every layer and must stay on one node's NVLink; "
-            f"use parallel.tensor <= {gpus_per_node}"
-        )
-    if config.data.seq_len % sequence:
-        raise ConfigError(
-            f"data.seq_len = {config.data.seq_len} is not a multiple of parallel.sequence = "
-            f"{sequence}: each rank takes an equal slice of every sequence"
-        )
-    if (tensor > 1 or config.parallel.tensor == "auto") and not config.is_hf:
-        raise ConfigError(
-            f"parallel.tensor = {config.parallel.tensor!r} needs a Hugging Face model "
-            "(model.hf): DeepSpeed's AutoTP splits a transformers model's layers by their names"
-        )
-    if sequence > 1 and not config.is_hf:
-        raise ConfigError(
-            f"parallel.sequence = {sequence} needs a Hugging Face model (model.hf): Ulysses "
-            "replaces a transformers model's attention"
-        )
-    if sequence > 1:
-        # DeepSpeed's Ulysses needs its attention adapter registered before the model is
-        # built, its data loader adapter and a token-weighted loss across the sequence group
-        # (https://www.deepspeed.ai/tutorials/ulysses-alst-sequence-parallelism/): not
-        # wired here yet, so a run would silently train on duplicated batches.
-        raise ConfigError(
-            f"parallel.sequence = {sequence}: this trainer does not run DeepSpeed Ulysses "
-            "sequence parallelism yet; use parallel.sequence = 1 (parallel.tensor splits "
-            "activations too)"
-        )
-    if config.parallel.partition_config is not None and config.parallel.tensor == 1:
-        raise ConfigError(
-            "parallel.partition_config is set but parallel.tensor = 1: it says how "
-            "tensor-parallel ranks split the layers (set parallel.tensor)"
-        )
     return Layout(tensor, sequence, world_size // (tensor * sequence))
 
 
