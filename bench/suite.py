@@ -27,6 +27,7 @@ BENCHMARKS = (
     "plan_scale",
     "memory",
     "hf",
+    "layouts",
     "image",
     "gpu",
 )

@@ -180,7 +180,7 @@ def _check_train_config(
     paths = job_path_overrides(data_from_s3=config.data_s3_uri is not None)
     try:
         job = load_config(find_project_root() / config.train_config, overrides, env=paths)
-        validate(job, world_size=plan.gpus)
+        validate(job, world_size=plan.gpus, gpus_per_node=plan.instance.gpu_count)
         check_precision(
             bf16=job.precision.bf16,
             fp16=job.precision.fp16,

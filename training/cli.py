@@ -118,7 +118,7 @@ def _prepare(argv: list[str], env: TrainerEnv) -> int:
     args = prepare_parser().parse_args(argv)
     try:
         topo = topology_from_env(env)
-        config, _ = load(args, env, topo.world_size)
+        config, _ = load(args, env, topo.world_size, topo.nproc_per_node)
         if not config.is_text:
             raise ConfigError(
                 f"data.kind = {config.data.kind!r}: prepare tokenizes text "
@@ -132,10 +132,13 @@ def _prepare(argv: list[str], env: TrainerEnv) -> int:
     return ExitCode.DONE
 
 
-def load(args: argparse.Namespace, env: TrainerEnv, world_size: int) -> tuple[Config, BatchSizes]:
-    """The job's config (--config, else TRAIN_CONFIG, else the demo), checked for world_size."""
+def load(
+    args: argparse.Namespace, env: TrainerEnv, world_size: int, gpus_per_node: int | None = None
+) -> tuple[Config, BatchSizes]:
+    """The job's config (--config, else TRAIN_CONFIG, else the demo), checked for world_size
+    ranks, ``gpus_per_node`` of them per node."""
     config = load_config(args.config or env.config, args.overrides, env.config_paths)
-    return config, validate(config, world_size)
+    return config, validate(config, world_size, gpus_per_node)
 
 
 def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int:
@@ -145,7 +148,7 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         check_writable_dirs(env)
         topo = topology_from_env(env)
         use_job_code(env)  # before the builders import: they may live in it
-        config, batch = load(args, env, topo.world_size)
+        config, batch = load(args, env, topo.world_size, topo.nproc_per_node)
         preflight(config)  # its own words for a checkpoint folder nobody can create
         check_job_folders(config.output_dir, config.checkpoint_dir, env.op_cache_dir)
         check_driver(env.min_driver, installed_driver())
@@ -178,6 +181,12 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
         check_resumable(config, S3Mirror.from_uri(env.s3_uri) if env.s3_uri else None)
         # The model's files and the tokenized data, once for the node's ranks.
         files = gather(config, env, world_size=topo.world_size)
+        if config.parallel.tensor == "auto":
+            from training.estimate import tensor_at_start
+
+            tensor, why = tensor_at_start(config, world_size=topo.world_size, nodes=topo.nnodes)
+            print(why, flush=True)
+            argv = [*argv, "--set", f"parallel.tensor={tensor}"]  # the workers' choice too
     except ConfigError as error:
         lock.release()
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)

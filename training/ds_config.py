@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from training.spec.config import BatchSizes, Config
+from training.spec.parallel import tensor_degree
 
 
 def build_ds_config(config: Config, batch: BatchSizes, *, on_gpu: bool) -> dict[str, Any]:
@@ -46,6 +47,16 @@ def build_ds_config(config: Config, batch: BatchSizes, *, on_gpu: bool) -> dict[
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }
+    tensor = tensor_degree(config)
+    if tensor > 1:
+        # AutoTP training from the config alone (https://www.deepspeed.ai/tutorials/autotp-training/).
+        # DeepSpeed checks train_batch_size against micro x accumulation x the whole world
+        # before it knows the tensor groups (DeepSpeedConfig, runtime/config.py), so it
+        # gets the two it derives the rest from.
+        del ds["train_batch_size"]
+        ds["tensor_parallel"] = {"autotp_size": tensor}
+        if config.parallel.partition_config is not None:
+            ds["tensor_parallel"]["partition_config"] = config.parallel.partition_config
     if not precision.fp16:
         del ds["fp16"]
     if not precision.bf16:

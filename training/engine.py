@@ -20,6 +20,7 @@ from training.components import build_model
 from training.ds_config import build_ds_config
 from training.inputs import JobInputs
 from training.spec.config import BatchSizes, Config
+from training.spec.parallel import split_source
 
 
 def build_engine(
@@ -67,10 +68,23 @@ def initialize(
         }
     seed_everything(seed)
     model = make_model()
+    if "tensor_parallel" in ds_config:
+        ds_config = {**ds_config, "tensor_parallel": autotp_settings(ds_config, model)}
     engine, *_ = deepspeed.initialize(
         model=model, model_parameters=param_groups(model, weight_decay), config=ds_config
     )
     return engine
+
+
+def autotp_settings(ds_config: dict, model: nn.Module) -> dict:
+    """The config's tensor_parallel block, with DeepSpeed's preset for the model's type when
+    its config has no tp_plan to split by (training/spec/parallel.py)."""
+    settings = dict(ds_config["tensor_parallel"])
+    hf_config = getattr(model, "config", None)
+    by_preset = hf_config is not None and split_source(None, hf_config) == "preset"
+    if by_preset and "partition_config" not in settings:
+        settings["preset_model"] = hf_config.model_type
+    return settings
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:

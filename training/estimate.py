@@ -42,6 +42,7 @@ import torch
 from training.components import build_model
 from training.environment import TrainerEnv
 from training.spec.config import Config, ConfigError, add_overrides_argument, load_config, validate
+from training.spec.parallel import check_model_layout, kv_heads, split_source, tensor_degree
 from training.spec.presets import PRESETS, VISION_PRESETS
 from training.spec.selfcheck import SelfCheckError, check_precision
 
@@ -63,6 +64,12 @@ GPU_TYPES: dict[str, tuple[float, tuple[int, int]]] = {
     "H100-80GB": (80, (9, 0)),
     "H200-141GB": (141, (9, 0)),
 }
+# GPU types whose multi-GPU AWS instances join their GPUs with NVLink (p3.16xlarge,
+# p4d/p4de with NVSwitch, p5/p5e): a tensor group's all-reduces stay fast inside the node.
+# The others (g4dn, g5, g6, g6e) join them over PCIe (https://aws.amazon.com/ec2/instance-types/).
+NVLINK_GPU_TYPES = frozenset(
+    ("V100-16GB", "V100-32GB", "A100-40GB", "A100-80GB", "H100-80GB", "H200-141GB")
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,16 @@ SETUPS = (
 class ModelSize:
     total_params: int  # shared (tied) parameters once, as DeepSpeed counts them
     largest_layer_params: int  # the biggest module's own parameters (ZeRO-3 gathers one)
+    # The decoder layers' linear weights, which tensor parallelism splits (a model's
+    # tp_plan names these); embeddings, norms and the output layer stay whole on each rank.
+    split_params: int = 0
+
+    def per_rank(self, tensor: int) -> ModelSize:
+        """What one rank of a `tensor`-way group holds."""
+        if tensor == 1:
+            return self
+        kept = self.total_params - self.split_params + self.split_params // tensor
+        return ModelSize(kept, self.largest_layer_params, self.split_params // tensor)
 
 
 @dataclass(frozen=True)
@@ -122,7 +139,30 @@ def model_size(config: Config) -> ModelSize:
         model = _hf_model(config) if config.is_hf else build_model(config)
     total = sum({id(p): p.numel() for p in model.parameters()}.values())
     largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
-    return ModelSize(total, largest)
+    split = {
+        id(p): p.numel()
+        for stack in model.modules()
+        if isinstance(stack, torch.nn.ModuleList)
+        for layer in stack.modules()
+        if isinstance(layer, torch.nn.Linear)
+        for p in layer.parameters(recurse=False)
+    }
+    # A transformers model class's own plan splits its output layer too (Llama's
+    # _tp_plan = {"lm_head": "colwise_gather_output"}).
+    hf_model = getattr(model, "model", model)
+    for name in getattr(type(hf_model), "_tp_plan", None) or {}:
+        module = getattr(hf_model, name, None)
+        if isinstance(module, torch.nn.Linear):
+            split |= {id(p): p.numel() for p in module.parameters(recurse=False)}
+    return ModelSize(total, largest, sum(split.values()))
+
+
+def tensor_activation_share(tensor: int) -> float:
+    """The share of a layer's activations one rank of a `tensor`-way group keeps:
+    s·b·h·(10 + 24/t) of 34·s·b·h (Korthikanti et al. 2022, section 4.2.1, tensor
+    parallelism without sequence parallelism: layer norms, dropouts and the layer inputs
+    stay whole on every rank)."""
+    return (10 + 24 / tensor) / 34
 
 
 def model_states(size: ModelSize, setup: Setup, *, gpus_per_node: int, nodes: int):
@@ -286,29 +326,194 @@ def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int
     return kept + logits
 
 
-def estimate(config: Config, *, gpus: int, nodes: int = 1) -> tuple[ModelSize, int, list[Row]]:
-    """(model size, micro batch, one row per ZeRO setup) for `gpus` ranks over `nodes`."""
+def estimate(
+    config: Config, *, gpus: int, nodes: int = 1, counted: dict | None = None
+) -> tuple[ModelSize, int, list[Row]]:
+    """(model size, micro batch, one row per ZeRO setup) for `gpus` ranks over `nodes`.
+    ``counted``: activation counts by micro batch, kept between calls for one model."""
+    _check_target(gpus, nodes)
+    # The estimate reads no data: a job whose data path is set only where it runs (a
+    # stack's TRAIN_DATA_PATH) is estimated all the same.
+    unread = config.data.model_copy(update={"path": config.data.path or "not-read-by-estimate"})
+    micro = validate(
+        config.model_copy(update={"data": unread}), gpus, gpus // nodes
+    ).micro_batch_size
+    tensor = tensor_degree(config)
+    size = model_size(config)
+    zero = config.zero
+    current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
+    rows = []
+    # Activations do not depend on the ZeRO setup: counted once.
+    share = tensor_activation_share(tensor) / config.parallel.sequence
+    counted = {} if counted is None else counted
+    if micro not in counted:
+        counted[micro] = [activations(config, micro, checkpointing=on) for on in (False, True)]
+    plain, saved = (None if count is None else int(count * share) for count in counted[micro])
+    # The ZeRO partitions span the data-parallel ranks of each tensor slice.
+    for setup in (() if current in SETUPS else (current,)) + SETUPS:
+        states, cpu = model_states(
+            size.per_rank(tensor), setup, gpus_per_node=gpus // nodes // tensor, nodes=nodes
+        )
+        rows.append(Row(setup, states, cpu * tensor, plain, saved))
+    return size, micro, rows
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    tensor: int
+    micro_batch: int
+    bytes_per_rank: int | None  # the config's ZeRO setup and checkpointing; None: unknown
+    divides_heads: bool
+
+
+@dataclass(frozen=True)
+class LayoutChoice:
+    tensor: int
+    reason: str  # one line: why this tensor degree
+    rows: list[LayoutRow]
+
+
+def _with_tensor(config: Config, tensor: int) -> Config:
+    return config.model_copy(
+        update={"parallel": config.parallel.model_copy(update={"tensor": tensor})}
+    )
+
+
+def _check_target(gpus: int, nodes: int) -> None:
     if gpus < 1:
         raise ConfigError(f"--gpus {gpus}: a job needs at least 1 GPU")
     if nodes < 1:
         raise ConfigError(f"--nodes {nodes}: a job needs at least 1 node")
     if gpus % nodes:
         raise ConfigError(f"--gpus {gpus} over --nodes {nodes}: give a GPU count nodes divide")
-    # The estimate reads no data: a job whose data path is set only where it runs (a
-    # stack's TRAIN_DATA_PATH) is estimated all the same.
-    unread = config.data.model_copy(update={"path": config.data.path or "not-read-by-estimate"})
-    micro = validate(config.model_copy(update={"data": unread}), gpus).micro_batch_size
-    size = model_size(config)
-    zero = config.zero
-    current = Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
-    rows = []
-    # Activations do not depend on the ZeRO setup: counted once.
-    plain = activations(config, micro, checkpointing=False)
-    saved = activations(config, micro, checkpointing=True)
-    for setup in (() if current in SETUPS else (current,)) + SETUPS:
-        states, cpu = model_states(size, setup, gpus_per_node=gpus // nodes, nodes=nodes)
-        rows.append(Row(setup, states, cpu, plain, saved))
-    return size, micro, rows
+
+
+def layout_rows(
+    config: Config, *, gpus: int, nodes: int, counted: dict | None = None
+) -> list[LayoutRow]:
+    """Memory per rank of each tensor degree the job could take (1, 2, 4, 8 within a node,
+    dividing the world): the config's ZeRO setup and activation checkpointing."""
+    per_node = gpus // nodes
+    heads, splits = None, False
+    if config.is_hf:
+        hf_config = _hf_config(config)
+        heads, splits = kv_heads(hf_config), split_source(config, hf_config) is not None
+    candidates = [1, 2, 4, 8] if splits and config.parallel.sequence == 1 else [1]
+    rows, counted = [], {} if counted is None else counted
+    for tensor in candidates:
+        if tensor > per_node or gpus % tensor:
+            continue
+        candidate = _with_tensor(config, tensor)
+        try:
+            _, micro, estimated = estimate(candidate, gpus=gpus, nodes=nodes, counted=counted)
+        except ConfigError:  # the global batch does not split over its data-parallel ranks
+            continue
+        zero = config.zero
+        mine = next(
+            row
+            for row in estimated
+            if row.setup == Setup(zero.stage, zero.offload_optimizer, zero.offload_param)
+        )
+        total = _total(mine, config.model.activation_checkpointing)
+        rows.append(LayoutRow(tensor, micro, total, heads is None or heads % tensor == 0))
+    return rows
+
+
+def choose_tensor(
+    config: Config,
+    *,
+    gpus: int,
+    nodes: int,
+    usable_bytes: float,
+    nvlink: bool,
+    where: str,
+    counted: dict | None = None,
+) -> LayoutChoice:
+    """parallel.tensor = "auto": the fewest ranks per layer whose memory per rank fits.
+
+    Splitting layers costs two all-reduces per layer and pass inside the tensor group, so
+    a model that fits with data parallelism (and its ZeRO stage) alone stays unsplit. Past
+    that the smallest degree that fits wins; one that leaves ranks without key/value heads
+    only when no other fits. Over PCIe (no NVLink) the all-reduces are slow, which the
+    reason says. Long sequences count through their activations, which a tensor group
+    splits (tensor_activation_share). ``where``: the GPU type, for the reason."""
+    rows = layout_rows(config, gpus=gpus, nodes=nodes, counted=counted)
+    first = rows[0]
+    if first.bytes_per_rank is None:
+        return LayoutChoice(1, "the model's activations are not estimated: tensor 1", rows)
+    at_one = f"{_gib(first.bytes_per_rank)} GiB per GPU at tensor 1"
+    budget = f"{usable_bytes / GIB:.1f} GiB usable on {where}"
+    if first.bytes_per_rank <= usable_bytes:
+        return LayoutChoice(
+            1,
+            f"{at_one} fits the {budget}: data parallelism with ZeRO-{config.zero.stage} alone "
+            "keeps the all-reduces out of every layer",
+            rows,
+        )
+    fitting = [row for row in rows if row.bytes_per_rank <= usable_bytes]
+    fitting.sort(key=lambda row: (not row.divides_heads, row.tensor))
+    link = "inside the node over NVLink" if nvlink else "over PCIe (no NVLink: slow all-reduces)"
+    seq = f"seq_len {config.data.seq_len}"
+    if fitting:
+        row = fitting[0]
+        return LayoutChoice(
+            row.tensor,
+            f"{at_one} is over the {budget}; tensor {row.tensor} needs "
+            f"{_gib(row.bytes_per_rank)} GiB ({seq}), its layers split {link}",
+            rows,
+        )
+    row = min(rows, key=lambda row: row.bytes_per_rank)
+    return LayoutChoice(
+        row.tensor,
+        f"no layout fits the {budget} ({seq}); tensor {row.tensor} needs the least, "
+        f"{_gib(row.bytes_per_rank)} GiB: lower train.micro_batch_size or data.seq_len, set "
+        "model.activation_checkpointing = true, or use more memory (--gpu-type)",
+        rows,
+    )
+
+
+def tensor_at_start(config: Config, *, world_size: int, nodes: int) -> tuple[int, str]:
+    """parallel.tensor = "auto" on this node's GPUs: (tensor degree, the one line saying why),
+    as `estimate` would choose it for the same GPUs."""
+    if not torch.cuda.is_available():
+        return 1, 'parallel.tensor = "auto": tensor 1 (no GPU: nothing to split layers over)'
+    properties = torch.cuda.get_device_properties(0)
+    choice = choose_tensor(
+        config,
+        gpus=world_size,
+        nodes=nodes,
+        usable_bytes=properties.total_memory * (1 - RESERVE_FRACTION),
+        nvlink=_has_nvlink(),
+        where=properties.name,
+    )
+    return choice.tensor, f'parallel.tensor = "auto": tensor {choice.tensor}: {choice.reason}'
+
+
+def _has_nvlink() -> bool:
+    """Whether GPU 0 has an active NVLink (NVML; PCIe-only GPUs report NotSupported)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        return pynvml.nvmlDeviceGetNvLinkState(handle, 0) == pynvml.NVML_FEATURE_ENABLED
+    except Exception:  # no NVML, or no NVLink on this GPU
+        return False
+
+
+def _layout_table(rows: list[LayoutRow], chosen: int, gpus: int, usable: float) -> str:
+    lines = ["LAYOUT                      MICRO  TOTAL GiB"]
+    for row in rows:
+        name = f"tensor {row.tensor} x data {gpus // row.tensor}"
+        mark = _fit_mark(row.bytes_per_rank, usable)
+        notes = [] if row.divides_heads else ["idle ranks: does not divide the KV heads"]
+        if row.tensor == chosen:
+            notes.insert(0, "<- chosen")
+        lines.append(
+            f"{name:<26}  {row.micro_batch:>5}  {_gib(row.bytes_per_rank):>8}{mark}"
+            + (f"  {'; '.join(notes)}" if notes else "")
+        )
+    return "\n".join(lines)
 
 
 def _gib(value: int | None) -> str:
@@ -328,7 +533,36 @@ def _sample(config: Config) -> str:
 def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
     memory_gib, capability = GPU_TYPES[gpu_type]
     usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
-    size, micro, rows = estimate(config, gpus=gpus, nodes=nodes)
+    _check_target(gpus, nodes)
+    validate(config, gpus, gpus // nodes)  # the layout's own checks first, one line each
+    warnings = check_model_layout(config, _hf_config(config)) if config.is_hf else []
+    layout_lines, counted = [], {}
+    if config.is_hf:
+        if config.parallel.tensor == "auto":
+            choice = choose_tensor(
+                config,
+                gpus=gpus,
+                nodes=nodes,
+                usable_bytes=usable,
+                nvlink=gpu_type in NVLINK_GPU_TYPES and gpus // nodes > 1,
+                where=gpu_type,
+                counted=counted,
+            )
+            config = _with_tensor(config, choice.tensor)
+            why, rows = f'parallel.tensor = "auto": {choice.reason}', choice.rows
+        else:
+            why = "as configured"
+            rows = layout_rows(config, gpus=gpus, nodes=nodes, counted=counted)
+        tensor, sequence = tensor_degree(config), config.parallel.sequence
+        data = gpus // (tensor * sequence)
+        layout_lines = [
+            f"layout       tensor {tensor} x sequence {sequence} x data {data}: {why}",
+            *warnings,
+            "",
+            _layout_table(rows, tensor, gpus, usable),
+            "",
+        ]
+    size, micro, rows = estimate(config, gpus=gpus, nodes=nodes, counted=counted)
     model = config.model.hf or config.model.builder or config.model.preset
     lines = [
         f"model        {model}: {_count(size.total_params)} parameters "
@@ -339,6 +573,7 @@ def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
         f"{usable / GIB:.1f} GiB usable ({RESERVE_FRACTION:.0%} kept for CUDA, NCCL, "
         "fragmentation)",
         "",
+        *layout_lines,
         _table(rows, usable),
         "",
     ]

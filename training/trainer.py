@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import logging
 import math
+import resource
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from training.metrics import GpuMonitor, MetricsSink, mfu, peak_tflops, run_cost
 from training.oom import explain
 from training.sampler import ResumableDistributedSampler, micro_batches
 from training.spec.config import BatchSizes, Config, ConfigError, resolve_batch_sizes
+from training.spec.parallel import layout
 from training.stragglers import StragglerReport
 from training.text.stream import StreamedWindows
 from training.watchdog import Heartbeat
@@ -159,9 +161,10 @@ class Trainer:
         # Chosen before the engine is built, which must know whether it loads a universal
         # checkpoint (training/checkpoint/resume.py); loaded once the engine exists.
         startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
-        resume_point = checkpointer.choose_resume(dp_world_size=placement.world_size)
+        grid = layout(config, placement.world_size)
+        resume_point = checkpointer.choose_resume(dp_world_size=grid.data, tensor=grid.tensor)
         startup.begin("engine build", "model, data and the DeepSpeed engine")
-        batch = resolve_batch_sizes(config.train, placement.world_size)
+        batch = resolve_batch_sizes(config.train, grid.data)
         files = inputs.for_worker(config, self.env)
         engine = build_engine(
             config,
@@ -173,8 +176,12 @@ class Trainer:
         model_flops = flops_per_token(
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
-        dataset = build_dataset(config, files, rank=placement.rank, world_size=placement.world_size)
-        sampler, batches = self._batches(dataset, batch.micro_batch_size)
+        # The ranks of a tensor group read the same batches (DeepSpeed asserts it): data is
+        # split over the data-parallel ranks only. DeepSpeed's mesh is (data, tensor), so a
+        # tensor group is `tensor` neighbouring ranks (groups._init_tp_mesh_device).
+        data_rank = placement.rank // grid.tensor
+        dataset = build_dataset(config, files, rank=data_rank, world_size=grid.data)
+        sampler, batches = self._batches(dataset, batch.micro_batch_size, data_rank, grid.data)
         # Dropout and other randomness differ per rank from here on.
         seed_everything(config.run.seed + placement.rank)
 
@@ -183,8 +190,8 @@ class Trainer:
         if held_out is not None:
             evaluator = Evaluator(
                 held_out,
-                rank=placement.rank,
-                world_size=placement.world_size,
+                rank=data_rank,
+                world_size=grid.data,
                 batch_size=batch.micro_batch_size,
                 num_workers=self.data_workers,
                 device=device,
@@ -218,15 +225,15 @@ class Trainer:
                 )
         return job
 
-    def _batches(self, dataset, micro_batch: int):
-        """(where the data stands, this rank's micro-batches forever)."""
+    def _batches(self, dataset, micro_batch: int, data_rank: int, data_ranks: int):
+        """(where the data stands, this data-parallel rank's micro-batches forever)."""
         if isinstance(dataset, StreamedWindows):
             # Read in this process: the stream's position is then exactly what was used.
             loader = DataLoader(dataset, batch_size=micro_batch, num_workers=0)
             return dataset, iter(loader)
-        config, placement = self.config, self.placement
+        config = self.config
         sampler = ResumableDistributedSampler(
-            len(dataset), rank=placement.rank, world_size=placement.world_size, seed=config.run.seed
+            len(dataset), rank=data_rank, world_size=data_ranks, seed=config.run.seed
         )
         loader = DataLoader(
             dataset,
@@ -356,6 +363,7 @@ class StepMetrics:
         clock: GoodputClock,
     ):
         self.config, self.job, self.world_size = config, job, placement.world_size
+        self.layout = layout(config, placement.world_size)
         self.clock = clock
         self.price = env.usd_per_hour
         # An image is one unit of work (its FLOPs are the model's per "token").
@@ -404,7 +412,7 @@ class StepMetrics:
             # Seconds a step waited for its batches (all its micro-batches) in this window.
             "data_wait_per_step_s": (waited - self.window_waited) / steps,
             "epoch": job.sampler.epoch,
-            "samples_seen_in_epoch": job.sampler.consumed * self.world_size,
+            "samples_seen_in_epoch": job.sampler.consumed * self.layout.data,
             **scores,
             **(slowest or {}),
             **self.gpu.read(),
@@ -482,14 +490,22 @@ class StepMetrics:
         waited = self.clock.attempt.data_wait_s / max(steps, 1)
         return (
             f"done: {steps} steps in {took:.1f} s, loss {self.first_loss:.4f} -> "
-            f"{self.last_loss:.4f}, {rate:,.0f} {self.unit}/s, "
+            f"{self.last_loss:.4f}, layout {self.layout.describe()}, {rate:,.0f} {self.unit}/s, "
             f"{self.job.model_flops * per_gpu / 1e12:.3g} TFLOPS/GPU, "
             f"MFU {_percent(mfu(self.job.model_flops, per_gpu, self.peak))}, "
-            f"data wait {1000 * waited:.1f} ms/step, "
+            f"data wait {1000 * waited:.1f} ms/step, {peak_memory()} per rank, "
             f"{run_cost(took, self.world_size, self.price)}; {self.goodput_line()}; {accuracy}"
             f"checkpoints in {self.config.checkpoint_dir}, "
             f"metrics in {self.config.output_dir / 'metrics.jsonl'}"
         )
+
+
+def peak_memory() -> str:
+    """Rank 0's peak memory: the GPU memory its tensors held, or without a GPU the process's
+    peak resident memory (ru_maxrss, KiB on Linux)."""
+    if torch.cuda.is_available():
+        return f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+    return f"peak host memory {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
 
 
 def _percent(value: float | None) -> str:

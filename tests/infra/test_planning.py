@@ -158,3 +158,17 @@ def test_the_budget_check_uses_the_price_of_the_stacks_market(market, hourly):
     with pytest.raises(ConfigError) as raised:
         check(hourly - 0.01)
     assert f"less than one hour of this stack at ${hourly:.2f}/h" in str(raised.value)
+
+
+def test_a_tensor_group_wider_than_a_node_fails_the_plan(tmp_path):
+    """Two a100x8 nodes: 16 GPUs, 8 per node; tensor 16 divides the world but spans nodes."""
+    job = (
+        '[model]\nhf = "/models/llama"\n[data]\nkind = "jsonl"\npath = "/data/a.jsonl"\n'
+        "[parallel]\ntensor = 16\n"
+    )
+    with pytest.raises(ConfigError) as raised:
+        check_job(tmp_path, job, profile="a100x8", nodes="2", cluster="slurm")
+    assert str(raised.value).endswith(
+        "parallel.tensor = 16 is more than the 8 GPUs of one node: a tensor group all-reduces "
+        "inside every layer and must stay on one node's NVLink; use parallel.tensor <= 8"
+    )

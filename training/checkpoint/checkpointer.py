@@ -48,6 +48,7 @@ from training.checkpoint.layout import (
     DEEPSPEED_RECOVERY_SCRIPTS,
     PARTIAL,
     UNIVERSAL_INFO,
+    UNIVERSAL_INFO_KEY,
     committed_tags,
     examine,
     tag_for,
@@ -142,7 +143,13 @@ class Checkpointer:
             on_written=self._progress,
             digest_threads=self._digest_threads,
         )
-        saved_state = {CLIENT_STATE_KEY: client_state, **UNIVERSAL_INFO}
+        saved_state = {CLIENT_STATE_KEY: client_state}
+        if getattr(engine.module, UNIVERSAL_INFO_KEY, None) is None:
+            # DeepSpeed's AutoTP leaves a description of its split layers on the module
+            # (collect_autotp_universal_checkpoint_info, deepspeed/module_inject/layers.py),
+            # which client_state would replace (DeepSpeedEngine._save_checkpoint updates the
+            # saved state with it last).
+            saved_state |= UNIVERSAL_INFO
         with writing_through(engine, files):
             try:
                 engine.save_checkpoint(
@@ -174,6 +181,7 @@ class Checkpointer:
             "tag": tag,
             "step": step,
             "dp_world_size": engine.dp_world_size,
+            "tensor": engine.autotp_size() or 1,
             "zero_stage": engine.zero_optimization_stage(),
             "precision": engine_precision(engine),
         }
@@ -302,9 +310,10 @@ class Checkpointer:
 
     # --------------------------------------------------------------- resume
 
-    def choose_resume(self, dp_world_size: int) -> ResumePoint | None:
+    def choose_resume(self, dp_world_size: int, tensor: int = 1) -> ResumePoint | None:
         """The newest committed checkpoint, local or in the mirror, made ready to load on
-        ``dp_world_size`` data-parallel ranks; None when none was ever committed.
+        ``dp_world_size`` data-parallel ranks of ``tensor``-way tensor groups; None when
+        none was ever committed.
 
         Every rank calls it, before building the engine: a point saved by another number
         of ranks (``universal``) needs an engine built with DeepSpeed's
@@ -312,7 +321,7 @@ class Checkpointer:
         """
         self.wait()
         self._prepare()
-        self._chosen = (choose(dp_world_size, self.root, self.mirror, self._ranks),)
+        self._chosen = (choose(dp_world_size, self.root, self.mirror, self._ranks, tensor),)
         return self._chosen[0]
 
     def resume(self, engine) -> dict | None:
@@ -324,7 +333,7 @@ class Checkpointer:
         stage or precision than the checkpoint's.
         """
         if self._chosen is None:
-            self.choose_resume(engine.dp_world_size)
+            self.choose_resume(engine.dp_world_size, engine.autotp_size() or 1)
         (point,), self._chosen = self._chosen, None
         if point is None:
             return None

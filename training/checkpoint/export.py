@@ -19,6 +19,7 @@ from training.checkpoint.layout import (
     CLIENT_STATE_KEY,
     COMMIT_MARKER,
     COMPLETE,
+    UNIVERSAL_DIR,
     examine,
     parse_step,
     read_manifest,
@@ -71,6 +72,21 @@ def check_output(out: Path) -> None:
 
 def fp32_state_dict(root: Path, tag: str) -> dict[str, torch.Tensor]:
     record = read_manifest(root / tag)
+    if record.get("tensor", 1) > 1:
+        # Each tensor rank saved its slices (mp_rank_NN), which zero_to_fp32 does not join:
+        # DeepSpeed's universal conversion does, one full fp32 tensor per parameter
+        # (zero/<name>/fp32.pt, deepspeed/checkpoint/ds_to_universal.py).
+        from training.checkpoint.resume import convert_to_universal
+
+        convert_to_universal(root, tag)
+        params = root / UNIVERSAL_DIR / tag / "zero"
+        return {
+            folder.name: torch.load(folder / "fp32.pt", map_location="cpu", weights_only=False)[
+                "param"
+            ]
+            for folder in sorted(params.iterdir())
+            if folder.is_dir()  # beside them: optimizer_state.pt, the common state
+        }
     if record["zero_stage"] == 0:
         # Without ZeRO the model file holds every weight (in the training dtype).
         states = torch.load(

@@ -36,7 +36,8 @@ DEEPSPEED_RECOVERY_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 # The trainer's client_state sits under this key of DeepSpeed's, apart from its own entries.
 CLIENT_STATE_KEY = "training_client_state"
 # ds_to_universal refuses checkpoints that lack this client_state entry.
-UNIVERSAL_INFO = {"universal_checkpoint_info": {"universal_checkpoint_version": 0.2}}
+UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
+UNIVERSAL_INFO = {UNIVERSAL_INFO_KEY: {"universal_checkpoint_version": 0.2}}
 _TAG_RE = re.compile(r"^step_(\d{8,})$")
 
 # xxHash's XXH3 (64 bit): non-cryptographic, it detects accidental damage (a flipped

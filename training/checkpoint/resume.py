@@ -74,10 +74,11 @@ class ResumePoint:
 
 
 def choose(
-    dp_world_size: int, root: Path, mirror: CheckpointStore | None, ranks: Ranks
+    dp_world_size: int, root: Path, mirror: CheckpointStore | None, ranks: Ranks, tensor: int = 1
 ) -> ResumePoint | None:
     """The newest loadable committed checkpoint, made complete here (and converted when
-    ``dp_world_size`` differs from the saving run's); every rank calls it.
+    ``dp_world_size`` or the ``tensor`` degree differs from the saving run's); every rank
+    calls it.
 
     None when no checkpoint was ever committed.
     """
@@ -117,17 +118,21 @@ def choose(
     record = read_manifest(root / tag)
 
     load_root = root
-    if record["zero_stage"] > 0 and record["dp_world_size"] != dp_world_size:
+    saved_tensor = record.get("tensor", 1)  # manifests before the field: no tensor groups
+    new_data = record["zero_stage"] > 0 and record["dp_world_size"] != dp_world_size
+    if new_data or saved_tensor != tensor:
         log_on_rank0(
             log,
             logging.INFO,
-            "%s was saved by %d data-parallel ranks, this run has %d: "
-            "loading it through a universal checkpoint",
+            "%s was saved by tensor %d x data %d, this run is tensor %d x data %d: "
+            "converted to a universal checkpoint (weights and Adam moments) and loaded",
             tag,
+            saved_tensor,
             record["dp_world_size"],
+            tensor,
             dp_world_size,
         )
-        ranks.on_writers(lambda: _convert_to_universal(root, tag))
+        ranks.on_writers(lambda: convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR
     return ResumePoint(
         tag,
@@ -237,7 +242,7 @@ def _newest(tags) -> str:
     return tags[-1] if tags else "none"
 
 
-def _convert_to_universal(root: Path, tag: str) -> None:
+def convert_to_universal(root: Path, tag: str) -> None:
     """Writers: DeepSpeed's ds_to_universal of ``tag``, committed with a manifest of its own.
 
     An earlier conversion is reused only when it was made from this very checkpoint (its

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from training.hf.model import auto_class, head_classes, load_hf_config, load_tokenizer
 from training.spec.config import Config, ConfigError
+from training.spec.parallel import check_model_layout
 
 # config.json's names for the longest sequence a model was built for, by architecture.
 POSITION_LIMITS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
@@ -35,6 +36,8 @@ def check_model(config: Config, folder: Path) -> None:
             f"{model.task} head in transformers ({auto.__name__}): choose another model.task "
             "or model"
         )
+    for warning in check_model_layout(config, hf_config):
+        print(warning, flush=True)
     text = hf_config.get_text_config()
     tokenizer = load_tokenizer(config, folder)
     if len(tokenizer) > text.vocab_size:

@@ -200,6 +200,16 @@ class HfTask(nn.Module):
         self._partitioning = partitioning  # HfDeepSpeedConfig at ZeRO-3, kept alive
         accepted = inspect.signature(model.forward).parameters
         self._takes_positions = "position_ids" in accepted
+        # DeepSpeed's AutoTP finds the layers to split in the model's config
+        # (base_model_tp_plan) and its class's _tp_plan (_get_hf_tp_plan,
+        # deepspeed/runtime/tensor_parallel/config.py): both shown through this wrapper.
+        self._tp_plan = getattr(type(model), "_tp_plan", None)
+        # Counted before tensor parallelism leaves each rank a slice of the weights.
+        self._matmul_params = _matmul_params(model)
+
+    @property
+    def config(self):
+        return self.model.config
 
     def logits(self, inputs: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
         """`extra`: a classifier's attention mask, else positions (None: 0, 1, 2, ...)."""
@@ -232,14 +242,19 @@ class HfTask(nn.Module):
         """6N + 12·L·H·Q·T (PaLM appendix B): N without the input embedding table unless
         it is tied to the output layer, whose matmul costs real FLOPs."""
         text = self.model.config.get_text_config()
-        total = sum(_numel(p) for p in {id(p): p for p in self.model.parameters()}.values())
-        embeddings = self.model.get_input_embeddings()
-        tied = embeddings.weight is getattr(self.model.get_output_embeddings(), "weight", None)
-        matmul = total if tied else total - _numel(embeddings.weight)
         heads = text.num_attention_heads
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
         attention = 12 * text.num_hidden_layers * heads * head_dim * seq_len
-        return 6 * matmul + attention
+        return 6 * self._matmul_params + attention
+
+
+def _matmul_params(model: nn.Module) -> int:
+    """Parameters in matmuls: all, less the input embedding table unless it is tied to
+    the output layer."""
+    total = sum(_numel(p) for p in {id(p): p for p in model.parameters()}.values())
+    embeddings = model.get_input_embeddings()
+    tied = embeddings.weight is getattr(model.get_output_embeddings(), "weight", None)
+    return total if tied else total - _numel(embeddings.weight)
 
 
 def _numel(param: torch.Tensor) -> int:

@@ -224,6 +224,27 @@ class WatchdogConfig(Section):
     straggler_windows: int = Field(default=3, gt=0)
 
 
+def _rank_count_or_auto(value: int | str) -> int | str:
+    if value == "auto" or (isinstance(value, int) and value > 0):
+        return value
+    raise ValueError('expected a number of ranks (1, 2, 4, 8) or "auto"')
+
+
+class ParallelConfig(Section):
+    """Model parallelism (training/spec/parallel.py): ranks that split each layer (DeepSpeed
+    AutoTP) or each sequence (Ulysses); data parallelism is what is left of the world."""
+
+    # Ranks that split each layer, within one node; "auto": chosen from the model's size,
+    # the GPUs' memory, the node's interconnect and the sequence length.
+    tensor: Annotated[int | str, AfterValidator(_rank_count_or_auto)] = 1
+    # Ranks that split each sequence (DeepSpeed Ulysses).
+    sequence: int = Field(default=1, gt=0)
+    # For a model with neither a tp_plan nor a DeepSpeed preset: DeepSpeed's
+    # tensor_parallel.partition_config ({"layer_specs": [{"patterns": [...],
+    # "partition_type": "column" | "row"}, ...]}), passed as given.
+    partition_config: dict[str, Any] | None = None
+
+
 class Config(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -236,6 +257,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
 
     @property
     def output_dir(self) -> Path:
@@ -315,8 +337,10 @@ def load_config(
         raise ConfigError(describe(error, known=_known_keys)) from None
 
 
-def validate(config: Config, world_size: int) -> BatchSizes:
-    """Reject impossible combinations; return the resolved batch sizes."""
+def validate(config: Config, world_size: int, gpus_per_node: int | None = None) -> BatchSizes:
+    """Reject impossible combinations; return the resolved batch sizes (over the
+    data-parallel ranks: world / (parallel.tensor x parallel.sequence)).
+    ``gpus_per_node`` None: the world is one node."""
     zero, precision = config.zero, config.precision
     if precision.bf16 and precision.fp16:
         raise ConfigError(
@@ -370,7 +394,65 @@ def validate(config: Config, world_size: int) -> BatchSizes:
             f"= {config.train.steps}: the cosine schedule needs steps after warmup "
             "(lower warmup_steps or use scheduler.kind = 'constant')"
         )
-    return resolve_batch_sizes(config.train, world_size)
+    return resolve_batch_sizes(config.train, check_layout(config, world_size, gpus_per_node))
+
+
+def check_layout(config: Config, world_size: int, gpus_per_node: int | None = None) -> int:
+    """The [parallel] layout's checks that need no model files (training/spec/parallel.py
+    has the model's); the data-parallel ranks. ``gpus_per_node`` None: one node."""
+    # "auto" counts as 1 until the launcher chose.
+    tensor = 1 if config.parallel.tensor == "auto" else config.parallel.tensor
+    sequence = config.parallel.sequence
+    gpus_per_node = gpus_per_node or world_size
+    if tensor > 1 and sequence > 1:
+        raise ConfigError(
+            f"parallel.tensor = {tensor} with parallel.sequence = {sequence}: DeepSpeed does "
+            "not document AutoTP and Ulysses together; choose one (tensor for a model too big "
+            "for a GPU, sequence for sequences too long for one)"
+        )
+    if world_size % (tensor * sequence):
+        raise ConfigError(
+            f"parallel.tensor x parallel.sequence = {tensor} x {sequence} = "
+            f"{tensor * sequence} does not divide the world size {world_size}: use a divisor "
+            f"of {world_size} (the data-parallel ranks are world / (tensor x sequence))"
+        )
+    if tensor > gpus_per_node:
+        raise ConfigError(
+            f"parallel.tensor = {tensor} is more than the {gpus_per_node} GPUs of one node: a "
+            "tensor group all-reduces inside every layer and must stay on one node's NVLink; "
+            f"use parallel.tensor <= {gpus_per_node}"
+        )
+    if config.data.seq_len % sequence:
+        raise ConfigError(
+            f"data.seq_len = {config.data.seq_len} is not a multiple of parallel.sequence = "
+            f"{sequence}: each rank takes an equal slice of every sequence"
+        )
+    if (tensor > 1 or config.parallel.tensor == "auto") and not config.is_hf:
+        raise ConfigError(
+            f"parallel.tensor = {config.parallel.tensor!r} needs a Hugging Face model "
+            "(model.hf): DeepSpeed's AutoTP splits a transformers model's layers by their names"
+        )
+    if sequence > 1 and not config.is_hf:
+        raise ConfigError(
+            f"parallel.sequence = {sequence} needs a Hugging Face model (model.hf): Ulysses "
+            "replaces a transformers model's attention"
+        )
+    if sequence > 1:
+        # DeepSpeed's Ulysses needs its attention adapter registered before the model is
+        # built, its data loader adapter and a token-weighted loss across the sequence group
+        # (https://www.deepspeed.ai/tutorials/ulysses-alst-sequence-parallelism/): not
+        # wired here yet, so a run would silently train on duplicated batches.
+        raise ConfigError(
+            f"parallel.sequence = {sequence}: this trainer does not run DeepSpeed Ulysses "
+            "sequence parallelism yet; use parallel.sequence = 1 (parallel.tensor splits "
+            "activations too)"
+        )
+    if config.parallel.partition_config is not None and config.parallel.tensor == 1:
+        raise ConfigError(
+            "parallel.partition_config is set but parallel.tensor = 1: it says how "
+            "tensor-parallel ranks split the layers (set parallel.tensor)"
+        )
+    return world_size // (tensor * sequence)
 
 
 def _check_workload(config: Config) -> None:

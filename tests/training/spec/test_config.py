@@ -237,7 +237,7 @@ def test_launcher_rejects_bad_config_fast_without_traceback(tmp_path):
         + ", ".join(
             [
                 *("run", "model", "data", "train", "optimizer", "scheduler", "zero"),
-                *("precision", "checkpoint", "logging", "watchdog"),
+                *("precision", "checkpoint", "logging", "watchdog", "parallel"),
             ]
         )
         + ")"

@@ -1,0 +1,144 @@
+"""A tiny Llama trained with [parallel] tensor = 2 through `python -m training`, against the
+same job at tensor = 1; its checkpoints resumed on other layouts and exported.
+
+One story, four launches: tensor 2 on 2 ranks and tensor 1 on 1 rank from scratch (the
+same global batch, so the same losses); tensor 2's step-20 checkpoint resumed at tensor 1,
+tensor 1's resumed at tensor 2 x data 2 on 4 ranks: both continue the uninterrupted run's
+losses and, at tensor 1, its Adam moments; both runs export the same weights.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.training.jobs import job_env, run_job
+from training.checkpoint.export import export
+
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.slow(
+        reason="four tiny-Llama jobs of 1, 2 and 4 ranks (DeepSpeed AutoTP on gloo)",
+        seconds=900,
+    ),
+]
+
+# The bar: tensor 2's loss at step 40 within 2% of tensor 1's, and its step-20 checkpoint
+# resumed at tensor 1 the same (checked here far closer than 2%).
+STEPS, CHECKPOINT = 40, 20
+# Tensor parallelism reorders the sums inside each split layer (each rank's partial
+# products, then an all-reduce): fp32 rounding, not a different computation.
+LOSS_TOLERANCE = 1e-4
+# Two data-parallel ranks average the gradients of half batches: another summation order
+# again, which drifts to ~5e-4 over 20 steps (measured). A wrong batch or data position
+# would miss by several percent: the losses of neighbouring steps differ by that much.
+DATA_PARALLEL_LOSS_TOLERANCE = 2e-3
+# Adam's moments after 20 steps more: reordered fp32 sums leave up to ~2e-8 absolute
+# (measured), large relatively only on moments near zero. Moments reset at the resume would
+# miss by far more: 0.9**20 = 12% of exp_avg and 0.95**20 = 36% of exp_avg_sq come from the
+# steps before it.
+MOMENT_RTOL, MOMENT_ATOL = 1e-3, 1e-7
+
+
+def write_job(folder: Path, tiny_hf) -> Path:
+    job = folder / "job.toml"
+    job.write_text(
+        f"""
+[run]
+seed = 1234
+[model]
+hf = "{tiny_hf.model}"
+[data]
+kind = "jsonl"
+path = "{tiny_hf.corpus}"
+seq_len = 32
+[train]
+steps = {STEPS}
+global_batch_size = 8
+gradient_clipping = 0.0
+[optimizer]
+lr = 3e-3
+[scheduler]
+kind = "constant"
+warmup_steps = 2
+[zero]
+stage = 1
+[checkpoint]
+every_steps = {CHECKPOINT}
+[logging]
+every_steps = 1
+progress_bar = false
+tensorboard = false
+"""
+    )
+    return job
+
+
+def train(out: Path, job: Path, ranks: int, tensor: int, resume_from: Path | None = None):
+    if resume_from is not None:
+        (out / "checkpoints").mkdir(parents=True)
+        tag = f"step_{CHECKPOINT:08d}"
+        shutil.copytree(resume_from / "checkpoints" / tag, out / "checkpoints" / tag)
+    env = job_env(out, TRAIN_NPROC_PER_NODE=str(ranks), TRAIN_CACHE_DIR=str(out.parent / "cache"))
+    done = run_job(out, f"parallel.tensor={tensor}", config=job, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def losses(done) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in done.metrics}
+
+
+def adam_moments(out: Path) -> list[torch.Tensor]:
+    """exp_avg and exp_avg_sq of the last checkpoint of a 1-rank ZeRO-1 run, in order."""
+    path = out / "checkpoints" / f"step_{STEPS:08d}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
+    state = saved["base_optimizer_state"]["state"]
+    return [group[key] for _, group in sorted(state.items()) for key in ("exp_avg", "exp_avg_sq")]
+
+
+def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_path, tiny_hf):
+    job = write_job(tmp_path, tiny_hf)
+    split = train(tmp_path / "tensor2", job, ranks=2, tensor=2)
+    whole = train(tmp_path / "tensor1", job, ranks=1, tensor=1)
+    expected = losses(whole)
+    assert list(expected) == list(range(1, STEPS + 1))
+    assert losses(split) == pytest.approx(expected, rel=LOSS_TOLERANCE)
+    assert expected[STEPS] < expected[1]  # it learns
+    assert "tensor 2 x sequence 1 x data 1" in split.stdout  # the run summary's layout
+
+    # tensor 2's checkpoint on 1 rank at tensor 1: converted, said in one line.
+    back = train(tmp_path / "back", job, ranks=1, tensor=1, resume_from=tmp_path / "tensor2")
+    assert (
+        f"step_{CHECKPOINT:08d} was saved by tensor 2 x data 1, this run is tensor 1 x data 1: "
+        "converted to a universal checkpoint (weights and Adam moments) and loaded"
+    ) in back.stderr
+    assert list(losses(back)) == list(range(CHECKPOINT + 1, STEPS + 1))
+    assert losses(back) == pytest.approx({s: expected[s] for s in losses(back)}, rel=LOSS_TOLERANCE)
+    for mine, theirs in zip(
+        adam_moments(tmp_path / "back"), adam_moments(tmp_path / "tensor1"), strict=True
+    ):
+        torch.testing.assert_close(mine, theirs, rtol=MOMENT_RTOL, atol=MOMENT_ATOL)
+
+    # tensor 1's checkpoint on 4 ranks at tensor 2 x data 2, mid-epoch, same global batch.
+    wider = train(tmp_path / "wider", job, ranks=4, tensor=2, resume_from=tmp_path / "tensor1")
+    assert "this run is tensor 2 x data 2" in wider.stderr
+    assert list(losses(wider)) == list(range(CHECKPOINT + 1, STEPS + 1))
+    assert losses(wider) == pytest.approx(
+        {s: expected[s] for s in losses(wider)}, rel=DATA_PARALLEL_LOSS_TOLERANCE
+    )
+    assert whole.metrics[-1]["epoch"] == 0  # the resumes were mid-epoch
+
+    # Export joins the tensor slices: the same weights as the unsplit run's.
+    from transformers import AutoModelForCausalLM
+
+    exported = {}
+    for name in ("tensor2", "tensor1"):
+        export(tmp_path / name / "checkpoints", tmp_path / f"{name}-hf")
+        exported[name] = AutoModelForCausalLM.from_pretrained(tmp_path / f"{name}-hf").state_dict()
+    assert exported["tensor2"].keys() == exported["tensor1"].keys()
+    for key, weight in exported["tensor1"].items():
+        torch.testing.assert_close(exported["tensor2"][key], weight, rtol=1e-5, atol=1e-6)
