@@ -326,18 +326,20 @@ def activations(config: Config, micro_batch: int, *, checkpointing: bool) -> int
     return kept + logits
 
 
+def _data_unread(config: Config) -> Config:
+    """The estimate reads no data: a job whose data path is set only where it runs (a
+    stack's TRAIN_DATA_PATH) is estimated all the same."""
+    unread = config.data.model_copy(update={"path": config.data.path or "not-read-by-estimate"})
+    return config.model_copy(update={"data": unread})
+
+
 def estimate(
     config: Config, *, gpus: int, nodes: int = 1, counted: dict | None = None
 ) -> tuple[ModelSize, int, list[Row]]:
     """(model size, micro batch, one row per ZeRO setup) for `gpus` ranks over `nodes`.
     ``counted``: activation counts by micro batch, kept between calls for one model."""
     _check_target(gpus, nodes)
-    # The estimate reads no data: a job whose data path is set only where it runs (a
-    # stack's TRAIN_DATA_PATH) is estimated all the same.
-    unread = config.data.model_copy(update={"path": config.data.path or "not-read-by-estimate"})
-    micro = validate(
-        config.model_copy(update={"data": unread}), gpus, gpus // nodes
-    ).micro_batch_size
+    micro = validate(_data_unread(config), gpus, gpus // nodes).micro_batch_size
     tensor = tensor_degree(config)
     size = model_size(config)
     zero = config.zero
@@ -534,7 +536,7 @@ def report(config: Config, *, gpus: int, nodes: int, gpu_type: str) -> str:
     memory_gib, capability = GPU_TYPES[gpu_type]
     usable = memory_gib * (1 - RESERVE_FRACTION) * GIB
     _check_target(gpus, nodes)
-    validate(config, gpus, gpus // nodes)  # the layout's own checks first, one line each
+    validate(_data_unread(config), gpus, gpus // nodes)  # the layout's own checks first
     warnings = check_model_layout(config, _hf_config(config)) if config.is_hf else []
     layout_lines, counted = [], {}
     if config.is_hf:
