@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import pydantic
 
+from common.market import Market
 from infra.errors import ConfigError
-from infra.functions.market import Market
 
 SINGLE_NODE = "ec2"  # gpu:cluster unset: EC2 nodes (infra/components/single_node.py)
 CLUSTER = (

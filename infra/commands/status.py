@@ -100,7 +100,7 @@ def report(stack: workspace.Deployed, now: datetime.datetime) -> str:
 def cluster_report(stack: workspace.Deployed, now: datetime.datetime) -> str:
     """A cluster stack: its instances, its queue and each queued job's progress."""
     out = stack.outputs
-    found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
+    found = head_node.cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag, out.market)
     lines = [
         f"stack       {stack.name} ({stack.region}): Slurm cluster, queue {out.queue} of "
         f"up to {out.nodes} x {out.instance_type}, {out.market}, "

@@ -128,7 +128,7 @@ def _ready_to_rent(name: str, config: StackConfig, plan: Plan, probes: Probes, o
     """Refuse, in one line, a stack `up` could not create: asking first would only waste the
     yes. A check that cannot tell (a quota it cannot read) is shown and does not stop it."""
     region = stack_file_region(stack_file_path(name))
-    for check in renting_checks(probes, plan=plan, spot=config.spot, region=region):
+    for check in renting_checks(probes, plan=plan, market=config.market, region=region):
         if check.status == "FAIL":
             raise ConfigError(f"{check.finding}: {check.fix}; nothing was created")
         if check.status == "warn":

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from common.market import Market
 from infra.cluster.config import (
     DEFAULT_USER,
     EPILOG_KEY,
@@ -64,7 +65,6 @@ from infra.cluster.sbatch import CLUSTER_CHECKPOINT_ROOT, BatchJob, Launch, rend
 from infra.components.iam import instance_policy
 from infra.components.storage import Storage
 from infra.config.schema import S3Uri
-from infra.functions.market import Market
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
