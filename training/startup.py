@@ -60,27 +60,16 @@ def begin(phase: str, doing: str) -> None:
 
 def watch_op_builds() -> None:
     """Say when DeepSpeed loads a JIT op (compiled on a machine's first start, then
-    cached), and time it: it happens inside the rendezvous or the engine build.
+    cached), and time it: it happens inside the rendezvous or the engine build."""
+    from training.private_apis import on_op_build  # DeepSpeed's import is part of the timing
 
-    DeepSpeed loads such ops through OpBuilder.jit_load
-    (deepspeed/ops/op_builder/builder.py); there is no hook to be told otherwise.
-    """
-    from deepspeed.ops.op_builder.builder import OpBuilder
-
-    jit_load = OpBuilder.jit_load
-
-    def timed_jit_load(self, *args, **kwargs):
+    def began(name: str) -> None:
         _say(
-            f"start-up: op build: DeepSpeed op {self.name} (compiled on this machine's "
+            f"start-up: op build: DeepSpeed op {name} (compiled on this machine's "
             "first start, a minute or more; loaded from the cache after)"
         )
-        began = time.time()
-        try:
-            return jit_load(self, *args, **kwargs)
-        finally:
-            _op_builds.append((began, time.time()))
 
-    OpBuilder.jit_load = timed_jit_load
+    on_op_build(began, lambda start, end: _op_builds.append((start, end)))
 
 
 def launched_at() -> float:
