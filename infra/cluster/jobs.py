@@ -1,6 +1,6 @@
 """The head-node scripts that submit and cancel a job on a Slurm cluster stack.
 
-Both run as root through SSM (infra/commands/head_node.py: on_head_node), in POSIX sh
+Both run as root through SSM (infra/deployed/head_node.py: on_head_node), in POSIX sh
 (infra/cluster/control.py says why), and act as the cluster's default user, who exists
 on every node, in a login shell (`sudo -iu`): only the login profile puts /opt/slurm/bin
 on PATH. The submission is the one the stack prints (`pulumi stack output

@@ -23,8 +23,8 @@ from common.market import Market
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
-from infra.commands.workspace import HOW_TO_INSTALL_PULUMI
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
+from infra.deployed.workspace import HOW_TO_INSTALL_PULUMI
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import QuotaNeed, quota_need

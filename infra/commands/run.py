@@ -3,11 +3,8 @@ running stack, without replacing a node.
 
 The job is checked first, by the trainer's own start-up checks against the stack's GPUs
 (as `preview` checks gpu:trainConfig), so a job the trainer would refuse never reaches a
-node. On a single-node stack it goes into the job spool in the stack's bucket
-(infra/jobs/spool.py), where the node's watcher finds it within seconds; a running job
-checkpoints and yields to it (exit 75), then resumes once it ends (docs/stack.md, "Jobs").
-On a Slurm cluster it is submitted with sbatch as the cluster's user, on the head node
-through SSM (infra/cluster/jobs.py). A name already used resumes that job from its
+node. The stack's target (infra/targets/) queues it: the job spool a single node reads, or
+sbatch on a Slurm cluster's head node. A name already used resumes that job from its
 checkpoints.
 """
 
@@ -20,14 +17,13 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from infra.cluster import jobs as slurm
-from infra.commands import head_node, workspace
-from infra.commands.job_target import JobTarget, job_target
+from infra import targets
 from infra.config.schema import stack_region
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.jobs import spool
-from infra.jobs.spool import JobSpec, JobState
+from infra.jobs.spool import JobSpec
 from infra.planning import check_plan, resolve_plan
 from training.spec.config import add_overrides_argument
 
@@ -60,18 +56,16 @@ def run(args: argparse.Namespace) -> str:
     stack_name = workspace.stack_name(args)
     check_job(stack_name, args.config, args.overrides)
     archive = code_archive(args.code) if args.code is not None else None
-    target = job_target(stack_name)
+    stack = targets.target(stack_name)
     spec = JobSpec(
         name=name,
         config_toml=args.config.read_text(),
         overrides=tuple(args.overrides),
-        usd_per_hour=target.usd_per_hour,
+        usd_per_hour=stack.stack.outputs.hourly_cost_usd,
         has_code=archive is not None,
         submitted_at=datetime.datetime.now(datetime.UTC),
     )
-    if target.is_cluster:
-        return _submit_to_slurm(target, spec, archive)
-    return _submit_to_spool(target, spec, archive)
+    return stack.submit(spec, archive)
 
 
 def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> None:
@@ -107,52 +101,3 @@ def code_archive(folder: Path) -> bytes:
             f"{MAX_CODE_BYTES // 2**20} MiB: ship code only; put data in S3 (gpu:dataS3Uri)"
         )
     return buffer.getvalue()
-
-
-def _submit_to_spool(target: JobTarget, spec: JobSpec, archive: bytes | None) -> str:
-    s3 = workspace.aws("s3", target.stack.region)
-    found = spool.find_job(s3, target.bucket, spec.name)
-    if found is not None and found.state in (JobState.QUEUED, JobState.RUNNING):
-        raise ConfigError(
-            f"--name {spec.name}: that job is {found.state} on {target.stack.name}; cancel it "
-            f"first (`python -m infra cancel {target.stack.name} {spec.name}`) or pick another"
-        )
-    spool.submit(s3, target.bucket, spec, archive)
-    resumed = (
-        f"job {spec.name} was {found.state}: it resumes from its last checkpoint"
-        if found is not None
-        else f"job {spec.name} queued"
-    )
-    return (
-        f"{resumed} on {target.stack.name}; the node starts it within "
-        f"{spool.POLL_S} s (a running job checkpoints and resumes after it).\n"
-        f"follow it: python -m infra jobs {target.stack.name}; "
-        f"python -m infra logs {target.stack.name} --job {spec.name}"
-    )
-
-
-def _submit_to_slurm(target: JobTarget, spec: JobSpec, archive: bytes | None) -> str:
-    s3 = workspace.aws("s3", target.stack.region)
-    in_queue = [job for job in head_node.queue(target.stack) if job.name == spec.name]
-    if in_queue:
-        raise ConfigError(
-            f"--name {spec.name}: that job is in {target.stack.name}'s queue (job "
-            f"{in_queue[0].id}, {in_queue[0].state.lower()}); cancel it first or pick another"
-        )
-    # The code travels through the spool on a cluster too: the container fetches it.
-    spool.submit(s3, target.bucket, spec, archive)
-    code_uri = f"s3://{target.bucket}/{spool.job_key(spec.name, spool.CODE_NAME)}"
-    job_id = head_node.on_head_node(
-        target.stack,
-        slurm.submit_script(
-            slurm.cluster_site(target.bucket), spec, code_uri if spec.has_code else None
-        ),
-        what=f"submit job {spec.name}",
-        timeout_s=slurm.SUBMIT_TIMEOUT_S,
-    ).strip()
-    return (
-        f"job {spec.name} submitted to {target.stack.name}'s Slurm queue as job {job_id} "
-        f"(a name run before resumes from its checkpoints).\n"
-        f"follow it: python -m infra jobs {target.stack.name}; "
-        f"python -m infra logs {target.stack.name} --job {job_id}"
-    )

@@ -14,9 +14,10 @@ import sys
 import time
 from collections.abc import Callable
 
+from infra import targets
 from infra.cluster.config import check_cluster_name
 from infra.cluster.update import UpdateNeed
-from infra.commands import cluster_update, workspace
+from infra.commands import cluster_update
 from infra.commands.doctor import Probes, renting_checks
 from infra.config.schema import StackConfig, stack_region
 from infra.config.stack_file import (
@@ -25,6 +26,7 @@ from infra.config.stack_file import (
     stack_file_path,
     stack_file_region,
 )
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.knowledge.costs import cost_summary, hourly_usd
 from infra.knowledge.resolver import Plan
@@ -172,13 +174,8 @@ def run(
     else:
         result = pulumi_up()
     outputs = workspace.stack_outputs(name, result.outputs)
-    if outputs.is_cluster:
-        nodes = (
-            f"Slurm cluster, head node {outputs.head_node}; "
-            f"compute nodes start for each job. Submit: {outputs.submit_command}"
-        )
-    else:
-        nodes = ", ".join(outputs.instance_ids or [])
+    region = workspace.stack_region(stack, name)
+    nodes = targets.open_target(workspace.Deployed(name, region, outputs)).up_summary()
     return "\n".join(
         [
             f"stack {name} is up: {nodes}",

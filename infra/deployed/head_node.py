@@ -24,8 +24,8 @@ from typing import Any
 
 from common.market import Market
 from infra.cluster.control import STOP_WAIT_S, QueuedJob, parse_queue, queue_script, stop_script
-from infra.commands import nodes, workspace
-from infra.commands.checkpoints import stop_report
+from infra.deployed import nodes, workspace
+from infra.deployed.checkpoints import stop_report
 from infra.errors import ConfigError
 
 NODE_TYPE_TAG = "parallelcluster:node-type"

@@ -83,10 +83,6 @@ class Deployed:
         return list(self.outputs.instance_ids or [])
 
     @property
-    def is_cluster(self) -> bool:
-        return self.outputs.is_cluster
-
-    @property
     def head_node(self) -> str | None:
         return self.outputs.head_node
 
