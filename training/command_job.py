@@ -10,6 +10,8 @@ hands the command what a distributed script expects, and the stack's stop signal
   PET_NPROC_PER_NODE (torchrun takes each `--option` from PET_<OPTION> when it is not
   given: torch/distributed/argparse_util.py, `env`; docs.pytorch.org/docs/stable/
   elastic/run.html), so a bare `torchrun train.py` joins the job's other nodes.
+- Code: the `--code` folder, unpacked (its requirements.txt installed), is the command's
+  working directory and on its PYTHONPATH (training/code.py), as for the trainer.
 - Paths: CHECKPOINT_DIR (the job's own, kept across restarts and mirrored nowhere: the
   command saves there), DATA_PATH (TRAIN_DATA_PATH, where the stack puts gpu:dataS3Uri).
 - Stops: a SIGTERM or SIGINT to this process (a spot notice, a budget or idle stop,
@@ -29,8 +31,10 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
+from training.code import use_job_code
 from training.contract import ExitCode
 from training.environment import TopologyError, TrainerEnv, read_environment
+from training.spec.config import ConfigError
 
 ERROR_PREFIX = "error: "
 DEFAULT_MASTER_PORT = 29500  # torchrun's
@@ -74,12 +78,17 @@ def main(argv: list[str]) -> int:
     except TopologyError as error:
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
+    try:
+        code = use_job_code(env)  # run --code: unpacked, its requirements installed
+    except ConfigError as error:
+        print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
+        return ExitCode.BAD_CONFIG
     environ = command_environment(env, os.environ, env.nproc_per_node or _gpus())
     if "CHECKPOINT_DIR" in environ:
         os.makedirs(environ["CHECKPOINT_DIR"], exist_ok=True)
     try:
         # A session of its own: a stop reaches torchrun and every worker it started.
-        child = subprocess.Popen(command, env=environ, start_new_session=True)
+        child = subprocess.Popen(command, env=environ, cwd=code, start_new_session=True)
     except OSError as error:
         print(f"{ERROR_PREFIX}exec: cannot start {command[0]!r}: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG

@@ -63,9 +63,8 @@ def submit_script(site: SubmitSite, spec: JobSpec, code_uri: str | None) -> str:
         f"--chdir={site.jobs_dir}",
         f"--export={export}",
         site.job_script,
-        "--config",
-        config,
-        *(part for override in spec.overrides for part in ("--set", override)),
+        *([] if spec.command else ["--config", config]),
+        *spec.trainer_arguments(),
     ]
     lines = ["set -eu"]
     if site.job_script_uri:

@@ -35,8 +35,19 @@ MAX_CODE_BYTES = 50 * 1024 * 1024
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.usage = (
+        "%(prog)s [STACK] [--code DIR] [--name NAME] (--config JOB.toml [--set KEY=VALUE ...] "
+        "| -- COMMAND ...)"
+    )
+    parser.epilog = (
+        "-- COMMAND: any command as the job, on every node, in the stack's image: e.g. "
+        "`run STACK --code ./my-project -- torchrun --nproc-per-node 8 train.py "
+        "--lr 3e-4`. It gets the rendezvous (MASTER_ADDR, NODE_RANK, ... and torchrun's), "
+        "CHECKPOINT_DIR and DATA_PATH, and SIGTERM on a stop; exit 75 runs it again later "
+        "(docs/command-jobs.md)."
+    )
     workspace.add_stack_argument(parser)
-    parser.add_argument("--config", required=True, type=Path, help="the job's training TOML")
+    parser.add_argument("--config", type=Path, help="the job's training TOML")
     parser.add_argument(
         "--code",
         type=Path,
@@ -44,7 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a folder shipped with the job and importable in the container "
         "(package.module:function builders; its requirements.txt is installed at start)",
     )
-    parser.add_argument("--name", help="the job's name (default: the config file's name)")
+    parser.add_argument(
+        "--name",
+        help="the job's name (default: the config file's name; a command's --code folder or "
+        "program)",
+    )
     add_overrides_argument(
         parser, help="a training setting over the config's, as `python -m training --set` takes it"
     )
@@ -52,20 +67,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Start a job on a running stack: the node picks it up, no new node (--code DIR)."""
-    name = spool.check_name(args.name or args.config.stem)
+    command = tuple(getattr(args, "job_command", None) or ())
     stack_name = workspace.stack_name(args)
-    check_job(stack_name, args.config, args.overrides)
+    if command:
+        if args.config is not None or args.overrides:
+            raise ConfigError(
+                "--config/--set and -- COMMAND: give one (the trainer's job, or your command)"
+            )
+        # Named after its project folder, else its program: `jobs` and `cancel` use the name.
+        default = args.code.resolve().name if args.code is not None else Path(command[0]).name
+        name, config_toml = spool.check_name(args.name or default), ""
+    elif args.config is None:
+        raise ConfigError(
+            "give the job: --config JOB.toml (the trainer) or -- COMMAND ... "
+            "(any command, e.g. -- torchrun train.py)"
+        )
+    else:
+        name = spool.check_name(args.name or args.config.stem)
+        check_job(stack_name, args.config, args.overrides)
+        config_toml = args.config.read_text()
     archive = code_archive(args.code) if args.code is not None else None
-    stack = targets.target(stack_name)
+    target = targets.target(stack_name)
     spec = JobSpec(
         name=name,
-        config_toml=args.config.read_text(),
+        config_toml=config_toml,
         overrides=tuple(args.overrides),
-        usd_per_hour=stack.stack.outputs.hourly_cost_usd,
+        usd_per_hour=target.stack.outputs.hourly_cost_usd,
         has_code=archive is not None,
         submitted_at=datetime.datetime.now(datetime.UTC),
+        command=command,
     )
-    return stack.submit(spec, archive)
+    return target.submit(spec, archive)
 
 
 def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> None:

@@ -288,3 +288,34 @@ def test_a_failed_job_is_listed_with_the_nodes_reason(stack, tmp_path):
     lines = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
     assert lines[1].split()[:2] == ["broken", "failed"]
     assert lines[-1] == f"job broken failed: {why} (exit 1, 4 starts within 6 h)"
+
+
+def test_run_dash_dash_command_queues_any_command_with_its_code(stack, tmp_path):
+    from infra.cli import main
+
+    code = tmp_path / "my-project"
+    code.mkdir()
+    (code / "train.py").write_text("print('hello')\n")
+    argv = ["run", STACK, "--code", str(code), "--", "torchrun", "--nproc-per-node", "8"]
+    argv += ["train.py", "--lr", "3e-4"]  # its own options, not run's
+    assert main(argv) == 0
+    spec = JobSpec.model_validate_json(
+        stack.get_object(Bucket=BUCKET, Key="jobs/my-project/job.json")["Body"].read()
+    )
+    assert spec.command == ("torchrun", "--nproc-per-node", "8", "train.py", "--lr", "3e-4")
+    assert spec.has_code and spec.config_toml == "" and spec.overrides == ()
+    assert spec.trainer_arguments() == ["exec", "--", *spec.command]
+
+
+def test_run_wants_a_config_or_a_command_not_both(stack, tmp_path, capsys):
+    from infra.cli import main
+
+    config = write(tmp_path, "job.toml", GOOD_JOB)
+    assert main(["run", STACK, "--config", str(config), "--", "python", "x.py"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --config/--set and -- COMMAND: give one (the trainer's job, or your command)\n"
+    )
+    assert main(["run", STACK]) == 2
+    assert "give the job: --config JOB.toml (the trainer) or -- COMMAND" in capsys.readouterr().err
+    assert main(["jobs", STACK, "--", "x"]) == 2
+    assert spool_keys(stack) == []
