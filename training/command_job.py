@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 
 from training.code import use_job_code
@@ -69,6 +70,8 @@ def _gpus() -> int:
 
 
 def main(argv: list[str]) -> int:
+    from training.interrupt import StopFlag, spot_endpoint_from_env  # torch: in the image
+
     command = argv[1:] if argv[:1] == ["--"] else argv
     if not command:
         print(f"{ERROR_PREFIX}exec: give the command after --, e.g. exec -- torchrun train.py")
@@ -93,12 +96,18 @@ def main(argv: list[str]) -> int:
         print(f"{ERROR_PREFIX}exec: cannot start {command[0]!r}: {error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
 
-    def forward(signum, _frame):
-        with contextlib.suppress(ProcessLookupError):  # it has ended already
-            os.killpg(child.pid, signum)
-
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, forward)
-    status = child.wait()
+    # SIGTERM and SIGINT here, or a spot notice (training/interrupt.py polls IMDS as the
+    # trainer does), become one SIGTERM to the command's process group.
+    stop = StopFlag(spot_endpoint=spot_endpoint_from_env(env), poll_interval_s=1.0)
+    stop.start()
+    forwarded = False
+    while (status := child.poll()) is None:
+        if stop.should_stop() and not forwarded:
+            print(f"exec: {stop.reason}: SIGTERM to the command", file=sys.stderr, flush=True)
+            with contextlib.suppress(ProcessLookupError):  # it has ended already
+                os.killpg(child.pid, signal.SIGTERM)
+            forwarded = True
+        time.sleep(0.2)
+    stop.close()
     # A command ended by a signal exits as a shell says so (128 + the signal).
     return status if status >= 0 else 128 - status

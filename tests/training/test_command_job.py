@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests.training.fake_imds import FakeImds
 from training.contract import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -31,14 +32,13 @@ def job_env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def exec_job(tmp_path: Path, *command: str, **options) -> subprocess.Popen:
+def exec_job(tmp_path: Path, *command: str, spot: str = "") -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "training", "exec", "--", *command],
-        env=job_env(tmp_path),
+        env={**job_env(tmp_path), "TRAIN_SPOT_ENDPOINT": spot},
         cwd=REPO,
         stdout=subprocess.PIPE,
         text=True,
-        **options,
     )
 
 
@@ -67,14 +67,18 @@ def test_the_command_sees_the_rendezvous_and_the_jobs_paths(tmp_path):
     assert (tmp_path / "ckpt").is_dir()  # made for the command to save into
 
 
+def wait_for_step(state: Path, job: subprocess.Popen, step: int) -> None:
+    deadline = time.monotonic() + 30
+    while not (state.exists() and json.loads(state.read_text())["step"] >= step):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.1)
+
+
 def test_a_stop_reaches_the_command_which_saves_exits_75_and_resumes(tmp_path):
     state = tmp_path / "ckpt" / "state.json"
     job = exec_job(tmp_path, sys.executable, str(EXAMPLE), "--steps", "1000")
-    deadline = time.monotonic() + 30
-    while not (state.exists() and json.loads(state.read_text())["step"] >= 3):
-        assert time.monotonic() < deadline and job.poll() is None
-        time.sleep(0.1)
-    job.send_signal(signal.SIGTERM)  # what docker stop, scancel or a spot notice sends
+    wait_for_step(state, job, 3)
+    job.send_signal(signal.SIGTERM)  # what docker stop and scancel send
     out, _ = job.communicate(timeout=30)
     assert job.returncode == ExitCode.INTERRUPTED, out
     saved = json.loads(state.read_text())["step"]
@@ -90,3 +94,14 @@ def test_without_a_command_exec_says_how_to_give_one(tmp_path):
     out, _ = job.communicate(timeout=30)
     assert job.returncode == ExitCode.BAD_CONFIG
     assert out.strip() == "error: exec: give the command after --, e.g. exec -- torchrun train.py"
+
+
+def test_a_spot_notice_reaches_the_command_as_sigterm(tmp_path):
+    state = tmp_path / "ckpt" / "state.json"
+    with FakeImds() as imds:
+        job = exec_job(tmp_path, sys.executable, str(EXAMPLE), "--steps", "1000", spot=imds.url)
+        wait_for_step(state, job, 3)
+        imds.notify("stop", "2026-01-01T00:02:00Z")
+        out, _ = job.communicate(timeout=30)
+    assert job.returncode == ExitCode.INTERRUPTED, out
+    assert f"saved at step {json.loads(state.read_text())['step']}" in out
