@@ -174,7 +174,7 @@ def run(
     else:
         result = pulumi_up()
     outputs = workspace.stack_outputs(name, result.outputs)
-    region = workspace.stack_region(stack, name)
+    region = stack_region(stack_file_region(stack_file_path(name)))
     nodes = targets.open_target(workspace.Deployed(name, region, outputs)).up_summary()
     return "\n".join(
         [

@@ -23,7 +23,7 @@ from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState, current_run_uri
 from infra.report import format_table
-from infra.targets import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
+from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
 from training.contract import RUN_SPANS_FIELD
 
 # The watcher's poll, then the job's checkpoint and exit (the unit's docker stop grace is

@@ -34,7 +34,7 @@ from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec
 from infra.report import format_table
-from infra.targets import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
+from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
 
 
 class SlurmTarget:

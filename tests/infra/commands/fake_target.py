@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.jobs.spool import JobSpec
-from infra.targets import JobList, ListedJob
+from infra.targets.target import JobList, ListedJob
 
 
 class FakeTarget:
