@@ -319,3 +319,19 @@ def test_run_wants_a_config_or_a_command_not_both(stack, tmp_path, capsys):
     assert "give the job: --config JOB.toml (the trainer) or -- COMMAND" in capsys.readouterr().err
     assert main(["jobs", STACK, "--", "x"]) == 2
     assert spool_keys(stack) == []
+
+
+def test_a_command_job_reaches_sbatch_as_training_exec_without_a_config():
+    from infra.cluster.jobs import SubmitSite, submit_script
+
+    spec = JobSpec(
+        name="cmd",
+        config_toml="",
+        usd_per_hour=3.06,
+        submitted_at="2026-01-01T00:00:00Z",
+        command=("torchrun", "train.py", "--lr", "3e-4"),
+    )
+    script = submit_script(SubmitSite(job_script="/j/train.sbatch", jobs_dir="/j"), spec, None)
+    assert script.splitlines()[-1].endswith(
+        "--export=ALL /j/train.sbatch exec -- torchrun train.py --lr 3e-4"
+    )
