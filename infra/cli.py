@@ -126,9 +126,17 @@ def main(argv: list[str] | None = None) -> int:
         add_arguments(commands.add_parser(name, help=help_line, description=help_line))
     for name, help_line in TRAINING_COMMANDS.items():
         commands.add_parser(name, help=help_line, add_help=False)
+    # `run STACK ... -- COMMAND`: what follows `--` is the job's command, not run's options.
+    argv, job_command = (
+        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, None)
+    )
     try:
         args = parser.parse_args(argv)
         _refuse_empty_names(args)
+        if args.command == "run":
+            args.job_command = job_command
+        elif job_command is not None:
+            raise ConfigError(f"{args.command} takes no `-- COMMAND` (only `run` does)")
         output = COMMANDS[args.command][1](args)
     except (ConfigError, MatrixError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -17,8 +17,8 @@ from typing import Any, Literal
 
 import pydantic
 
+from common.market import Market
 from infra.errors import ConfigError
-from infra.functions.market import Market
 
 SINGLE_NODE = "ec2"  # gpu:cluster unset: EC2 nodes (infra/components/single_node.py)
 CLUSTER = (
@@ -81,8 +81,9 @@ class StackOutputs:
     cluster_log_group_prefix: str | None = field(default=None, metadata=_CLUSTER_ONLY)
 
     @property
-    def is_cluster(self) -> bool:
-        return self.cluster == CLUSTER
+    def kind(self) -> str:
+        """SINGLE_NODE or CLUSTER: which target (infra/targets/) the commands open."""
+        return self.cluster or SINGLE_NODE
 
     def present(self) -> dict[str, Any]:
         """The fields this stack writes (not None), by output name: what the program exports."""

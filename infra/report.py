@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
 
+from common.market import Market
 from infra.cluster.config import QUEUE, SCALEDOWN_IDLE_MINUTES
 from infra.knowledge.costs import (
     SPEND_GUARD_PERIOD_MINUTES,
+    CostSummary,
     IdleCost,
 )
 from infra.knowledge.parallelcluster import ParallelCluster
@@ -88,31 +89,31 @@ def format_cluster(plan: Plan, parallelcluster: ParallelCluster) -> str:
     )
 
 
-def format_costs(costs: Mapping[str, Any]) -> str:
+def format_costs(costs: CostSummary) -> str:
     """A cost summary (infra.knowledge.costs.cost_summary), to follow format_plan's lines
     (which give the stack's $/h in both markets).
     """
-    market, hours = costs["market"], costs["max_runtime_hours"]
-    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
-    budget = f"${costs['budget_usd']:,.2f} {period}"
-    if costs["budget_period"] == "DAILY":
-        budget += f" (${costs['monthly_budget_usd']:,.2f} a month)"
+    market, hours = costs.market, costs.max_runtime_hours
+    period = "a day" if costs.budget_period == "DAILY" else "a month"
+    budget = f"${costs.budget_usd:,.2f} {period}"
+    if costs.budget_period == "DAILY":
+        budget += f" (${costs.monthly_budget_usd:,.2f} a month)"
     lines = [
-        f"market         {market}: ${costs['hourly_usd']:,.2f}/h for the stack",
+        f"market         {market}: ${costs.hourly_usd:,.2f}/h for the stack",
         f"budget         {budget}",
-        f"runway         {costs['runway_hours']:,.1f} h {period} at full load {market} "
-        f"(on-demand {costs['runway_hours_on_demand']:,.1f} h, "
-        f"spot {costs['runway_hours_spot']:,.1f} h)",
-        f"overspend      at most ${costs['worst_case_overspend_usd']:,.2f} past the budget: "
+        f"runway         {costs.runway_hours:,.1f} h {period} at full load {market} "
+        f"(on-demand {costs.runway_hours_on_demand:,.1f} h, "
+        f"spot {costs.runway_hours_spot:,.1f} h)",
+        f"overspend      at most ${costs.worst_case_overspend_usd:,.2f} past the budget: "
         f"the spend guard checks every {SPEND_GUARD_PERIOD_MINUTES} min and stops the stack "
-        f"within {costs['guard_timeout_s']} s"
-        if costs["worst_case_overspend_usd"] is not None
+        f"within {costs.guard_timeout_s} s"
+        if costs.worst_case_overspend_usd is not None
         else "overspend      none: the block is paid up front; the spend guard counts its fee "
         "once and never stops its nodes",
     ]
     if hours is not None:
         lines.append(
-            f"longest run    ${costs['max_run_usd']:,.2f} {market}: gpu:maxRuntimeHours "
+            f"longest run    ${costs.max_run_usd:,.2f} {market}: gpu:maxRuntimeHours "
             f"stops each node after {hours:g} h"
         )
     return "\n".join(lines)
@@ -154,42 +155,42 @@ def _is_number(text: str) -> bool:
     return text.lstrip("$").replace(",", "").replace(".", "", 1).lstrip("-").isdigit()
 
 
-def format_cost_table(costs: Mapping[str, Any]) -> str:
+def format_cost_table(costs: CostSummary) -> str:
     """Both markets side by side for the stack (cost_summary), the one it runs in marked."""
-    period = "a day" if costs["budget_period"] == "DAILY" else "a month"
+    period = "a day" if costs.budget_period == "DAILY" else "a month"
     rows = [
         (
-            "on-demand" + (" *" if costs["market"] == "on-demand" else ""),
-            f"${costs['on_demand_usd_per_hour']:,.2f}",
-            f"{costs['runway_hours_on_demand']:,.1f} h",
+            "on-demand" + (" *" if costs.market is Market.ON_DEMAND else ""),
+            f"${costs.on_demand_usd_per_hour:,.2f}",
+            f"{costs.runway_hours_on_demand:,.1f} h",
         ),
         (
-            "spot" + (" *" if costs["market"] == "spot" else ""),
-            f"${costs['spot_usd_per_hour']:,.2f}",
-            f"{costs['runway_hours_spot']:,.1f} h",
+            "spot" + (" *" if costs.market is Market.SPOT else ""),
+            f"${costs.spot_usd_per_hour:,.2f}",
+            f"{costs.runway_hours_spot:,.1f} h",
         ),
     ]
-    if costs["market"] not in ("on-demand", "spot"):  # a Capacity Block or a reservation
+    if costs.market not in (Market.ON_DEMAND, Market.SPOT):  # a Capacity Block or a reservation
         rows.append(
             (
-                f"{costs['market']} *",
-                f"${costs['hourly_usd']:,.2f}",
-                f"{costs['runway_hours']:,.1f} h",
+                f"{costs.market} *",
+                f"${costs.hourly_usd:,.2f}",
+                f"{costs.runway_hours:,.1f} h",
             )
         )
     lines = [
-        format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs['budget_usd']:,.2f}"), rows),
+        format_table(("MARKET", "$/H, ALL NODES", f"RUNWAY OF ${costs.budget_usd:,.2f}"), rows),
         f"* this stack's market; runway: hours of full load one budget ({period}) buys",
     ]
     lines.append(
-        f"worst case: ${costs['worst_case_overspend_usd']:,.2f} past the budget before the "
+        f"worst case: ${costs.worst_case_overspend_usd:,.2f} past the budget before the "
         "spend guard's stop takes hold"
-        if costs["worst_case_overspend_usd"] is not None
+        if costs.worst_case_overspend_usd is not None
         else "worst case: the block is paid up front; the spend guard never stops its nodes"
     )
-    if costs.get("max_run_usd") is not None:
+    if costs.max_run_usd is not None:
         lines.append(
-            f"longest run: ${costs['max_run_usd']:,.2f} (gpu:maxRuntimeHours "
-            f"{costs['max_runtime_hours']:g} h)"
+            f"longest run: ${costs.max_run_usd:,.2f} (gpu:maxRuntimeHours "
+            f"{costs.max_runtime_hours:g} h)"
         )
     return "\n".join(lines)

@@ -80,6 +80,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["exec"]:
+        from training.command_job import main as exec_main
+
+        return exec_main(argv[1:])
     if argv[:1] == ["export"]:
         from training.checkpoint.export import main as export_main
 

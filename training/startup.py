@@ -66,32 +66,25 @@ def watch_op_builds(marks: Path | None = None, rank: int = 0) -> None:
     cached), and time it: it happens inside the rendezvous or the engine build. While it
     loads, `marks/rank-<rank>.op-build` names the op: a worker killed meanwhile (Ctrl-C
     during start-up) leaves torch's build lock behind, which the launcher then removes
-    (training/launcher.py, release_op_build_locks).
+    (training/launcher.py, release_op_build_locks)."""
+    from training.private_apis import on_op_build  # DeepSpeed's import is part of the timing
 
-    DeepSpeed loads such ops through OpBuilder.jit_load
-    (deepspeed/ops/op_builder/builder.py); there is no hook to be told otherwise.
-    """
-    from deepspeed.ops.op_builder.builder import OpBuilder
+    mark = marks / f"rank-{rank}{OP_BUILD_MARK}" if marks is not None else None
 
-    jit_load = OpBuilder.jit_load
-
-    def timed_jit_load(self, *args, **kwargs):
+    def began(name: str) -> None:
         _say(
-            f"start-up: op build: DeepSpeed op {self.name} (compiled on this machine's "
+            f"start-up: op build: DeepSpeed op {name} (compiled on this machine's "
             "first start, a minute or more; loaded from the cache after)"
         )
-        began = time.time()
-        mark = marks / f"rank-{rank}{OP_BUILD_MARK}" if marks is not None else None
         if mark is not None:
-            mark.write_text(self.name)
-        try:
-            return jit_load(self, *args, **kwargs)
-        finally:
-            _op_builds.append((began, time.time()))
-            if mark is not None:
-                mark.unlink(missing_ok=True)
+            mark.write_text(name)
 
-    OpBuilder.jit_load = timed_jit_load
+    def ended(start: float, end: float) -> None:
+        _op_builds.append((start, end))
+        if mark is not None:
+            mark.unlink(missing_ok=True)
+
+    on_op_build(began, ended)
 
 
 def launched_at() -> float:

@@ -15,8 +15,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.market import Market
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.functions.slurm_queue import KILL_WAIT_S
 from infra.knowledge.catalog import Instance
 from infra.knowledge.parallelcluster import HeadNode

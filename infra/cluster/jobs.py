@@ -1,6 +1,6 @@
 """The head-node scripts that submit and cancel a job on a Slurm cluster stack.
 
-Both run as root through SSM (infra/commands/head_node.py: on_head_node), in POSIX sh
+Both run as root through SSM (infra/deployed/head_node.py: on_head_node), in POSIX sh
 (infra/cluster/control.py says why), and act as the cluster's default user, who exists
 on every node, in a login shell (`sudo -iu`): only the login profile puts /opt/slurm/bin
 on PATH. The submission is the one the stack prints (`pulumi stack output
@@ -63,9 +63,8 @@ def submit_script(site: SubmitSite, spec: JobSpec, code_uri: str | None) -> str:
         f"--chdir={site.jobs_dir}",
         f"--export={export}",
         site.job_script,
-        "--config",
-        config,
-        *(part for override in spec.overrides for part in ("--set", override)),
+        *([] if spec.command else ["--config", config]),
+        *spec.trainer_arguments(),
     ]
     lines = ["set -eu"]
     if site.job_script_uri:

@@ -28,8 +28,8 @@ from typing import Any
 from infra.cluster.config import cloudformation_stack_name
 from infra.cluster.control import parse_queue, release_script
 from infra.cluster.update import UpdateNeed, UpdateVerdict, check_update, cluster_configuration
-from infra.commands import head_node, workspace
-from infra.commands.cluster_fleet import start_fleet, stop_fleet
+from infra.deployed import head_node, workspace
+from infra.deployed.cluster_fleet import start_fleet, stop_fleet
 from infra.errors import ConfigError
 from infra.project import project_name, stack_resource_name
 

@@ -19,13 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.market import Market
 from common.setup_errors import problem_and_fix
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
 from infra.commands.outcome import Outcome
-from infra.commands.workspace import HOW_TO_INSTALL_PULUMI
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
-from infra.functions.market import Market
+from infra.deployed.workspace import HOW_TO_INSTALL_PULUMI
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import QuotaNeed, quota_need
@@ -224,14 +224,14 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     priced = region if region in load_catalog().prices.regions else DEFAULT_PLAN_REGION
     if path.is_file():
         stack = load_stack_file(path)
-        plan, spot = resolve_plan(stack, priced), stack.spot
+        plan, market = resolve_plan(stack, priced), stack.market
     else:
-        plan, spot = resolve_profile(name, region=priced), False
+        plan, market = resolve_profile(name, region=priced), Market.ON_DEMAND
     checks = run_checks(
         probes,
         matrix=load_matrix(),
         plan=plan,
-        spot=spot,
+        market=market,
         region=region,
         checkpoint_dir=args.checkpoint_dir,
         min_free_gib=args.min_free_gib,
@@ -250,7 +250,7 @@ def run_checks(
     *,
     matrix: Matrix,
     plan: Plan,
-    spot: bool,
+    market: Market,
     region: str | None,
     checkpoint_dir: Path,
     min_free_gib: float,
@@ -261,10 +261,12 @@ def run_checks(
         shm_check(probes.shm_bytes()),
         disk_check(probes.free_bytes(checkpoint_dir), checkpoint_dir, min_free_gib),
     ]
-    return checks + renting_checks(probes, plan=plan, spot=spot, region=region)
+    return checks + renting_checks(probes, plan=plan, market=market, region=region)
 
 
-def renting_checks(probes: Probes, *, plan: Plan, spot: bool, region: str | None) -> list[Check]:
+def renting_checks(
+    probes: Probes, *, plan: Plan, market: Market, region: str | None
+) -> list[Check]:
     """What `up` needs before it rents anything: the Pulumi CLI, AWS credentials, a priced
     region and the EC2 quota for the plan; it stops at the first that rules out the rest."""
     checks = [pulumi_check(probes.pulumi_version())]
@@ -284,7 +286,7 @@ def renting_checks(probes: Probes, *, plan: Plan, spot: bool, region: str | None
     region = region or session_region
     checks.append(region_check(region))
     if region is not None:
-        checks.append(quota_check(probes, region, plan, spot))
+        checks.append(quota_check(probes, region, plan, market))
     return checks
 
 
@@ -399,8 +401,10 @@ def region_check(region: str | None) -> Check:
     return Check("region", "ok", f"{region} (priced in the catalog)")
 
 
-def quota_check(probes: Probes, region: str, plan: Plan, spot: bool) -> Check:
-    market = Market.SPOT if spot else Market.ON_DEMAND
+def quota_check(probes: Probes, region: str, plan: Plan, market: Market) -> Check:
+    # quotas.toml names the spot and the on-demand quotas; reserved capacity (a reservation,
+    # a capacity block) is checked against the on-demand one.
+    market = Market.SPOT if market is Market.SPOT else Market.ON_DEMAND
     need = quota_need(plan, market)
     if need is None:
         return Check("quota", "warn", f"no EC2 quota recorded for {plan.instance.type} ({market})")

@@ -15,26 +15,26 @@ before CloudFormation deletes the cluster and its nodes. Its CloudWatch log grou
 (`/aws/parallelcluster/<name>-<timestamp>`) stays after the destroy unless
 gpu:deleteDataOnDestroy is true (Monitoring.Logs.CloudWatch.DeletionPolicy,
 infra/cluster/config.py), and so do the log groups of ParallelCluster's functions for the
-cluster and of its custom resource's provider (infra/commands/leftovers.py); they are
+cluster and of its custom resource's provider (infra/deployed/leftovers.py); they are
 listed with what is kept on purpose, and deleted with `--delete-data`.
 
 After the destroy it proves nothing bills by mistake: everything still carrying the stack's
-cost tag is listed with its monthly cost (infra/commands/leftovers.py), apart from what is
+cost tag is listed with its monthly cost (infra/deployed/leftovers.py), apart from what is
 kept on purpose, and the command exits 1 if there is any. A clean destroy exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from infra.commands import head_node, leftovers, nodes, workspace
-from infra.commands.checkpoints import last_checkpoint, stop_report
+from infra import targets
 from infra.commands.outcome import Outcome
+from infra.deployed import leftovers, workspace
+from infra.deployed.checkpoints import last_checkpoint
 from infra.jobs import hf_token
 from infra.jobs.spool import current_run_uri
 from training.contract import HF_TOKEN_ENV
@@ -88,7 +88,6 @@ def run(
     outputs = workspace.stack_outputs(name, values)
     region = workspace.stack_region(stack, name)
     deployed = workspace.Deployed(name, region, outputs)
-    instance_ids = deployed.instance_ids
     bucket = outputs.checkpoint_bucket
     repository = repository_name(outputs.image_uri)
     data = " and ".join(
@@ -97,27 +96,13 @@ def run(
         if part
     )
     fate = "DELETE" if args.delete_data else "keep"
-    what = "its Slurm cluster" if deployed.is_cluster else f"{len(instance_ids)} node(s)"
+    target = targets.open_target(deployed)
+    what = target.describe()
     question = f"Destroy stack {name} ({what}) and {fate} {data or 'no data'}?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"down {name}"):
         return "nothing was destroyed"
 
-    if deployed.is_cluster and head_node.head_node_state(deployed) == "running":
-        head_node.hold_queue(deployed, say=say, sleep=sleep)
-
-    if instance_ids:
-        ec2 = workspace.aws("ec2", region)
-        running = [n.instance_id for n in nodes.nodes(ec2, instance_ids) if n.state == "running"]
-        if running:
-            asked = datetime.datetime.now(datetime.UTC)
-            results = nodes.stop_job(workspace.aws("ssm", region), running, say=say, sleep=sleep)
-            say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
-            s3 = workspace.aws("s3", region)
-            run_uri = current_run_uri(s3, outputs.checkpoint_uri)  # the spool's job
-            say(stop_report(s3, run_uri, asked))
-        cancelled = nodes.cancel_spot_requests(ec2, instance_ids)
-        if cancelled:
-            say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
+    target.before_destroy(say=say, sleep=sleep)
     s3 = workspace.aws("s3", region) if bucket else None
     ecr = workspace.aws("ecr", region) if repository else None
     log_prefix = deployed.cluster_log_group_prefix
@@ -155,11 +140,7 @@ def run(
         cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
     )
     kept += [log.describe() for log in kept_logs]
-    if deployed.is_cluster:
-        kept += [
-            f"  s3://{shared} (ParallelCluster's, for every cluster of {region})"
-            for shared in leftovers.parallelcluster_buckets(workspace.aws("s3", region))
-        ]
+    kept += target.kept_after_destroy()
     # The kept log groups carry the stack's tags too: kept on purpose, not left over.
     kept_ids = {log.resource_id for log in kept_logs}
     unexpected = [

@@ -1,8 +1,7 @@
 """`jobs [STACK]`: every job of a running stack: state, step, loss, rate, start, GPU-hours, cost.
 
-On a single-node stack, the jobs of the spool (infra/jobs/spool.py) with the node's word
-on each (and, under the table, why a failed job failed and which spool objects are not
-jobs); on a Slurm cluster, the queue as squeue lists it. Each job's progress is the
+The stack's target (infra/targets/) lists them: the job spool a single node reads (and,
+under the table, why a failed job failed), or a Slurm cluster's queue. Each job's progress is the
 status.json the trainer keeps beside its checkpoints (a prefix per job name).
 """
 
@@ -11,10 +10,9 @@ from __future__ import annotations
 import argparse
 import datetime
 
-from infra.commands import head_node, ledger_spend, workspace
-from infra.commands.checkpoints import job_status
-from infra.commands.job_target import job_target
-from infra.jobs import spool
+from infra import targets
+from infra.deployed import ledger_spend, workspace
+from infra.deployed.checkpoints import job_status
 from infra.report import format_table
 from training.contract import RUN_SPANS_FIELD, RUN_USD_FIELD
 
@@ -28,38 +26,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> str:
     """Each job's name, state, step, loss, rate, start, GPU-hours and cost so far."""
-    target = job_target(workspace.stack_name(args))
+    target = targets.target(workspace.stack_name(args))
     s3 = workspace.aws("s3", target.stack.region)
-    notes = []  # under the table: why jobs failed, spool objects that are not jobs
-    if target.is_cluster:
-        listed = [
-            (job.name, f"{job.state.lower()} (slurm {job.id}, {job.elapsed})", None)
-            for job in head_node.queue(target.stack)
-        ]
-    else:
-        contents = spool.read_spool(s3, target.bucket)
-        listed = [(job.spec.name, str(job.state), job.since) for job in contents.jobs]
-        notes += [
-            f"job {job.spec.name} failed: {job.reason}" for job in contents.jobs if job.reason
-        ]
-        notes += [f"skipped {what}" for what in contents.skipped]
-    if not listed:
+    listing = target.jobs(s3)
+    if not listing.jobs:
         return "\n".join(
             [
                 f"no job on {target.stack.name}: start one with "
                 f"`python -m infra run {target.stack.name} --config JOB.toml`",
-                *notes,
+                *listing.notes,
             ]
         )
     statuses = [
-        (name, state, job_status(s3, target.run_uri(name)), since) for name, state, since in listed
+        (job.name, job.state, job_status(s3, target.run_uri(job.name)), job.since)
+        for job in listing.jobs
     ]
-    # A cluster's ledger counts every job's nodes together: its jobs keep the trainer's figure.
-    spend_over = (
-        ledger_spend.spend_reader(target.stack)
-        if not target.is_cluster and target.stack.outputs.spend_ledger_table
-        else None
-    )
+    notes, spend_over = listing.notes, listing.spend_over
     table = format_table(
         COLUMNS,
         [
@@ -71,8 +53,8 @@ def run(args: argparse.Namespace) -> str:
 
 
 def _cost(status: dict | None, spend_over) -> float | None:
-    """The job's cost so far: with a spend reader (a single-node stack with a ledger, one job
-    holding the node at a time), the stack's spend over each start of the job; otherwise the
+    """The job's cost so far: with a spend reader (a target where one job holds the stack at
+    a time, with a ledger), the stack's spend over each start of the job; otherwise the
     trainer's figure (its wall time at the stack's $/h)."""
     if status is None:
         return None

@@ -14,10 +14,10 @@ import datetime
 import math
 from dataclasses import dataclass
 
+from common.market import PRICED_MARKETS, Market
 from images.matrix import load_matrix
 from infra.config.stack_file import stack_file_path, stack_file_region
 from infra.errors import ConfigError
-from infra.functions.market import PRICED_MARKETS, Market
 from infra.knowledge.catalog import Catalog, Instance, load_catalog
 from infra.knowledge.prices import InstancePrice
 from infra.knowledge.profiles import load_profiles

@@ -15,9 +15,10 @@ import sys
 import time
 from collections.abc import Callable
 
+from infra import targets
 from infra.cluster.config import check_cluster_name
 from infra.cluster.update import UpdateNeed
-from infra.commands import cluster_update, workspace
+from infra.commands import cluster_update
 from infra.commands.doctor import Probes, renting_checks
 from infra.config.schema import StackConfig, stack_region
 from infra.config.stack_file import (
@@ -26,6 +27,7 @@ from infra.config.stack_file import (
     stack_file_path,
     stack_file_region,
 )
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.jobs import hf_token
 from infra.knowledge.costs import cost_summary, hourly_usd
@@ -131,7 +133,7 @@ def _ready_to_rent(name: str, config: StackConfig, plan: Plan, probes: Probes, o
     """Refuse, in one line, a stack `up` could not create: asking first would only waste the
     yes. A check that cannot tell (a quota it cannot read) is shown and does not stop it."""
     region = stack_file_region(stack_file_path(name))
-    for check in renting_checks(probes, plan=plan, spot=config.spot, region=region):
+    for check in renting_checks(probes, plan=plan, market=config.market, region=region):
         if check.status == "FAIL":
             raise ConfigError(f"{check.finding}: {check.fix}; nothing was created")
         if check.status == "warn":
@@ -184,13 +186,8 @@ def run(
     else:
         result = pulumi_up()
     outputs = workspace.stack_outputs(name, result.outputs)
-    if outputs.is_cluster:
-        nodes = (
-            f"Slurm cluster, head node {outputs.head_node}; "
-            f"compute nodes start for each job. Submit: {outputs.submit_command}"
-        )
-    else:
-        nodes = ", ".join(outputs.instance_ids or [])
+    region = stack_region(stack_file_region(stack_file_path(name)))
+    nodes = targets.open_target(workspace.Deployed(name, region, outputs)).up_summary()
     return "\n".join(
         [
             f"stack {name} is up: {nodes}",

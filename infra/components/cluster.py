@@ -47,6 +47,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from common.market import Market
 from infra.cluster.config import (
     DEFAULT_USER,
     EPILOG_KEY,
@@ -70,7 +71,6 @@ from infra.cluster.sbatch import (
 from infra.components.iam import instance_policy
 from infra.components.storage import Storage
 from infra.config.schema import S3Uri
-from infra.functions.market import Market
 from infra.jobs import hf_token
 from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.parallelcluster import HeadNode

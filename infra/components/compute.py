@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import pulumi
 import pulumi_aws as aws
 
+from common.market import Market
 from infra.components.spot_request import SpotRequestCanceller
 
 # Throughput for the root volume: checkpoints are written there (gp3's baseline is 125 MiB/s).
@@ -34,7 +35,7 @@ class ComputeArgs:
     image_id: str  # an AMI id, or "resolve:ssm:<public parameter>" that EC2 resolves at launch
     root_device_name: str  # the AMI's own root device: under another name it would add a volume
     description: str
-    spot: bool
+    market: Market  # the stack's; EC2's market options are built from it here
     root_volume_gib: int
     availability_zone: pulumi.Input[str]
     subnet_id: pulumi.Input[str]
@@ -43,10 +44,9 @@ class ComputeArgs:
     user_data: pulumi.Input[str]  # the node's boot document (infra.node.boot)
     # What every node waits for: the guardrails (budget, alert topic), so no node runs unwatched.
     wait_for: Sequence[pulumi.Resource] = ()
-    # A capacity reservation to launch into: an On-Demand Capacity Reservation, or with
-    # capacity_block the reservation of an EC2 Capacity Block for ML.
+    # The capacity reservation to launch into: an On-Demand Capacity Reservation
+    # (Market.RESERVATION) or the reservation of an EC2 Capacity Block (Market.CAPACITY_BLOCK).
     capacity_reservation_id: str | None = None
-    capacity_block: bool = False
     # The stack's cost-allocation tag(s), for what the launch template creates.
     cost_tags: Mapping[str, str] = field(default_factory=dict)
     # Where and as whom the spot-request canceller calls EC2 (the stack's aws: settings).
@@ -98,7 +98,7 @@ class Compute(pulumi.ComponentResource):
         )
         self.instance_ids.append(node.id)
         self.private_ips.append(node.private_ip)
-        if args.spot:
+        if args.market is Market.SPOT:
             self.spot_request_ids.append(node.spot_instance_request_id)
             # Deleted before its node (it depends on it), on destroy and on replacement.
             SpotRequestCanceller(
@@ -176,7 +176,7 @@ def _launch_template(
 def _market_options(args: ComputeArgs) -> tuple[dict | None, dict | None]:
     """The instance's market (spot, Capacity Block or on-demand) and capacity reservation."""
     market = None
-    if args.spot:
+    if args.market is Market.SPOT:
         market = {
             "market_type": "spot",
             "spot_options": {
@@ -184,7 +184,7 @@ def _market_options(args: ComputeArgs) -> tuple[dict | None, dict | None]:
                 "instance_interruption_behavior": "stop",
             },
         }
-    elif args.capacity_block:
+    elif args.market is Market.CAPACITY_BLOCK:
         # A Capacity Block is launched into with market type "capacity-block" and its
         # reservation as the target (EC2 User Guide, "Launch instances into a Capacity
         # Block", https://docs.aws.amazon.com/AWSEC2/latest/UserGuide/capacity-blocks-launch.html).

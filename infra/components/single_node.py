@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pulumi
 
+from common.market import Market
 from infra.components.compute import Compute, ComputeArgs
 from infra.components.default_job import default_job
 from infra.components.iam import InstanceRole, InstanceRoleArgs
@@ -54,7 +55,7 @@ class SingleNodeStack(pulumi.ComponentResource):
                 image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
                 root_device_name=plan.ami.root_device_name,
                 description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-                spot=config.spot,
+                market=config.market,
                 root_volume_gib=config.root_volume_gib,
                 availability_zone=base.network.availability_zone,
                 subnet_id=base.network.subnet_id,
@@ -65,7 +66,6 @@ class SingleNodeStack(pulumi.ComponentResource):
                 region=base.region,
                 aws_profile=args.aws_settings.get("profile"),
                 capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
-                capacity_block=config.capacity_block_id is not None,
                 cost_tags=dict([base.tag]),
             ),
             opts=base.child,
@@ -89,9 +89,11 @@ class SingleNodeStack(pulumi.ComponentResource):
             ],
             log_group=storage.log_group_name,
             kept_on_destroy=base.kept_on_destroy(config),
-            runway_hours=base.costs["runway_hours"],
+            runway_hours=base.costs.runway_hours,
             cancel_spot_requests=(
-                _cancel_spot_requests(base.region, compute) if config.spot else None
+                _cancel_spot_requests(base.region, compute)
+                if config.market is Market.SPOT
+                else None
             ),
         )
         self.register_outputs(self.outputs.present())

@@ -47,6 +47,9 @@ from infra.knowledge.parallelcluster import HeadNode, load_parallelcluster
 from infra.knowledge.resolver import Plan
 
 FUNCTIONS_DIR = Path(__file__).resolve().parents[1] / "functions"
+COMMON_DIR = Path(__file__).resolve().parents[2] / "common"
+# The modules of common/ the guard imports (standard library only): the archive carries them.
+LAMBDA_SHARED = ("market",)
 HANDLER = "infra.functions.spend_guard.handler"
 RUNTIME = "python3.12"
 LOG_RETENTION_DAYS = 30
@@ -231,11 +234,17 @@ def _environment(args: SpendGuardArgs, ledger_name: pulumi.Output[str]) -> pulum
 
 
 def function_archive() -> pulumi.AssetArchive:
-    """infra/functions/ under its package path, so the handler imports as it does here."""
+    """infra/functions/ under its package path, so the handler imports as it does here, and
+    the shared modules it imports (LAMBDA_SHARED)."""
     return pulumi.AssetArchive(
         {
             "infra/__init__.py": pulumi.StringAsset(""),
             "infra/functions": pulumi.FileArchive(str(FUNCTIONS_DIR)),
+            "common/__init__.py": pulumi.StringAsset(""),
+            **{
+                f"common/{name}.py": pulumi.FileAsset(str(COMMON_DIR / f"{name}.py"))
+                for name in LAMBDA_SHARED
+            },
         }
     )
 

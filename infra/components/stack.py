@@ -20,7 +20,7 @@ from infra.components.network import Network, NetworkArgs
 from infra.components.spend_guard import SpendGuard, SpendGuardArgs
 from infra.components.storage import Storage, StorageArgs
 from infra.config.schema import StackConfig
-from infra.knowledge.costs import cost_summary
+from infra.knowledge.costs import CostSummary, cost_summary
 from infra.knowledge.parallelcluster import HeadNode
 from infra.knowledge.resolver import Plan
 
@@ -55,7 +55,7 @@ class Foundation:
     spend_guard: SpendGuard
     region: pulumi.Output[str]
     image_uri: pulumi.Output[str]
-    costs: dict[str, Any]  # infra.knowledge.costs.cost_summary in the stack's market
+    costs: CostSummary  # in the stack's market
     tag: tuple[str, str]
 
     @property
@@ -82,10 +82,10 @@ class Foundation:
             "image_uri": self.image_uri,
             "checkpoint_bucket": self.storage.bucket_name,
             "checkpoint_uri": self.storage.checkpoint_uri,
-            "on_demand_usd_per_hour": self.costs["on_demand_usd_per_hour"],
-            "spot_usd_per_hour": self.costs["spot_usd_per_hour"],
-            "hourly_cost_usd": self.costs["hourly_usd"],
-            "monthly_budget_usd": self.costs["monthly_budget_usd"],
+            "on_demand_usd_per_hour": self.costs.on_demand_usd_per_hour,
+            "spot_usd_per_hour": self.costs.spot_usd_per_hour,
+            "hourly_cost_usd": self.costs.hourly_usd,
+            "monthly_budget_usd": self.costs.monthly_budget_usd,
             "budget_name": self.guardrails.budget_name,
             "alert_topic_arn": self.guardrails.alert_topic_arn,
             "spend_ledger_table": self.spend_guard.ledger_table_name,

@@ -29,10 +29,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from common.errors import describe
+from common.market import Market
 from infra.config.guardrails import GuardrailConfig
 from infra.config.values import ConfigBool
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.knowledge.resolver import MAX_NODES
 
 # CloudWatch Logs accepts only these retention periods (PutRetentionPolicy API).

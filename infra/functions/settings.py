@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.functions.market import PRICED_MARKETS
+from common.market import PRICED_MARKETS, Market
 
 PERIODS = ("MONTHLY", "DAILY")
 
@@ -85,7 +85,7 @@ class GuardSettings:
         if not self.nat_gateway_usd_per_hour >= 0:
             raise SettingsError(f"NAT gateway price {self.nat_gateway_usd_per_hour!r} is invalid")
 
-    def price(self, instance_type: str, market: str) -> float | None:
+    def price(self, instance_type: str, market: Market) -> float | None:
         return self.prices.get(instance_type, {}).get(market)
 
     def to_environment(self) -> dict[str, str]:

@@ -50,9 +50,9 @@ from typing import Any
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
+from common.market import Market
 from infra.functions import fleet, volumes
 from infra.functions.ledger import Ledger, from_item, read_item, write_ledger
-from infra.functions.market import Market
 from infra.functions.settings import GuardSettings
 from infra.functions.slurm_queue import HOLD_BOUND_S, JOB_END_WAIT_S, hold_script
 

@@ -80,6 +80,15 @@ class JobSpec(BaseModel):
     usd_per_hour: float  # the stack's price when submitted: the trainer's summary cost
     has_code: bool = False  # a code.tar.gz sits beside job.json
     submitted_at: datetime.datetime
+    # A command job (`run STACK -- COMMAND`): run as `python -m training exec -- COMMAND`
+    # (training/command_job.py) instead of the trainer; its config_toml is empty.
+    command: tuple[str, ...] = ()
+
+    def trainer_arguments(self) -> list[str]:
+        """What follows `python -m training` on every node of the job."""
+        if self.command:
+            return ["exec", "--", *self.command]
+        return [part for override in self.overrides for part in ("--set", override)]
 
 
 def check_name(name: str, flag: str = "--name") -> str:

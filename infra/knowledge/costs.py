@@ -6,10 +6,10 @@ Pure: used by the offline plan and registered as stack outputs by the Guardrails
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
+from common.market import Market
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.functions.slurm_queue import HOLD_BOUND_S
 from infra.knowledge.catalog import load_catalog
 from infra.knowledge.parallelcluster import load_parallelcluster
@@ -153,43 +153,63 @@ class Budget(Protocol):
     def max_runtime_hours(self) -> float | None: ...
 
 
-def cost_summary(
-    plan: Plan, config: Budget, *, market: Market = Market.ON_DEMAND
-) -> dict[str, Any]:
-    """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys.
+@dataclass(frozen=True)
+class CostSummary:
+    """What a stack costs: $/h of all its nodes per market, the budget and its runway.
 
     `runway_hours` is for the stack's `market`; the on-demand and spot runways are given too,
-    so a caller that does not know the market still sees the shorter (on-demand) one.
+    so a reader that does not know the market still sees the shorter (on-demand) one.
     """
+
+    instance_type: str
+    nodes: int
+    market: Market
+    on_demand_usd_per_hour: float
+    spot_usd_per_hour: float
+    hourly_usd: float  # in `market`
+    budget_usd: float
+    budget_period: str  # "MONTHLY" or "DAILY"
+    monthly_budget_usd: float
+    runway_hours: float  # hours of full load the budget buys in `market`
+    runway_hours_on_demand: float
+    runway_hours_spot: float
+    max_runtime_hours: float | None
+    max_run_usd: float | None  # None: no gpu:maxRuntimeHours
+    # None for a Capacity Block: its fee is all paid when bought, the guard has nothing to stop.
+    worst_case_overspend_usd: float | None
+    guard_timeout_s: int
+
+
+def cost_summary(plan: Plan, config: Budget, *, market: Market = Market.ON_DEMAND) -> CostSummary:
+    """Hourly cost on-demand and spot, the budget, and the runway: hours of full load it buys."""
     budget = config.budget_usd
     monthly_budget = budget * DAYS_PER_MONTH if config.budget_period == "DAILY" else budget
     on_demand = plan.on_demand_usd_per_hour
     spot_price = plan.spot_usd_per_hour
     hourly = hourly_usd(plan, market)
     max_hours = config.max_runtime_hours
-    return {
-        "instance_type": plan.instance.type,
-        "nodes": plan.nodes,
-        "market": market,
-        "on_demand_usd_per_hour": round(on_demand, 2),
-        "spot_usd_per_hour": round(spot_price, 2),
-        "hourly_usd": round(hourly, 2),
-        "budget_usd": budget,
-        "budget_period": config.budget_period,
-        "monthly_budget_usd": round(monthly_budget, 2),
-        "runway_hours": runway_hours(budget, hourly, config.budget_period),
-        "runway_hours_on_demand": runway_hours(budget, on_demand, config.budget_period),
-        "runway_hours_spot": runway_hours(budget, spot_price, config.budget_period),
-        "max_runtime_hours": max_hours,
-        "max_run_usd": None if max_hours is None else round(hourly * max_hours, 2),
-        # A block's fee is all paid when bought: the guard has nothing to stop in time.
-        "worst_case_overspend_usd": (
+    return CostSummary(
+        instance_type=plan.instance.type,
+        nodes=plan.nodes,
+        market=market,
+        on_demand_usd_per_hour=round(on_demand, 2),
+        spot_usd_per_hour=round(spot_price, 2),
+        hourly_usd=round(hourly, 2),
+        budget_usd=budget,
+        budget_period=config.budget_period,
+        monthly_budget_usd=round(monthly_budget, 2),
+        runway_hours=runway_hours(budget, hourly, config.budget_period),
+        runway_hours_on_demand=runway_hours(budget, on_demand, config.budget_period),
+        runway_hours_spot=runway_hours(budget, spot_price, config.budget_period),
+        max_runtime_hours=max_hours,
+        max_run_usd=None if max_hours is None else round(hourly * max_hours, 2),
+        worst_case_overspend_usd=(
             None
             if market is Market.CAPACITY_BLOCK
             else round(worst_case_overspend_usd(hourly, plan.cluster is not None), 2)
         ),
-        "guard_timeout_s": spend_guard_timeout_s(plan.cluster is not None),
-    }
+        guard_timeout_s=spend_guard_timeout_s(plan.cluster is not None),
+    )
 
 
 def price_model(

@@ -17,9 +17,9 @@ from typing import Annotated
 
 from pydantic import Field, StrictBool, StrictFloat, model_validator
 
+from common.market import Market
 from common.records import DataFile, build_record, record
 from infra.errors import ConfigError
-from infra.functions.market import Market
 
 PRICES_FILE = "prices.toml"
 VOLUME_AND_ADDRESS_PRICES_FILE = "volume_and_address_prices.toml"  # beside PRICES_FILE

@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 
 from pydantic import Field
 
+from common.market import Market
 from common.records import DataFile, record
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.knowledge.resolver import Plan
 
 QUOTAS_PATH = Path(__file__).parent / "data" / "quotas.toml"

@@ -41,8 +41,8 @@ def test_the_config_models_parse_values_only():
     )
     assert models["infra.config"] == {
         "common.errors",
+        "common.market",
         "infra.errors",
-        "infra.functions",  # Market
         "infra.knowledge",  # MAX_NODES
     }
 

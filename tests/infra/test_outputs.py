@@ -50,7 +50,7 @@ def test_the_single_node_stack_exports_every_field_it_owns_and_reads_back(single
     assert exported >= READ_FROM_BOTH | READ_FROM_SINGLE_NODE
     assert not READ_FROM_CLUSTER & exported
     outputs = read_outputs("test", single_node_spot.outputs)
-    assert not outputs.is_cluster and len(outputs.instance_ids) == 1
+    assert outputs.kind == SINGLE_NODE and len(outputs.instance_ids) == 1
     assert outputs.market == "spot"
 
 
@@ -65,7 +65,7 @@ def test_the_cluster_stack_exports_every_field_it_owns_and_reads_back(cluster):
     assert exported >= READ_FROM_BOTH | READ_FROM_CLUSTER
     assert not READ_FROM_SINGLE_NODE & exported
     outputs = read_outputs("test", cluster.outputs)
-    assert outputs.is_cluster and outputs.queue == "gpu" and outputs.nodes == 2
+    assert outputs.kind == CLUSTER and outputs.queue == "gpu" and outputs.nodes == 2
 
 
 def test_both_kinds_write_the_shared_fields(single_node_spot, cluster):

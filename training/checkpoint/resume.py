@@ -15,7 +15,6 @@ changed after, so the trainer builds its engine for the point chosen here.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import shutil
 from dataclasses import dataclass
@@ -249,7 +248,7 @@ def convert_to_universal(root: Path, tag: str) -> None:
     manifest names the source's) and its checksums verify; a damaged one is set aside.
     https://www.deepspeed.ai/tutorials/universal-checkpointing/
     """
-    from deepspeed.checkpoint import ds_to_universal
+    from training.private_apis import convert_to_universal
 
     out = root / UNIVERSAL_DIR / tag
     source = manifest_checksum(read_manifest(root / tag))
@@ -263,17 +262,7 @@ def convert_to_universal(root: Path, tag: str) -> None:
         else:  # unfinished, or converted from an earlier checkpoint of the same step
             shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    ds_to_universal.main(
-        argparse.Namespace(
-            input_folder=str(root / tag),
-            output_folder=str(out),
-            num_extract_workers=1,
-            num_merge_workers=1,
-            keep_temp_folder=False,
-            strict=True,
-            inject_missing_state=False,
-        )
-    )
+    convert_to_universal(root / tag, out)
     record = read_manifest(root / tag)
     record["files"] = make_durable(out, {})
     record[_CONVERTED_FROM] = source

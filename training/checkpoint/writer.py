@@ -16,8 +16,8 @@ raising inside the save (whose barriers would then leave the other ranks waiting
 the decoupled one hands the live tensors to a subprocess through a torch.multiprocessing
 queue, which moves CPU storages into shared memory in place, so the next training step
 changes what is being written. No config or argument installs another engine, so
-``writing_through`` sets the engine's public ``checkpoint_engine`` attribute, the one
-``save_checkpoint`` reads, for the length of one call, and puts the configured one back.
+``writing_through`` swaps the engine's ``checkpoint_engine`` attribute, the one
+``save_checkpoint`` reads, for the length of one call (training/private_apis.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import contextlib
 import errno
 import os
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
@@ -41,6 +41,7 @@ from deepspeed.runtime.checkpoint_engine.checkpoint_engine import (
 
 from training.checkpoint.errors import CheckpointError
 from training.checkpoint.layout import describe_file
+from training.private_apis import checkpoint_engine_swapped, empty_host_cache
 
 # A host copy may take at most this share of the memory available when a save begins
 # (shared by the node's ranks): the rest stays for the data loaders and the page cache.
@@ -260,16 +261,10 @@ class HostCopyWriter(CheckpointEngine):
             self.on_written()
 
 
-@contextlib.contextmanager
-def writing_through(engine, writer: HostCopyWriter) -> Iterator[None]:
+def writing_through(engine, writer: HostCopyWriter) -> contextlib.AbstractContextManager:
     """``engine.save_checkpoint`` writes through ``writer`` inside this block (see the
     module's docstring for why no config can do it)."""
-    configured = engine.checkpoint_engine
-    engine.checkpoint_engine = writer
-    try:
-        yield
-    finally:
-        engine.checkpoint_engine = configured
+    return checkpoint_engine_swapped(engine, writer)
 
 
 def host_copy_budget(ranks_per_node: int, staging: StagingBuffers) -> int:
@@ -330,13 +325,11 @@ def _staged_bytes(value) -> int:
 
 def _let_go(buffers: list[tuple[_BufferKey, torch.Tensor]]) -> None:
     """Drop ``buffers``. Pinned ones would stay in torch's cache of pinned blocks, out of
-    the OS's reach, until it is emptied: ``torch._C._host_emptyCache`` does that (added for
-    this in pytorch/pytorch#134332, torch 2.5; the public torch.accelerator.empty_host_cache
-    came with pytorch/pytorch#171270, after the torch 2.10 of the cu128 image)."""
+    the OS's reach, until it is emptied (training/private_apis.py)."""
     pinned = any(key.pinned for key, _ in buffers)
     buffers.clear()
     if pinned:
-        torch._C._host_emptyCache()
+        empty_host_cache()
 
 
 def _reason(exc: BaseException) -> str:

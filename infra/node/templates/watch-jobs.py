@@ -126,6 +126,8 @@ def parse_spec(text):
         stamp = spec["submitted_at"].replace("Z", "+00:00")
         spec["submitted_at"] = datetime.datetime.fromisoformat(stamp).replace(tzinfo=None)
         spec["has_code"] = spec.get("has_code") is True
+        # A command job (infra/jobs/spool.py, JobSpec.command): `python -m training exec`.
+        spec["command"] = [str(part) for part in spec.get("command") or []]
     # Any object at all: not JSON, too deep, a key missing or of another type.
     except Exception as error:
         return None, f"{SPEC} is not a job: {type(error).__name__}: {' '.join(str(error).split())}"
@@ -188,7 +190,10 @@ class Container:
             env[CODE_URI_ENV] = f"{SPOOL_URI}/{name}/{CODE}"
         with open(f"{folder}/job.env", "w") as file:
             file.writelines(f"{key}={value}\n" for key, value in env.items())
-        overrides = [part for override in spec["overrides"] for part in ("--set", override)]
+        if spec["command"]:
+            arguments = ["exec", "--", *spec["command"]]
+        else:
+            arguments = [part for override in spec["overrides"] for part in ("--set", override)]
         # The job's output goes to a log stream of its own (`logs --job NAME`), not node-0's.
         stream = f"awslogs-stream={JOB_LOG_STREAM_PREFIX}{name}"
         docker = [stream if o.startswith("awslogs-stream=") else o for o in DOCKER_OPTIONS]
@@ -199,7 +204,7 @@ class Container:
         if token:
             environ[HF_TOKEN_ENV] = token
             options += ["--env", HF_TOKEN_ENV]
-        command = ["docker", "run", *options, IMAGE_URI, "python", "-m", "training", *overrides]
+        command = ["docker", "run", *options, IMAGE_URI, "python", "-m", "training", *arguments]
         return subprocess.Popen(
             command, env=environ, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
         )

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.market import Market
 from infra.cluster.config import SETUP_SCRIPT, ClusterSettings, cluster_config
-from infra.functions.market import Market
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import load_profiles
 from infra.knowledge.resolver import resolve

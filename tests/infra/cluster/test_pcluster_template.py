@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from common.market import Market
 from infra.cluster.config import DEFAULT_USER, SSM_POLICY, cluster_config
 from infra.components.network import PRIVATE_SUBNET_CIDR, VPC_CIDR
-from infra.functions.market import Market
 from infra.knowledge.resolver import resolve
 from tests.infra.cluster.test_config import PARALLELCLUSTER, pcluster_python, settings
 from tests.support.tools import _unavailable

@@ -17,7 +17,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 from pulumi import automation as auto
 
-from infra.commands import workspace
+from infra.deployed import workspace
 
 REGION = "us-east-1"
 

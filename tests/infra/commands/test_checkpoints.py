@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from infra.commands.checkpoints import STATUS_NAME, job_status, last_checkpoint, stop_report
+from infra.deployed.checkpoints import STATUS_NAME, job_status, last_checkpoint, stop_report
 from tests.infra.commands.conftest import BUCKET, checkpoint_bucket
 
 URI = f"s3://{BUCKET}/checkpoints"

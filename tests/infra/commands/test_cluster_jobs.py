@@ -11,8 +11,10 @@ cluster tests do) in a folder here, and sbatch runs as this user, not through
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +30,7 @@ from tests.training.jobs import read_metrics
 from tests.training.multirank import free_port
 
 pytestmark = pytest.mark.multiprocess
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "command_job.py"
 
 
 @pytest.fixture
@@ -104,4 +107,38 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     ci_log(
         f"slurm test: run tiny again (job {second_id}) resumed at step {after[0]} and "
         f"finished at step {STEPS}"
+    )
+
+    # Any command as a job (examples/command_job.py): cancelled, it saves on SIGTERM and
+    # exits 75; run again under its name, it resumes from its own checkpoint.
+    saved_state = tmp_path / "head" / "ckpt" / "cmd" / "state.json"  # its CHECKPOINT_DIR
+    command = argparse.Namespace(
+        stack=STACK,
+        config=None,
+        code=None,
+        name="cmd",
+        overrides=[],
+        job_command=[sys.executable, str(EXAMPLE), "--steps", "1000"],
+    )
+    said = run_job.run(command)
+    first_id = said.split("as job ")[1].split()[0]
+    wait_for(lambda: saved_state.exists() and json.loads(saved_state.read_text())["step"] >= 3)
+    said = cancel.run(argparse.Namespace(stack=STACK, job="cmd"))
+    assert said.startswith(f"job cmd (slurm {first_id}) cancelled")
+    log = (cluster.jobs_dir / f"train-{first_id}.out").read_text()
+    saved = json.loads(saved_state.read_text())["step"]
+    assert "saved at step" in log and "exit 75 to be resumed" in log, log[-2000:]
+    assert "rank 0 of 2: from step 0" in log and "rank 1 of 2: from step 0" in log
+    command.job_command = [sys.executable, str(EXAMPLE), "--steps", str(saved + 2)]
+    second_id = run_job.run(command).split("as job ")[1].split()[0]
+    state = wait_for(
+        lambda: (s := slurm.job(second_id)["JobState"]) in DONE_STATES and s,
+        timeout_s=JOB_TIMEOUT_S,
+    )
+    log = (cluster.jobs_dir / f"train-{second_id}.out").read_text()
+    assert state == "COMPLETED", log[-2000:]
+    assert f"from step {saved}" in log and f"done at step {saved + 2}" in log
+    ci_log(
+        f"slurm test: command job cmd (job {first_id}) cancelled, saved at step {saved}; run "
+        f"again (job {second_id}) it resumed from its own checkpoint and finished"
     )

@@ -12,7 +12,8 @@ import time
 import pytest
 
 from infra.cluster.control import LOG_PIECE_BYTES
-from infra.commands import down, logs, start, status, stop, workspace
+from infra.commands import down, logs, start, status, stop
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
 from tests.infra.commands.conftest import BUCKET, cluster_outputs, log_args

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from common.market import Market
 from common.versions import version_key
 from images.matrix import load_matrix
 from infra.commands import doctor
@@ -31,14 +32,14 @@ def good_probes(**changes) -> Probes:
     return dataclasses.replace(probes, **changes)
 
 
-def checks(probes: Probes, *, profile="a100x8", spot=False, region=None):
+def checks(probes: Probes, *, profile="a100x8", market=Market.ON_DEMAND, region=None):
     return {
         c.name: c
         for c in doctor.run_checks(
             probes,
             matrix=MATRIX,
             plan=resolve_profile(profile),
-            spot=spot,
+            market=market,
             region=region,
             checkpoint_dir=Path("runs"),
             min_free_gib=50,
@@ -134,7 +135,7 @@ def test_quota_below_what_the_profile_needs_fails_with_the_quota_to_raise():
         asked.append((region, quota))
         return 0.0
 
-    found = checks(good_probes(quota_vcpus=zero), profile="a100x8", spot=True)["quota"]
+    found = checks(good_probes(quota_vcpus=zero), profile="a100x8", market=Market.SPOT)["quota"]
     p4d = load_catalog().instance("p4d.24xlarge")
     assert found.status == "FAIL" and f"needs {p4d.vcpus} vCPUs" in found.finding
     assert asked[0][0] == "us-east-1"

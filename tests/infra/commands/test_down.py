@@ -10,8 +10,9 @@ import json
 
 import pytest
 
-from infra.commands import down, workspace
+from infra.commands import down
 from infra.commands.outcome import Outcome
+from infra.deployed import workspace
 from tests.infra.commands.conftest import (
     BUCKET,
     REPOSITORY,

@@ -375,3 +375,50 @@ def test_code_with_a_builder_it_defines_and_requirements_the_image_meets_is_sent
     job = GOOD_JOB + '[model]\nbuilder = "mymodels.tiny:build"\n'
     run_job.run(run_args(write(tmp_path, "j.toml", job), code=code))
     assert "jobs/j/code.tar.gz" in spool_keys(stack)
+
+
+def test_run_dash_dash_command_queues_any_command_with_its_code(stack, tmp_path):
+    from infra.cli import main
+
+    code = tmp_path / "my-project"
+    code.mkdir()
+    (code / "train.py").write_text("print('hello')\n")
+    argv = ["run", STACK, "--code", str(code), "--", "torchrun", "--nproc-per-node", "8"]
+    argv += ["train.py", "--lr", "3e-4"]  # its own options, not run's
+    assert main(argv) == 0
+    spec = JobSpec.model_validate_json(
+        stack.get_object(Bucket=BUCKET, Key="jobs/my-project/job.json")["Body"].read()
+    )
+    assert spec.command == ("torchrun", "--nproc-per-node", "8", "train.py", "--lr", "3e-4")
+    assert spec.has_code and spec.config_toml == "" and spec.overrides == ()
+    assert spec.trainer_arguments() == ["exec", "--", *spec.command]
+
+
+def test_run_wants_a_config_or_a_command_not_both(stack, tmp_path, capsys):
+    from infra.cli import main
+
+    config = write(tmp_path, "job.toml", GOOD_JOB)
+    assert main(["run", STACK, "--config", str(config), "--", "python", "x.py"]) == 2
+    assert capsys.readouterr().err == (
+        "error: --config/--set and -- COMMAND: give one (the trainer's job, or your command)\n"
+    )
+    assert main(["run", STACK]) == 2
+    assert "give the job: --config JOB.toml (the trainer) or -- COMMAND" in capsys.readouterr().err
+    assert main(["jobs", STACK, "--", "x"]) == 2
+    assert spool_keys(stack) == []
+
+
+def test_a_command_job_reaches_sbatch_as_training_exec_without_a_config():
+    from infra.cluster.jobs import SubmitSite, submit_script
+
+    spec = JobSpec(
+        name="cmd",
+        config_toml="",
+        usd_per_hour=3.06,
+        submitted_at="2026-01-01T00:00:00Z",
+        command=("torchrun", "train.py", "--lr", "3e-4"),
+    )
+    script = submit_script(SubmitSite(job_script="/j/train.sbatch", jobs_dir="/j"), spec, None)
+    assert script.splitlines()[-1].endswith(
+        "--export=ALL /j/train.sbatch exec -- torchrun train.py --lr 3e-4"
+    )

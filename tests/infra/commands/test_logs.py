@@ -9,6 +9,7 @@ import pytest
 
 from infra.commands import logs
 from infra.errors import ConfigError
+from infra.targets import FOLLOW_POLL_S
 from tests.infra.commands.conftest import LOG_GROUP, log_args, stack_outputs
 
 
@@ -84,7 +85,7 @@ def test_follow_prints_new_lines_once_until_interrupted(log_stack):
     logs.run(log_args(follow=True), out=out, sleep=sleep)
     messages = [line.rsplit("  ", 1)[1] for line in out.getvalue().splitlines()]
     assert messages == ["first", "second"]
-    assert polls == [logs.FOLLOW_POLL_S] * 3
+    assert polls == [FOLLOW_POLL_S] * 3
 
 
 def test_a_node_the_stack_does_not_have_is_refused(log_stack):

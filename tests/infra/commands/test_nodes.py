@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from infra.commands import nodes
+from infra.deployed import nodes
 from tests.infra.commands.conftest import launch_nodes
 
 

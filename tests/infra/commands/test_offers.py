@@ -4,8 +4,8 @@ import tomllib
 
 import pytest
 
+from common.market import Market
 from infra.commands.offers import select_offers
-from infra.functions.market import Market
 from infra.knowledge.catalog import CATALOG_DIR, load_catalog
 from tests.support.infra import run_cli
 

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from infra.commands import status
-from infra.commands.checkpoints import POINTER_NAME, STATUS_NAME
+from infra.deployed import progress as job_progress
+from infra.deployed.checkpoints import POINTER_NAME, STATUS_NAME
 from infra.errors import ConfigError
 from infra.functions.ledger import PERIOD_KEY, Ledger, write_ledger
 from tests.infra.commands.conftest import BUCKET, checkpoint_bucket, launch_nodes, stack_outputs
@@ -173,9 +174,9 @@ def test_a_straggler_in_the_published_progress_is_named():
         "straggler_rank": 5,
         "updated_at": (NOW - datetime.timedelta(minutes=2)).isoformat(),
     }
-    line = status.describe_job(progress, NOW)
+    line = job_progress.describe_job(progress, NOW)
     assert "11 min to finish, rank 5 is a straggler (see the job's log), as of 2 min ago" in line
-    assert "straggler" not in status.describe_job({**progress, "straggler_rank": None}, NOW)
+    assert "straggler" not in job_progress.describe_job({**progress, "straggler_rank": None}, NOW)
 
 
 def _marked(period: str, until: str, spent: float, marks) -> Ledger:

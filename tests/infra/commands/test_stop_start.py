@@ -7,7 +7,8 @@ import io
 
 import pytest
 
-from infra.commands import cluster_fleet, start, stop
+from infra.commands import start, stop
+from infra.deployed import cluster_fleet
 from infra.errors import ConfigError
 from infra.outputs import read_outputs
 from tests.infra.commands.conftest import (
@@ -87,7 +88,7 @@ def _fleet_status(dynamodb) -> dict:
 
 def _cluster(status_after_naps: list[str], dynamodb):
     """The cluster stack, and a sleep that plays clustermgtd: each nap moves the fleet on."""
-    from infra.commands import workspace
+    from infra.deployed import workspace
 
     outputs = cluster_outputs(head_node="i-0", cluster_name=CLUSTER)
     stack = workspace.Deployed("a100x8", "us-east-1", read_outputs("a100x8", outputs))

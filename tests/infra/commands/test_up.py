@@ -13,10 +13,11 @@ import yaml
 from pulumi import automation as auto
 
 from infra import cli
-from infra.commands import up, workspace
+from infra.commands import up
 from infra.commands.doctor import ProbeError, Probes
 from infra.config.schema import load_stack_config
 from infra.config.stack_file import REPO_ROOT
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 from infra.planning import resolve_plan

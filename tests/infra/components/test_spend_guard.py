@@ -8,6 +8,7 @@ import subprocess
 import sys
 import tomllib
 
+import pulumi
 import pytest
 
 from infra.components.spend_guard import FUNCTIONS_DIR, function_archive
@@ -231,12 +232,23 @@ def test_a_slurm_cluster_stack_has_the_guard_the_topic_its_subscriptions_and_the
 
 def test_the_archive_holds_the_function_package_and_imports_on_its_own(tmp_path):
     archive = function_archive()
-    assert set(archive.assets) == {"infra/__init__.py", "infra/functions"}
+    assert set(archive.assets) == {
+        "infra/__init__.py",
+        "infra/functions",
+        "common/__init__.py",
+        "common/market.py",
+    }
     assert archive.assets["infra/functions"].path == str(FUNCTIONS_DIR)
     # Lay the archive out as Lambda unpacks it and import the handler from there alone.
-    (tmp_path / "infra").mkdir()
-    (tmp_path / "infra" / "__init__.py").write_text("")
-    shutil.copytree(FUNCTIONS_DIR, tmp_path / "infra" / "functions")
+    for name, asset in archive.assets.items():
+        target = tmp_path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(asset, pulumi.StringAsset):
+            target.write_text(asset.text)
+        elif isinstance(asset, pulumi.FileArchive):
+            shutil.copytree(asset.path, target)
+        else:
+            shutil.copy(asset.path, target)
     probe = (
         "import infra.functions.spend_guard as guard, sys; "
         "assert guard.__file__.startswith(sys.argv[1]), guard.__file__; "

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import infra.functions
+from infra.components.spend_guard import LAMBDA_SHARED
 from tests.test_requirements import third_party_imports
 
 FUNCTIONS = Path(infra.functions.__file__).parent
@@ -20,7 +21,7 @@ def _local_imports(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
-    return {name for name in names if name.split(".")[0] == "infra"}
+    return {name for name in names if name.split(".")[0] in ("infra", "common")}
 
 
 def test_every_module_imports_only_the_standard_library_and_the_aws_sdk():
@@ -28,7 +29,12 @@ def test_every_module_imports_only_the_standard_library_and_the_aws_sdk():
     assert {path.name for path in modules} >= {"spend_guard.py", "ledger.py", "settings.py"}
     for path in modules:
         assert third_party_imports(path) <= LAMBDA_PROVIDES, path.name
-        outside = {n for n in _local_imports(path) if not n.startswith("infra.functions")}
+        outside = {
+            n
+            for n in _local_imports(path)
+            if not n.startswith("infra.functions")
+            and n not in {f"common.{name}" for name in LAMBDA_SHARED}
+        }
         assert outside == set(), f"{path.name} imports {outside}, which the archive lacks"
 
 

@@ -1,8 +1,8 @@
 import pytest
 
+from common.market import Market
 from infra.config.guardrails import GuardrailConfig
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.knowledge.costs import cost_summary, hourly_usd, idle_cost, network_usd_per_hour
 from infra.knowledge.parallelcluster import load_parallelcluster
 from infra.knowledge.profiles import resolve_profile
@@ -15,56 +15,56 @@ PROFILES = ("l4x1", "l40sx4", "a100x8-80g", "a100x8")
 def test_p4d_on_demand_runway():
     plan = resolve_profile("a100x8")  # p4d.24xlarge: $21.96/h on-demand, $14.1051/h spot
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500))
-    assert summary["instance_type"] == "p4d.24xlarge"
-    assert summary["market"] == "on-demand"
-    assert summary["on_demand_usd_per_hour"] == 21.96
-    assert summary["spot_usd_per_hour"] == 14.11
-    assert summary["hourly_usd"] == 21.96
-    assert summary["monthly_budget_usd"] == 500
-    assert summary["runway_hours"] == 22.8  # 500 / 21.96
-    assert summary["runway_hours_spot"] == 35.4  # 500 / 14.1051
+    assert summary.instance_type == "p4d.24xlarge"
+    assert summary.market == "on-demand"
+    assert summary.on_demand_usd_per_hour == 21.96
+    assert summary.spot_usd_per_hour == 14.11
+    assert summary.hourly_usd == 21.96
+    assert summary.monthly_budget_usd == 500
+    assert summary.runway_hours == 22.8  # 500 / 21.96
+    assert summary.runway_hours_spot == 35.4  # 500 / 14.1051
 
 
 def test_spot_market_sets_the_runway():
     plan = resolve_profile("a100x8")
     summary = cost_summary(plan, GuardrailConfig(budget_usd=500), market=Market.SPOT)
-    assert summary["market"] == "spot"
-    assert summary["hourly_usd"] == 14.11
-    assert summary["runway_hours"] == summary["runway_hours_spot"] == 35.4
-    assert summary["runway_hours_on_demand"] == 22.8
+    assert summary.market == "spot"
+    assert summary.hourly_usd == 14.11
+    assert summary.runway_hours == summary.runway_hours_spot == 35.4
+    assert summary.runway_hours_on_demand == 22.8
 
 
 def test_costs_scale_with_nodes():
     one, two = resolve("p4d.24xlarge", nodes=1), resolve("p4d.24xlarge", nodes=2)
     config = GuardrailConfig(budget_usd=1000)
     # p4d.24xlarge: $21.96/h on-demand in us-east-1.
-    assert (cost_summary(one, config)["hourly_usd"], cost_summary(two, config)["hourly_usd"]) == (
+    assert (cost_summary(one, config).hourly_usd, cost_summary(two, config).hourly_usd) == (
         21.96,
         43.92,
     )
     # 1000 / 21.96 and 1000 / 43.92 hours.
-    assert cost_summary(one, config)["runway_hours"] == 45.5
-    assert cost_summary(two, config)["runway_hours"] == 22.8
+    assert cost_summary(one, config).runway_hours == 45.5
+    assert cost_summary(two, config).runway_hours == 22.8
 
 
 def test_daily_budget_is_shown_per_month_and_max_run_priced():
     plan = resolve("p3.2xlarge")  # $3.06/h
     config = GuardrailConfig(budget_usd=30, budget_period="DAILY", max_runtime_hours=8)
     summary = cost_summary(plan, config)
-    assert summary["budget_period"] == "DAILY"
-    assert summary["monthly_budget_usd"] == round(30 * 365 / 12, 2)  # an average month
-    assert summary["runway_hours"] == 9.8  # 30 / 3.06: hours per day of full load
-    assert summary["max_run_usd"] == 24.48
+    assert summary.budget_period == "DAILY"
+    assert summary.monthly_budget_usd == round(30 * 365 / 12, 2)  # an average month
+    assert summary.runway_hours == 9.8  # 30 / 3.06: hours per day of full load
+    assert summary.max_run_usd == 24.48
 
 
 @pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_has_hourly_cost_and_runway(profile):
     plan = resolve_profile(profile)
     summary = cost_summary(plan, GuardrailConfig(budget_usd=1000))
-    assert 0 < summary["spot_usd_per_hour"] < summary["on_demand_usd_per_hour"]
+    assert 0 < summary.spot_usd_per_hour < summary.on_demand_usd_per_hour
     on_demand = data_file_prices(plan.instance.type).on_demand_usd_per_hour * plan.nodes
     # A month has 730 hours: a budget that buys more buys the whole month.
-    assert summary["runway_hours"] == round(min(1000 / on_demand, 730.0), 1)
+    assert summary.runway_hours == round(min(1000 / on_demand, 730.0), 1)
 
 
 @pytest.mark.parametrize(("period", "hours"), [("MONTHLY", 730.0), ("DAILY", 24.0)])
@@ -72,26 +72,26 @@ def test_the_runway_is_at_most_the_budget_period(period, hours):
     plan = resolve("g6.2xlarge")  # $0.9776/h on-demand, $0.5324/h spot
     config = GuardrailConfig(budget_usd=1_000_000, budget_period=period)
     summary = cost_summary(plan, config, market=Market.SPOT)
-    assert summary["runway_hours"] == summary["runway_hours_on_demand"] == hours
+    assert summary.runway_hours == summary.runway_hours_on_demand == hours
     small = cost_summary(
         plan, GuardrailConfig(budget_usd=5, budget_period=period), market=Market.SPOT
     )
-    assert small["runway_hours"] == round(5 / 0.5324, 1) == 9.4
+    assert small.runway_hours == round(5 / 0.5324, 1) == 9.4
 
 
 def test_worst_case_overspend_is_one_guard_period_and_one_run_at_the_stacks_price():
     plan = resolve("p4d.24xlarge", nodes=2)
     summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
     # 5 minutes between runs plus a 60-second run, at two p4d.24xlarge on-demand.
-    assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * 6 / 60, 2)
+    assert summary.worst_case_overspend_usd == round(2 * 21.96 * 6 / 60, 2)
 
 
 def test_on_a_cluster_the_worst_case_overspend_has_time_for_the_jobs_checkpoint():
     plan = resolve("p4d.24xlarge", nodes=2, cluster=load_parallelcluster().release())
     summary = cost_summary(plan, GuardrailConfig(budget_usd=5000), market=Market.ON_DEMAND)
     # The run first holds the jobs: KillWait (120 s), their requeue (60 s) and SSM (30 s).
-    assert summary["guard_timeout_s"] == 60 + 120 + 60 + 30
-    assert summary["worst_case_overspend_usd"] == round(2 * 21.96 * (5 + 270 / 60) / 60, 2)
+    assert summary.guard_timeout_s == 60 + 120 + 60 + 30
+    assert summary.worst_case_overspend_usd == round(2 * 21.96 * (5 + 270 / 60) / 60, 2)
 
 
 @pytest.mark.parametrize(
@@ -107,7 +107,7 @@ def test_one_price_per_market(market, expected):
     plan = resolve("p4d.24xlarge", nodes=2)
     assert hourly_usd(plan, market) == pytest.approx(expected)
     summary = cost_summary(plan, GuardrailConfig(budget_usd=1000), market=market)
-    assert summary["market"] == market and summary["hourly_usd"] == round(expected, 2)
+    assert summary.market == market and summary.hourly_usd == round(expected, 2)
 
 
 def test_a_capacity_block_of_a_type_without_a_block_price_is_refused():

@@ -611,3 +611,21 @@ def test_an_older_job_sent_again_is_the_newest_and_takes_the_gpus(tmp_path):
         assert host.state("second") == "yielded"
     finally:
         unit.kill()
+
+
+def test_a_command_job_runs_its_command_through_training_exec(tmp_path):
+    host = simulated_host(tmp_path, p4d_node(), default_job=False)
+    spec = JobSpec(
+        name="sweep",
+        config_toml="",
+        usd_per_hour=32.77,
+        submitted_at=datetime.datetime.now(datetime.UTC),
+        command=("torchrun", "--nproc-per-node", "8", "train.py", "--lr", "3e-4"),
+    )
+    host.put(job_key("sweep", SPEC_NAME), spec.model_dump_json().encode())
+    result = start_unit(host)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (job_run,) = [line for line in host.called() if "sweep/job.env" in line]
+    image_and_command = job_run.split(" python ", 1)[1]
+    assert image_and_command == "-m training exec -- torchrun --nproc-per-node 8 train.py --lr 3e-4"
+    assert host.state("sweep") == "done"

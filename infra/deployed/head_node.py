@@ -22,9 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.market import Market
 from infra.cluster.control import STOP_WAIT_S, QueuedJob, parse_queue, queue_script, stop_script
-from infra.commands import nodes, workspace
-from infra.commands.checkpoints import stop_report
+from infra.deployed import nodes, workspace
+from infra.deployed.checkpoints import stop_report
 from infra.errors import ConfigError
 
 NODE_TYPE_TAG = "parallelcluster:node-type"
@@ -42,11 +43,16 @@ class ClusterNode:
     instance_id: str
     instance_type: str
     state: str
-    market: str  # spot, on-demand
+    market: Market
 
 
-def cluster_nodes(ec2: Any, tag: tuple[str, str]) -> list[ClusterNode]:
-    """The stack's live instances: the head node first, then compute nodes by launch time."""
+def cluster_nodes(ec2: Any, tag: tuple[str, str], market: Market) -> list[ClusterNode]:
+    """The stack's live instances: the head node first, then compute nodes by launch time.
+
+    A compute node runs in the stack's `market` (the queue's CapacityType); the head node is
+    on-demand (HeadNode has no capacity type: docs.aws.amazon.com/parallelcluster/latest/ug/
+    HeadNode-v3.html).
+    """
     key, value = tag
     pages = ec2.get_paginator("describe_instances").paginate(
         Filters=[
@@ -65,7 +71,7 @@ def cluster_nodes(ec2: Any, tag: tuple[str, str]) -> list[ClusterNode]:
                     instance["InstanceId"],
                     instance["InstanceType"],
                     instance["State"]["Name"],
-                    "spot" if instance.get("InstanceLifecycle") == "spot" else "on-demand",
+                    Market.ON_DEMAND if role == "head" else market,
                 )
                 found.append((role != "head", instance["LaunchTime"], node))
     return [node for *_, node in sorted(found, key=lambda item: item[:2])]
@@ -74,7 +80,9 @@ def cluster_nodes(ec2: Any, tag: tuple[str, str]) -> list[ClusterNode]:
 def head_node_state(stack: workspace.Deployed, found: list[ClusterNode] | None = None) -> str:
     """The head node's EC2 state, among `found` (default: the stack's nodes now); or gone."""
     if found is None:
-        found = cluster_nodes(workspace.aws("ec2", stack.region), stack.cost_tag)
+        found = cluster_nodes(
+            workspace.aws("ec2", stack.region), stack.cost_tag, stack.outputs.market
+        )
     for node in found:
         if node.instance_id == stack.head_node:
             return node.state

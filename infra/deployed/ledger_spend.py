@@ -12,7 +12,7 @@ import datetime
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from infra.commands import workspace
+from infra.deployed import workspace
 
 Span = tuple[datetime.datetime, datetime.datetime]
 

@@ -16,7 +16,6 @@ from typing import Any
 
 from infra.config.stack_file import REPO_ROOT
 from infra.errors import ConfigError
-from infra.functions.market import Market
 from infra.knowledge.profiles import load_profiles
 from infra.outputs import StackOutputs, read_outputs
 
@@ -84,10 +83,6 @@ class Deployed:
         return list(self.outputs.instance_ids or [])
 
     @property
-    def is_cluster(self) -> bool:
-        return self.outputs.is_cluster
-
-    @property
     def head_node(self) -> str | None:
         return self.outputs.head_node
 
@@ -104,10 +99,6 @@ class Deployed:
         """(key, value) of the tag on every instance of the stack."""
         key, _, value = self.outputs.cost_tag.partition("=")
         return key, value
-
-    @property
-    def spot(self) -> bool:
-        return self.outputs.market == Market.SPOT
 
     @property
     def checkpoint_uri(self) -> str:

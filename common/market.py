@@ -1,5 +1,6 @@
 """How a stack's instances are bought: one vocabulary for the plan, the budget check, the
-spend guard, offers and status (standard library only: the spend guard's Lambda imports it).
+spend guard, offers and status. Standard library only: the spend guard's Lambda imports it
+(infra/components/spend_guard.py LAMBDA_SHARED carries it into the archive).
 """
 
 from __future__ import annotations

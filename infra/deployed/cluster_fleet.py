@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from botocore.exceptions import ClientError
 
-from infra.commands import workspace
+from infra.deployed import workspace
 from infra.errors import ConfigError
 from infra.functions import fleet
 

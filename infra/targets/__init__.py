@@ -1,0 +1,44 @@
+"""The one seam between the commands and a running stack: a `Target` per kind of stack.
+
+Every command that acts on a stack that is up (run, jobs, cancel, logs, status, stop, start,
+down) opens its target once, with `open_target`, and asks it; no command asks which kind it
+talks to. The protocol is infra/targets/target.py; what differs between the kinds lives in
+one file per kind:
+
+- infra/targets/ec2_spool.py: the single-node stack (gpu:cluster unset). Jobs go through the
+  job spool in the stack's bucket (infra/jobs/spool.py), which the node's watcher reads;
+  the node is stopped and started through EC2, the job reached through SSM.
+- infra/targets/slurm.py: the ParallelCluster stack (gpu:cluster: slurm). Jobs are sbatch
+  jobs submitted on the head node through SSM; `stop` holds the queue.
+
+A new kind of stack (Kubernetes, a machine at hand) is one new file here that implements
+`Target`, and a line in `_kinds`. tests/infra/commands/fake_target.py is such a file: the
+commands' tests run against it as against the two real kinds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from infra.deployed import workspace
+from infra.outputs import CLUSTER, SINGLE_NODE
+from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, Target
+
+__all__ = ["FOLLOW_POLL_S", "JobList", "ListedJob", "Say", "Sleep", "Target", "open_target"]
+
+
+def _kinds() -> dict[str, Callable[[workspace.Deployed], Target]]:
+    from infra.targets.ec2_spool import SpoolTarget
+    from infra.targets.slurm import SlurmTarget
+
+    return {SINGLE_NODE: SpoolTarget, CLUSTER: SlurmTarget}
+
+
+def open_target(stack: workspace.Deployed) -> Target:
+    """The target of a stack that is up, chosen by the kind its outputs name."""
+    return _kinds()[stack.outputs.kind](stack)
+
+
+def target(name: str) -> Target:
+    """The target of stack `name`; ConfigError when it is not up."""
+    return open_target(workspace.deployed(name))

@@ -1,0 +1,85 @@
+"""The Target protocol: what the commands do to a running stack, and the values it returns
+(infra/targets/__init__.py says how a target is chosen and what each kind's file holds)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+from infra.deployed import workspace
+from infra.jobs.spool import JobSpec
+
+FOLLOW_POLL_S = 3.0  # logs --follow: how often a target looks for new lines
+
+Say = Callable[[str], None]
+Sleep = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class ListedJob:
+    """One job as `jobs` lists it."""
+
+    name: str
+    state: str  # the target's own words: "running", "pending (slurm 12, 0:42)"
+    since: datetime.datetime | None  # when it took that state, where the target knows
+
+
+@dataclass(frozen=True)
+class JobList:
+    jobs: list[ListedJob]
+    notes: list[str]  # printed under the table: why jobs failed, what was skipped
+    # The stack's spend over a job's starts, where one job holds the stack at a time and the
+    # spend guard keeps a ledger; None: a job's cost is the trainer's own figure.
+    spend_over: Callable[[list], float] | None = None
+
+
+class Target(Protocol):
+    """What the commands do to a running stack. Each method returns what the command prints
+    (or says it through `say`); bad input or an unreachable stack is a ConfigError."""
+
+    stack: workspace.Deployed
+
+    def describe(self) -> str:
+        """The stack's compute, in a few words, for a question: "1 node(s)", "its Slurm
+        cluster"."""
+
+    def up_summary(self) -> str:
+        """What `up` prints of the stack's compute once it is up."""
+
+    def run_uri(self, job: str) -> str:
+        """Where job `job` keeps its checkpoints and status.json (a prefix per job name)."""
+
+    def submit(self, spec: JobSpec, code: bytes | None) -> str:
+        """Queue job `spec` (with its --code archive); a name run before resumes."""
+
+    def jobs(self, s3: Any) -> JobList:
+        """Every job of the stack."""
+
+    def cancel(self, job: str, *, sleep: Sleep, now: Callable[[], float]) -> str:
+        """Stop `job` with a final checkpoint (SIGTERM); it leaves the queue."""
+
+    def stop(self, *, say: Say, sleep: Sleep) -> str:
+        """Checkpoint the running jobs and stop paying for GPUs; `start` resumes."""
+
+    def start(self, *, say: Say, sleep: Sleep) -> str:
+        """Bring back what `stop` (or the spend guard) stopped; the jobs resume."""
+
+    def logs(
+        self, args: argparse.Namespace, *, out: TextIO, sleep: Sleep, now: Callable[[], float]
+    ) -> None:
+        """Write the jobs' output to `out` (args: job, node, since, follow, as `logs` takes
+        them); --follow keeps writing until Ctrl-C."""
+
+    def report(self, now: datetime.datetime) -> str:
+        """The stack's status: its machines, its jobs' progress, checkpoints."""
+
+    def before_destroy(self, *, say: Say, sleep: Sleep) -> None:
+        """What must happen before `pulumi destroy`: running jobs checkpoint, and nothing
+        outside Pulumi is left to start new machines."""
+
+    def kept_after_destroy(self) -> list[str]:
+        """Lines naming what this kind leaves in the account on purpose after a destroy,
+        beyond the stack's own bucket, repository and log groups."""

@@ -1,0 +1,70 @@
+"""A third kind of stack, in one file: a Target that keeps its jobs in memory.
+
+It is what a new kind (Kubernetes, a machine at hand) adds to infra/targets/: one class
+with the Target protocol's methods. test_fake_target.py registers it as the stack's kind
+and runs every command that acts on a running stack against it.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, ClassVar
+
+from infra.deployed import workspace
+from infra.errors import ConfigError
+from infra.jobs.spool import JobSpec
+from infra.targets.target import JobList, ListedJob
+
+
+class FakeTarget:
+    # Shared by every instance: each command opens the target anew, as the CLI does.
+    queue: ClassVar[dict[str, str]] = {}
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, stack: workspace.Deployed) -> None:
+        self.stack = stack
+
+    def describe(self) -> str:
+        return "its fake machines"
+
+    def up_summary(self) -> str:
+        return "fake machines"
+
+    def run_uri(self, job: str) -> str:
+        return f"{self.stack.checkpoint_uri.rstrip('/')}/{job}"
+
+    def submit(self, spec: JobSpec, code: bytes | None) -> str:
+        if self.queue.get(spec.name) == "running":
+            raise ConfigError(f"--name {spec.name}: that job is running")
+        self.queue[spec.name] = "running"
+        return f"job {spec.name} queued on the fake stack (code: {code is not None})"
+
+    def jobs(self, s3: Any) -> JobList:
+        return JobList([ListedJob(name, state, None) for name, state in self.queue.items()], [])
+
+    def cancel(self, job: str, *, sleep, now) -> str:
+        if job not in self.queue:
+            raise ConfigError(f"no job {job!r}")
+        self.queue[job] = "cancelled"
+        return f"job {job} cancelled on the fake stack"
+
+    def stop(self, *, say, sleep) -> str:
+        self.calls.append("stop")
+        return "fake stack stopped"
+
+    def start(self, *, say, sleep) -> str:
+        self.calls.append("start")
+        return "fake stack started"
+
+    def logs(self, args, *, out, sleep, now) -> None:
+        out.write(f"fake log of {args.job or 'every job'}\n")
+
+    def report(self, now: datetime.datetime) -> str:
+        return f"fake stack {self.stack.name}: {len(self.queue)} job(s)"
+
+    def before_destroy(self, *, say, sleep) -> None:
+        self.calls.append("before_destroy")
+        say("fake jobs checkpointed")
+
+    def kept_after_destroy(self) -> list[str]:
+        return ["  a fake volume (kept on purpose)"]

@@ -1,0 +1,107 @@
+"""`python -m training exec -- COMMAND`: the command gets the rendezvous and the job's paths,
+a stop reaches it as SIGTERM, and its exit 75 is the job's; examples/command_job.py saves on
+SIGTERM and resumes from its own checkpoint."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.training.fake_imds import FakeImds
+from training.contract import ExitCode
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "command_job.py"
+
+
+def job_env(tmp_path: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TRAIN_NNODES": "2",
+        "TRAIN_NODE_RANK": "1",
+        "TRAIN_NPROC_PER_NODE": "4",
+        "TRAIN_MASTER_ADDR": "10.0.0.7",
+        "TRAIN_MASTER_PORT": "29611",
+        "TRAIN_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "TRAIN_DATA_PATH": str(tmp_path / "data"),
+    }
+
+
+def exec_job(tmp_path: Path, *command: str, spot: str = "") -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "training", "exec", "--", *command],
+        env={**job_env(tmp_path), "TRAIN_SPOT_ENDPOINT": spot},
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_command_sees_the_rendezvous_and_the_jobs_paths(tmp_path):
+    names = ["MASTER_ADDR", "MASTER_PORT", "NNODES", "NODE_RANK", "WORLD_SIZE"]
+    names += ["PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT"]
+    names += ["PET_NPROC_PER_NODE", "CHECKPOINT_DIR", "DATA_PATH"]
+    probe = f"import json, os; print(json.dumps({{n: os.environ[n] for n in {names!r}}}))"
+    job = exec_job(tmp_path, sys.executable, "-c", probe)
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == 0
+    assert json.loads(out) == {
+        "MASTER_ADDR": "10.0.0.7",
+        "MASTER_PORT": "29611",
+        "NNODES": "2",
+        "NODE_RANK": "1",
+        "WORLD_SIZE": "8",  # 2 nodes x 4 processes
+        "PET_NNODES": "2",
+        "PET_NODE_RANK": "1",
+        "PET_MASTER_ADDR": "10.0.0.7",
+        "PET_MASTER_PORT": "29611",
+        "PET_NPROC_PER_NODE": "4",
+        "CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+        "DATA_PATH": str(tmp_path / "data"),
+    }
+    assert (tmp_path / "ckpt").is_dir()  # made for the command to save into
+
+
+def wait_for_step(state: Path, job: subprocess.Popen, step: int) -> None:
+    deadline = time.monotonic() + 30
+    while not (state.exists() and json.loads(state.read_text())["step"] >= step):
+        assert time.monotonic() < deadline and job.poll() is None
+        time.sleep(0.1)
+
+
+def test_a_stop_reaches_the_command_which_saves_exits_75_and_resumes(tmp_path):
+    state = tmp_path / "ckpt" / "state.json"
+    job = exec_job(tmp_path, sys.executable, str(EXAMPLE), "--steps", "1000")
+    wait_for_step(state, job, 3)
+    job.send_signal(signal.SIGTERM)  # what docker stop and scancel send
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == ExitCode.INTERRUPTED, out
+    saved = json.loads(state.read_text())["step"]
+    assert f"saved at step {saved}" in out
+    again = exec_job(tmp_path, sys.executable, str(EXAMPLE), "--steps", str(saved + 2))
+    out, _ = again.communicate(timeout=30)
+    assert again.returncode == ExitCode.DONE
+    assert f"from step {saved}" in out and f"done at step {saved + 2}" in out
+
+
+def test_without_a_command_exec_says_how_to_give_one(tmp_path):
+    job = exec_job(tmp_path)
+    out, _ = job.communicate(timeout=30)
+    assert job.returncode == ExitCode.BAD_CONFIG
+    assert out.strip() == "error: exec: give the command after --, e.g. exec -- torchrun train.py"
+
+
+def test_a_spot_notice_reaches_the_command_as_sigterm(tmp_path):
+    state = tmp_path / "ckpt" / "state.json"
+    with FakeImds() as imds:
+        job = exec_job(tmp_path, sys.executable, str(EXAMPLE), "--steps", "1000", spot=imds.url)
+        wait_for_step(state, job, 3)
+        imds.notify("stop", "2026-01-01T00:02:00Z")
+        out, _ = job.communicate(timeout=30)
+    assert job.returncode == ExitCode.INTERRUPTED, out
+    assert f"saved at step {json.loads(state.read_text())['step']}" in out

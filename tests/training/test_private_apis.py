@@ -1,0 +1,139 @@
+"""training/private_apis.py relies on DeepSpeed and torch internals: each fact it states is
+checked against the installed libraries here, and no other module may use a private name of
+either (the bar the module exists for)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import deepspeed
+import torch
+from deepspeed.checkpoint import ds_to_universal
+from deepspeed.ops.op_builder.builder import OpBuilder
+from deepspeed.runtime.engine import DeepSpeedEngine
+
+from training import private_apis
+
+REPO = Path(__file__).resolve().parents[2]
+PRODUCT_PACKAGES = ("training", "infra", "common", "images", "bench")
+ADAPTER = REPO / "training" / "private_apis.py"
+
+
+def test_the_adapter_is_written_against_the_installed_deepspeed():
+    # A new DeepSpeed: re-check every fact below against its source, then bump these.
+    assert deepspeed.__version__ == "0.19.8"
+    assert "DeepSpeed 0.19.8" in ADAPTER.read_text()
+
+
+def test_save_checkpoint_writes_every_file_through_the_swapped_attribute():
+    name = private_apis.CHECKPOINT_ENGINE_ATTRIBUTE
+    save = inspect.getsource(DeepSpeedEngine.save_checkpoint)
+    assert f"self.{name}.create(" in save and f"self.{name}.commit(" in save
+    for helper in ("_save_checkpoint", "_save_zero_checkpoint"):
+        assert f"self.{name}.save(" in inspect.getsource(getattr(DeepSpeedEngine, helper))
+    # Set once, where the config is read: nothing resets it between our swap and the save.
+    setters = [
+        attr
+        for attr, member in vars(DeepSpeedEngine).items()
+        if callable(member) and f"self.{name} = " in inspect.getsource(member)
+    ]
+    assert setters == ["__init__", "_configure_checkpointing"]  # None, then the configured one
+
+
+def test_the_swap_puts_the_configured_engine_back_even_when_the_save_fails():
+    engine = SimpleNamespace(checkpoint_engine="configured")
+    try:
+        with private_apis.checkpoint_engine_swapped(engine, "writer"):
+            assert engine.checkpoint_engine == "writer"
+            raise OSError("disk full")
+    except OSError:
+        pass
+    assert engine.checkpoint_engine == "configured"
+
+
+def test_op_builds_are_seen_through_jit_load(monkeypatch):
+    assert list(inspect.signature(OpBuilder.jit_load).parameters) == ["self", "verbose"]
+    # Every op loads through jit_load: OpBuilder.load calls it when the op is not prebuilt.
+    assert "self.jit_load(" in inspect.getsource(OpBuilder.load)
+    monkeypatch.setattr(OpBuilder, "jit_load", lambda self, verbose=True: f"{self.name} loaded")
+    seen = []
+    private_apis.on_op_build(seen.append, lambda start, end: seen.append(end >= start))
+    assert OpBuilder.jit_load(SimpleNamespace(name="fused_adam")) == "fused_adam loaded"
+    assert seen == ["fused_adam", True]
+
+
+def test_the_universal_conversion_takes_exactly_the_arguments_its_parser_builds(monkeypatch):
+    assert list(inspect.signature(ds_to_universal.main).parameters) == ["args"]
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["ds_to_universal", "--input_folder", "a", "--output_folder", "b"],
+    )
+    parsed = vars(ds_to_universal.parse_arguments())
+    ours = vars(private_apis.universal_conversion_arguments(Path("a"), Path("b")))
+    assert set(ours) == set(parsed)
+    assert {key: type(value) for key, value in ours.items()} == {
+        key: type(value) for key, value in parsed.items()
+    }
+
+
+def test_torch_has_a_way_to_empty_its_host_cache():
+    public = getattr(torch.accelerator, "empty_host_cache", None)
+    assert callable(public) or callable(getattr(torch._C, "_host_emptyCache", None))
+
+
+def _private_uses(path: Path) -> list[str]:
+    """`._`-prefixed names of torch or deepspeed that `path` imports or reads."""
+    tree = ast.parse(path.read_text())
+    roots = {"torch", "deepspeed"}
+    aliases = set(roots)
+    found, inner = [], set()
+
+    def private(dotted: str) -> bool:
+        return any(part.startswith("_") and not part.startswith("__") for part in dotted.split("."))
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] in roots:
+                    aliases.add((alias.asname or alias.name).split(".")[0])
+                    if private(alias.name):
+                        found.append(alias.name)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            if node.module.split(".")[0] in roots:
+                names = [f"{node.module}.{alias.name}" for alias in node.names]
+                found += [name for name in names if private(name)]
+        elif isinstance(node, ast.Attribute) and id(node) not in inner:
+            parts, value = [node.attr], node.value
+            while isinstance(value, ast.Attribute):
+                inner.add(id(value))  # reported with the outermost attribute only
+                parts.append(value.attr)
+                value = value.value
+            # The local name of the import may be anything; what follows it is the library's.
+            if isinstance(value, ast.Name) and value.id in aliases and private(".".join(parts)):
+                found.append(".".join([value.id, *reversed(parts)]))
+    return found
+
+
+def test_no_module_but_the_adapter_uses_a_private_name_of_torch_or_deepspeed():
+    uses = {
+        str(path.relative_to(REPO)): _private_uses(path)
+        for package in PRODUCT_PACKAGES
+        for path in sorted((REPO / package).rglob("*.py"))
+        if path != ADAPTER
+    }
+    assert {path: names for path, names in uses.items() if names} == {}
+    assert _private_uses(ADAPTER) == ["torch._C._host_emptyCache"]  # the scan sees one
+
+
+def test_the_scan_sees_private_imports_and_aliases(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import torch as t\nfrom deepspeed.runtime._x import y\nfrom torch import _C\n"
+        "t._C._y()\nt.cuda.synchronize()\n"
+    )
+    assert sorted(_private_uses(module)) == ["deepspeed.runtime._x.y", "t._C._y", "torch._C"]
