@@ -106,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return _launcher(args, argv, env)
+    except BrokenPipeError:  # stdout's reader left (`| head`): common/pipes.py ends quietly
+        raise
     except Exception as error:
         # The launcher's own crash (S3 out of reach for the job's code, a bug): its traceback,
         # then the one line that says why, as for a failed worker (training/launcher.py).

@@ -17,6 +17,7 @@ from infra.commands import run as run_job
 from infra.errors import ConfigError
 from infra.functions.ledger import PERIOD_KEY, Ledger, write_ledger
 from infra.jobs.spool import JobSpec, current_run_uri
+from infra.targets.ec2_spool import CANCEL_WAIT_S
 from tests.infra.commands.conftest import BUCKET, stack_outputs
 
 # Pulumi.a100x8.yaml: one p4d.24xlarge, 8 GPUs of compute capability 8.0.
@@ -284,8 +285,10 @@ def test_jobs_lists_the_jobs_and_reports_each_spool_object_that_is_not_one(stack
     assert "not a job" in skipped[4] and "unknown state 'paused'" in skipped[5]
     # run and cancel read the same spool: neither trips over the objects either.
     # No node answers here: a clock past the cancel's wait after one look at the spool.
-    clock = iter(range(0, 10**6, cancel.CANCEL_WAIT_S))
-    said = cancel.run(argparse.Namespace(stack=STACK, job="good"), now=lambda: next(clock))
+    clock = iter(range(0, 10**6, CANCEL_WAIT_S))
+    said = cancel.run(
+        argparse.Namespace(stack=STACK, job="good"), now=lambda: next(clock), sleep=lambda s: None
+    )
     assert said.startswith("job good: cancel requested")
     assert "jobs/good/cancel" in spool_keys(stack)
 

@@ -137,4 +137,4 @@ def test_any_stack_file_is_a_clear_error_or_a_plan_within_every_limit(entries):
     assert 1 <= plan.nodes <= MAX_NODES
     costs = cost_summary(plan, config.guardrails, market=config.market)
     period_hours = 24 if config.guardrails.budget_period == "DAILY" else 365 / 12 * 24
-    assert 0 < costs["runway_hours"] <= round(period_hours, 1)
+    assert 0 < costs.runway_hours <= round(period_hours, 1)
