@@ -136,6 +136,9 @@ def test_outside_a_clone_the_script_plans_a_profile_from_its_own_data(installed_
     assert "gpu:trainConfig" not in result.stdout
 
 
+@pytest.mark.slow(
+    reason="installs the project into a new virtualenv and runs the installed script", seconds=70
+)
 def test_the_installed_script_runs_the_trainers_estimate(installed_script):
     result = _run(
         installed_script, "estimate", "--set", "model.preset=gpt-124m", "--gpus", "1",

@@ -12,6 +12,9 @@ from tests.training.multirank import REPO_ROOT, launch_env
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow(
+    reason="both training loops, each in its own processes, on the same batches", seconds=70
+)
 def test_bench_reports_both_loops_and_their_ratio(tmp_path):
     out = tmp_path / "report.json"
     small = [

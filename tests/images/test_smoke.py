@@ -132,6 +132,9 @@ def test_slurm_check_runs_as_another_user_without_the_entrypoint(tmp_path):
 @pytest.mark.multiprocess
 # Measured on a 2-core shared build machine: ~25 min cold, most of it compiling cpu_adam.
 @pytest.mark.timeout(3000)
+@pytest.mark.slow(
+    reason="builds the cpu image with buildah from a Debian base and trains inside it", seconds=930
+)
 def test_cpu_image_builds_and_trains_inside():
     """The real thing: debootstrap, buildah build, versions and a 2-rank ZeRO-2 run inside."""
     require_root("buildah vfs storage, debootstrap")

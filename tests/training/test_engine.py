@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from training.engine import build_engine
@@ -28,6 +29,7 @@ def test_every_build_starts_from_the_run_seeds_weights(single_rank):
     assert not torch.equal(a["wte.weight"], c["wte.weight"])
 
 
+@pytest.mark.slow(reason="a real DeepSpeed engine trained for steps", seconds=80)
 def test_weight_decay_falls_on_matrices_only(single_rank):
     groups = _engine().optimizer.param_groups
     # Matrices: token and position embeddings (the output layer is tied to the first),

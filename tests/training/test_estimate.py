@@ -138,6 +138,9 @@ def test_activation_checkpointing_keeps_less():
     assert all(row.checkpointed_bytes < row.activation_bytes for row in rows)
 
 
+@pytest.mark.slow(
+    reason="the estimate command in its own process (torch and transformers imports)", seconds=70
+)
 def test_unknown_gpu_type_exits_2_in_one_line():
     result = subprocess.run(
         [sys.executable, "-m", "training", "estimate", "--gpu-type", "A100-20GB"],

@@ -25,6 +25,9 @@ pytestmark = pytest.mark.multiprocess
 JOB = (*TINY, "zero.stage=2")  # dropout on and several epochs: see TINY
 
 
+@pytest.mark.slow(
+    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=540
+)
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, tmp_path_factory):
     baseline = shared_run(tmp_path_factory, *JOB)
 
@@ -55,6 +58,9 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, tmp_path
     assert {r["epoch"] for r in combined} == {0, 1, 2}
 
 
+@pytest.mark.slow(
+    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=490
+)
 def test_resume_on_one_rank_continues_a_two_rank_run(tmp_path, tmp_path_factory):
     """A replacement machine with fewer GPUs: the 2-rank checkpoint of step 6 is loaded
     on 1 rank (through a universal checkpoint), which then takes both ranks' samples

@@ -80,7 +80,7 @@ def test_a_launcher_killed_outright_leaves_no_lock_behind(tmp_path):
 
 @pytest.mark.multiprocess
 @pytest.mark.slow(
-    reason="a real 2-rank job kept running while a second launcher is refused", seconds=600
+    reason="a real 2-rank job kept running while a second launcher is refused", seconds=70
 )
 def test_a_second_launcher_on_a_running_job_is_refused_and_the_first_goes_on(tmp_path):
     job = (*TINY, "train.steps=400", "checkpoint.every_steps=400")

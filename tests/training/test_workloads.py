@@ -128,6 +128,9 @@ def held_out_accuracy(config_path: Path, overrides: tuple[str, ...], state: dict
     return right / len(held_out)
 
 
+@pytest.mark.slow(
+    reason="a shipped workload's job trained, resumed and exported for real", seconds=220
+)
 def test_v100_image_job_trains_resumes_reports_accuracy_and_exports(tmp_path, images):
     overrides = (*IMAGE, f"data.path={images / 'folder'}")
     whole, resumed = train_and_resume(tmp_path, "l4x1.toml", *overrides)
@@ -142,6 +145,9 @@ def test_v100_image_job_trains_resumes_reports_accuracy_and_exports(tmp_path, im
     assert held_out_accuracy(JOBS / "l4x1.toml", overrides, state) == accuracy
 
 
+@pytest.mark.slow(
+    reason="a shipped workload's job trained, resumed and exported for real", seconds=210
+)
 def test_image_shards_from_s3_resume_with_the_same_samples(tmp_path, images, s3_uri):
     bucket, prefix = urlparse(s3_uri).netloc, urlparse(s3_uri).path.strip("/")
     client = boto3.client("s3")
@@ -153,6 +159,9 @@ def test_image_shards_from_s3_resume_with_the_same_samples(tmp_path, images, s3_
     assert_trains_and_resumes_exactly(whole, resumed)
 
 
+@pytest.mark.slow(
+    reason="a shipped workload's job trained, resumed and exported for real", seconds=110
+)
 def test_bert_base_512_job_trains_resumes_and_exports(tmp_path, tokens):
     whole, resumed = train_and_resume(tmp_path, "a100x8.toml", *BERT, f"data.path={tokens}")
     assert_trains_and_resumes_exactly(whole, resumed)
@@ -162,6 +171,9 @@ def test_bert_base_512_job_trains_resumes_and_exports(tmp_path, tokens):
     assert state["wpe.weight"].shape == (512, 64)
 
 
+@pytest.mark.slow(
+    reason="a shipped workload's job trained, resumed and exported for real", seconds=160
+)
 def test_large_nlp_job_streams_resumes_and_exports_at_zero_3(tmp_path, tiny_hf):
     """The a100x8-80g job (a Hub model at ZeRO-3, built partitioned, activation
     checkpointing, its data streamed) over the tiny Llama and two local JSON-lines files,

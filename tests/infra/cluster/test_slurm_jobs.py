@@ -64,6 +64,10 @@ def assert_finished_like_the_reference(job: Submitted, state: dict, reference: l
     assert assert_completed(job, state) == pytest.approx(reference, rel=1e-6, abs=1e-7)
 
 
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
+    seconds=110,
+)
 def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     job, state = uninterrupted
     losses = assert_completed(job, state)
@@ -77,6 +81,10 @@ def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
 
 
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
+    seconds=140,
+)
 def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(slurm, reference_losses, say):
     job = Submitted(slurm)
     job.wait_for_step(3)
@@ -238,6 +246,10 @@ def test_with_requeue_exit_in_slurm_conf_a_stop_is_still_one_requeue(
     say(f"job {job.id}: RequeueExit=75 set; scancel --full, checkpoint at step {step}, one requeue")
 
 
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
+    seconds=80,
+)
 def test_scontrol_requeue_checkpoints_and_resumes(slurm, reference_losses, say):
     """A requeue (the project's stop uses requeuehold) signals every process of the job."""
     job = Submitted(slurm)
@@ -262,6 +274,10 @@ def assert_stopped_once_and_resumed(job, state, reference_losses) -> int:
 
 
 @pytest.mark.parametrize("killed", ["worker", "launcher"])
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
+    seconds=110,
+)
 def test_a_killed_process_restarts_the_launchers_from_the_last_checkpoint(
     slurm, reference_losses, say, killed
 ):
@@ -322,6 +338,10 @@ def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(slurm, ref
     say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
 
 
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
+    seconds=250,
+)
 def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, say):
     """The batch shell's warning before --time ends the job: checkpoint, requeue, resume.
 

@@ -115,6 +115,9 @@ def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
         stop.run(ARGS, out=io.StringIO(), **NO_WAIT)
 
 
+@pytest.mark.slow(
+    reason="stack commands against the loopback Slurm cluster with a real job in it", seconds=490
+)
 def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm):
     job = Submitted(slurm, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(3)
@@ -202,6 +205,9 @@ def test_start_lists_a_job_slurm_put_back_in_the_queue_unheld(cluster, slurm):
         slurm.command("scancel", waiting, check=False)
 
 
+@pytest.mark.slow(
+    reason="stack commands against the loopback Slurm cluster with a real job in it", seconds=100
+)
 def test_down_holds_the_queue_before_the_destroy(cluster, stub_stack, slurm):
     job = Submitted(slurm, name="run2", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(2)

@@ -36,7 +36,7 @@ class Watched(Ec2):
         return self._ec2.terminate_instances(InstanceIds=InstanceIds)
 
 
-@pytest.mark.slow(reason="a two-node training job checkpoints on the hold's SIGTERM", seconds=600)
+@pytest.mark.slow(reason="a two-node training job checkpoints on the hold's SIGTERM", seconds=110)
 def test_a_budget_stop_holds_the_clusters_jobs_with_a_checkpoint_before_ending_its_nodes(
     aws, topic, slurm, ci_log
 ):

@@ -77,6 +77,7 @@ def every_run(world: World, minutes: int, run, events=None):
     [(True, 2 * 9.9 + 0.192 + 3 * BESIDE, 300), (False, 2 * 32.7726 + 0.192 + 3 * BESIDE, 95)],
     ids=["spot", "on-demand"],
 )
+@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=110)
 def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
     aws, topic, spot, hourly, stop
 ):
@@ -193,6 +194,7 @@ def test_a_ledger_that_fails_at_the_budget_does_not_delay_the_stop(aws, topic, o
     )
 
 
+@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=100)
 def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic):
     topic_arn, queue = topic
     world = World(aws["ec2"], MONDAY)
@@ -267,6 +269,7 @@ def test_the_old_period_is_counted_to_its_last_instant(aws, topic):
     assert december.spent_usd == pytest.approx((P4D["on-demand"] + BESIDE) * 2 / 60)
 
 
+@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=80)
 def test_each_undated_interruption_counts_at_most_one_run_too_much(aws, topic):
     topic_arn, _ = topic
     world = World(aws["ec2"], MONDAY)

@@ -60,6 +60,9 @@ def wait_until(condition, job, what: str, timeout: float = 180) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.slow(
+    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=370
+)
 def test_training_goes_on_without_s3_and_the_mirror_catches_up(tmp_path, restartable_s3):
     """Injects: the S3 endpoint goes away after the first mirrored checkpoint and comes
     back three local checkpoints later. Proves: training never stops (exit 0), the
@@ -86,6 +89,9 @@ def test_training_goes_on_without_s3_and_the_mirror_catches_up(tmp_path, restart
     assert mirror.latest_tag() == tag_for(STEPS)
 
 
+@pytest.mark.slow(
+    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=490
+)
 def test_a_newer_but_incomplete_s3_copy_is_never_loaded(tmp_path, restartable_s3):
     """Injects: in S3, a checkpoint newer than the last good one, with its manifest and
     the pointer but only one of its files; the local disk is empty (a new machine).

@@ -71,6 +71,7 @@ def test_a_notice_during_a_checkpoint_and_again_stops_once_with_both_committed(t
     assert all(examine(root / tag, verify=True)[0] == COMPLETE for tag in committed_tags(root))
 
 
+@pytest.mark.slow(reason="a real 2-rank job given a spot notice", seconds=70)
 def test_a_notice_after_the_last_step_ends_done_not_interrupted(tmp_path):
     """Injects: a spot notice during the final checkpoint (after the last step), still
     pending when the same command runs again. Proves: exit 0 both times (the job is

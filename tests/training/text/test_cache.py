@@ -28,7 +28,7 @@ def files_of(folder) -> dict[str, bytes]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="a two-rank tiny-Llama job that reads the cache", seconds=40)
+@pytest.mark.slow(reason="a two-rank tiny-Llama job that reads the cache", seconds=120)
 def test_s3_data_is_tokenized_once_and_read_from_the_cache(tmp_path, tiny_hf, s3_uri, caplog):
     upload(tiny_hf.corpus, s3_uri, "data/corpus.jsonl")
     run_uri = f"{s3_uri}/run"
