@@ -67,6 +67,20 @@ def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
     result.stdout.fnmatch_lines(["*test_past_its_mark took 0.* s; its slow mark allows 0.6 s*"])
 
 
+def test_a_slow_mark_holds_on_an_xdist_worker_that_renames_the_test_for_its_group(suite):
+    """--dist loadgroup appends "@group" to a grouped test's id after collection."""
+    suite.makepyfile(
+        test_inner="import time, pytest\n"
+        "@pytest.mark.xdist_group('cluster')\n"
+        "@pytest.mark.slow(reason='a real story', seconds=5)\n"
+        "def test_grouped():\n    time.sleep(0.7)\n"
+    )
+    result = suite.runpytest_subprocess(
+        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "1", "--dist", "loadgroup"
+    )
+    result.assert_outcomes(passed=1)
+
+
 @pytest.mark.parametrize(
     "mark",
     ["pytest.mark.slow", "pytest.mark.slow(seconds=3)", "pytest.mark.slow(reason='x')"],

@@ -19,6 +19,7 @@ import pytest
 SLOW_MARKS = pytest.StashKey[dict[str, float]]()
 _SETUP_S = pytest.StashKey[float]()
 _MARK_ERROR = pytest.StashKey[str]()
+_ALLOWED_S = pytest.StashKey[float]()
 # Tests that use these fixtures share one cluster per worker: keep them on one worker.
 _GROUP_OF_FIXTURE = {"slurm": "slurm"}
 _GROUP_OF_MARK = {"image": "image"}
@@ -78,6 +79,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             continue
         if seconds is not None:
             slow[item.nodeid] = seconds
+            # On the item, not by node id: --dist loadgroup appends "@group" to the id later.
+            item.stash[_ALLOWED_S] = seconds
             # Room for a hang to be told from a slow run: pytest-timeout's own limit.
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(max(600, 3 * seconds)))
@@ -107,7 +110,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
         item.stash[_SETUP_S] = report.duration
     elif report.when == "call" and report.passed:
         took = item.stash.get(_SETUP_S, 0.0) + report.duration
-        allowed = item.config.stash[SLOW_MARKS].get(item.nodeid)
+        allowed = item.stash.get(_ALLOWED_S, None)
         limit = allowed if allowed is not None else time_limit(item.config)
         if took > limit:
             report.outcome = "failed"
