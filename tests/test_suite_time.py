@@ -67,18 +67,25 @@ def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
     result.stdout.fnmatch_lines(["*test_past_its_mark took 0.* s; its slow mark allows 0.6 s*"])
 
 
-def test_a_slow_mark_holds_on_an_xdist_worker_that_renames_the_test_for_its_group(suite):
-    """--dist loadgroup appends "@group" to a grouped test's id after collection."""
+def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suite, tmp_path):
+    """--dist loadgroup: every test using the `slurm` fixture on one worker (one cluster, not
+    one per worker), each with its slow mark's allowance though xdist renames it ("@slurm")."""
+    suite.makeconftest("import pytest\n@pytest.fixture\ndef slurm():\n    return 1\n")
     suite.makepyfile(
-        test_inner="import time, pytest\n"
-        "@pytest.mark.xdist_group('cluster')\n"
-        "@pytest.mark.slow(reason='a real story', seconds=5)\n"
-        "def test_grouped():\n    time.sleep(0.7)\n"
+        test_inner="import os, time, pytest\n"
+        + "".join(
+            f"@pytest.mark.slow(reason='a real story', seconds=5)\n"
+            f"def test_{n}(slurm):\n    time.sleep(0.6)\n"
+            f"    open(r'{tmp_path}/{n}-' + os.environ['PYTEST_XDIST_WORKER'], 'w')\n"
+            for n in "abcd"
+        )
     )
     result = suite.runpytest_subprocess(
-        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "1", "--dist", "loadgroup"
+        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
     )
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=4)
+    workers = {path.name.split("-")[1] for path in tmp_path.glob("?-gw*")}
+    assert len(workers) == 1, workers
 
 
 @pytest.mark.parametrize(
