@@ -145,8 +145,15 @@ def memory_line(config: StackConfig, plan: Plan) -> str | None:
         _refuse_train_config(config, str(exc))
     if not job.is_hf:
         return None
-    # torch and transformers: only for a Hugging Face job.
-    from training.estimate import RESERVE_FRACTION, fit
+    # torch and transformers: only for a Hugging Face job, and only where the `train` extra
+    # is installed; `pulumi up` needs requirements.txt alone.
+    try:
+        from training.estimate import RESERVE_FRACTION, fit
+    except ImportError as exc:
+        return (
+            f"{job.model.hf}: not estimated ({exc.name} is not installed; "
+            "pip install -e '.[train]' for the memory estimate)"
+        )
 
     gpu = f"{plan.instance.gpu_model} {plan.instance.gpu_memory_gib} GiB"
     try:

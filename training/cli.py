@@ -15,6 +15,7 @@ Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -49,7 +50,7 @@ from training.spec.config import (
     load_config,
     validate,
 )
-from training.spec.ops import accelerator, check_ops, installed_ops, ops_needed
+from training.spec.ops import accelerator, can_compile, check_ops, installed_ops, ops_needed
 from training.spec.selfcheck import SelfCheckError, check_driver, check_precision
 
 log = logging.getLogger("training")
@@ -165,8 +166,9 @@ def _launcher(args: argparse.Namespace, argv: list[str], env: TrainerEnv) -> int
             capability=gpu_capability(),
         )
         on_gpu = torch.cuda.is_available()
-        built = installed_ops(accelerator(os.environ, on_gpu=on_gpu))
-        check_ops(ops_needed(config, on_gpu=on_gpu), built)
+        built = installed_ops(accelerator(env.op_build, on_gpu=on_gpu))
+        buildable = functools.partial(can_compile, environ=env.op_build)
+        check_ops(ops_needed(config, on_gpu=on_gpu), built, buildable)
     except (ConfigError, SelfCheckError) as error:  # TopologyError is a ConfigError
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG

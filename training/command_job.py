@@ -34,7 +34,12 @@ from collections.abc import Mapping
 
 from training.code import use_job_code
 from training.contract import ExitCode
-from training.environment import TopologyError, TrainerEnv, read_environment
+from training.environment import (
+    TopologyError,
+    TrainerEnv,
+    inherited_environment,
+    read_environment,
+)
 from training.spec.config import ConfigError
 
 ERROR_PREFIX = "error: "
@@ -86,7 +91,7 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
-    environ = command_environment(env, os.environ, env.nproc_per_node or _gpus())
+    environ = command_environment(env, inherited_environment(), env.nproc_per_node or _gpus())
     if "CHECKPOINT_DIR" in environ:
         os.makedirs(environ["CHECKPOINT_DIR"], exist_ok=True)
     try:

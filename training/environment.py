@@ -64,6 +64,8 @@ class TrainerEnv:
     op_cache_dir: Path = field(default_factory=lambda: _op_cache_dir({}))
     # PYTHONPATH as inherited: the job's code goes before it, for the launcher's ranks too.
     python_path: str | None = None
+    # DeepSpeed's op build settings: DS_ACCELERATOR, CXX, CUDA_HOME (training/spec/ops.py).
+    op_build: Mapping[str, str] = field(default_factory=dict)
     expect: NodeExpectation = field(default_factory=NodeExpectation)
     # Set for each worker: by the launcher, and by torch's elastic launcher
     # (torch.distributed.run); `rank` None means this process is the launcher.
@@ -102,6 +104,7 @@ class TrainerEnv:
             cache_dir=_default_cache_dir(environ),
             op_cache_dir=_op_cache_dir(environ),
             python_path=environ.get("PYTHONPATH") or None,
+            op_build={name: environ[name] for name in OP_BUILD_ENV if environ.get(name)},
             expect=_expectation(environ),
             launcher_pid=_integer(environ, LAUNCHER_PID_ENV, None),
             heartbeat_dir=Path(environ[HEARTBEAT_DIR_ENV])
@@ -139,6 +142,9 @@ class TrainerEnv:
         return self.slurm_node_name or socket.gethostname()
 
 
+# What decides which DeepSpeed ops this run can use or build (training/spec/ops.py).
+OP_BUILD_ENV = ("DS_ACCELERATOR", "CXX", "CUDA_HOME")
+
 # Set by the launcher for its workers, not by users.
 _SET_BY_LAUNCHER = (LAUNCHER_PID_ENV, HEARTBEAT_DIR_ENV, PREPARED_DATA_ENV)
 
@@ -160,6 +166,12 @@ def _op_cache_dir(environ: Mapping[str, str]) -> Path:
 def read_environment() -> TrainerEnv:
     """This process's environment: the one read of os.environ in the trainer."""
     return TrainerEnv.from_environ(os.environ)
+
+
+def inherited_environment() -> dict[str, str]:
+    """The whole environment, for a command the trainer starts as a job (training/command_job.py):
+    the user's command reads whatever it reads, as it would without the trainer around it."""
+    return dict(os.environ)
 
 
 def _integer(environ: Mapping[str, str], name: str, default: int | None) -> int | None:

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import psutil
 
-from training.contract import HANG_EXIT, HEARTBEAT_DIR_ENV
+from training.contract import HANG_EXIT
+from training.environment import read_environment
 from training.spec.config import WatchdogConfig
 
 log = logging.getLogger(__name__)
@@ -71,9 +72,9 @@ def install_loader_stack_dump(worker_id: int) -> None:
     """A DataLoader worker's ``worker_init_fn`` (training.data.worker_processes): the same
     for the worker, into a file named by its rank and process id. A worker starts from a
     fork server, with the rank's environment: HEARTBEAT_DIR_ENV and RANK tell it where."""
-    folder, rank = os.environ.get(HEARTBEAT_DIR_ENV), os.environ.get("RANK")
-    if folder and rank is not None:
-        _dump_on_signal(_loader_stack_file(Path(folder), int(rank), os.getpid()))
+    env = read_environment()
+    if env.heartbeat_dir is not None and env.rank is not None:
+        _dump_on_signal(_loader_stack_file(env.heartbeat_dir, env.rank, os.getpid()))
 
 
 def _dump_on_signal(path: Path) -> None:

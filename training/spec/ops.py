@@ -18,7 +18,7 @@ import ast
 import importlib.util
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from training.spec.config import Config
@@ -37,10 +37,10 @@ def ops_needed(config: Config, *, on_gpu: bool) -> dict[str, str]:
     return {"fused_adam": "the Adam optimizer on GPU (DeepSpeed's FusedAdam)"}
 
 
-def can_compile(op: str, environ: Mapping[str, str] | None = None) -> bool:
+def can_compile(op: str, environ: Mapping[str, str]) -> bool:
     """True when a JIT build of `op` could run here: ninja, a C++ compiler, and nvcc for a
-    CUDA op (torch.utils.cpp_extension looks for $CXX, else c++, and CUDA_HOME/bin/nvcc)."""
-    environ = os.environ if environ is None else environ
+    CUDA op (torch.utils.cpp_extension looks for $CXX, else c++, and CUDA_HOME/bin/nvcc);
+    `environ` holds those settings (TrainerEnv.op_build)."""
     tools = ["ninja", environ.get("CXX") or "c++"]
     if op in CUDA_OPS:
         cuda_home = environ.get("CUDA_HOME") or "/usr/local/cuda"
@@ -49,7 +49,7 @@ def can_compile(op: str, environ: Mapping[str, str] | None = None) -> bool:
 
 
 def check_ops(
-    needed: Mapping[str, str], installed: Mapping[str, bool], buildable=can_compile
+    needed: Mapping[str, str], installed: Mapping[str, bool], buildable: Callable[[str], bool]
 ) -> None:
     """Raise SelfCheckError naming the first needed op that is neither pre-built nor buildable."""
     for op, setting in needed.items():
