@@ -116,13 +116,26 @@ def _wheel_bytes(pins: dict[str, str]) -> dict[str, int]:
 def _built_image_bytes() -> int | None:
     if shutil.which("buildah") is None:
         return None
-    done = subprocess.run(
-        ["buildah", "images", "--json"], capture_output=True, text=True, timeout=60
-    )
+    try:
+        done = subprocess.run(
+            ["buildah", "images", "--json"], capture_output=True, text=True, timeout=60
+        )
+    except subprocess.TimeoutExpired:  # the storage is locked by a build in progress
+        return None
     if done.returncode != 0 or not done.stdout.strip():
         return None
     for image in json.loads(done.stdout):
         names = " ".join(image.get("names") or [])
         if IMAGE_NAME in names and "cpu" in names:
-            return int(image.get("size") or 0) or None
+            return human_bytes(str(image.get("size") or ""))
     return None
+
+
+def human_bytes(text: str) -> int | None:
+    """Bytes from buildah's size ("1.23 GB": powers of 1000, three significant digits, as
+    cmd/buildah/images.go formats it); None for anything else."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([kKMGT]?B)\s*", text)
+    if match is None:
+        return None
+    power = "BKMGT".index(match.group(2)[0].upper())
+    return round(float(match.group(1)) * 1000**power)

@@ -30,7 +30,12 @@ def results(tmp_path_factory):
         text=True,
         timeout=900,
     )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    errors = [
+        f"{entry.stem}: {json.loads(entry.read_text())['error']}"
+        for entry in sorted(out.glob("*.json"))
+        if "error" in json.loads(entry.read_text())
+    ]
+    assert done.returncode == 0, "\n".join(errors) + done.stdout[-2000:] + done.stderr[-3000:]
     return out
 
 
