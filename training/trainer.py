@@ -305,8 +305,10 @@ class Trainer:
                 if stopping and not last:  # at the end: done, not stopped
                     log.warning("stopped at step %d (%s); checkpoint saved", job.step, stop.reason)
                     if metrics is not None:
-                        log.info("this start: %s", metrics.goodput_line())
+                        # The status first: the saved goodput, which the next start reads
+                        # its spans from, then ends no earlier than the status says.
                         metrics.publish("interrupted")
+                        log.info("this start: %s", metrics.goodput_line())
                     return ExitCode.INTERRUPTED
         finally:
             if metrics is not None:
