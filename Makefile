@@ -4,10 +4,11 @@
 # build and no training processes.
 .PHONY: demo test test-fast lint bootstrap bootstrap-demo
 
-# Parallel test workers (pytest-xdist). Tests that share the loopback Slurm cluster, or the
-# image build, stay together on one worker (--dist loadgroup, tests/support/suite_time.py).
+# Parallel test workers (pytest-xdist). Tests that share the loopback Slurm cluster, the
+# image build or a module's fixture stay together on one worker (--dist loadgroup), handed
+# out longest first in the order tests/support/suite_time.py gives them, not by test count.
 TEST_WORKERS ?= 3
-PYTEST = .venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup
+PYTEST = .venv/bin/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 # The demo needs the Python environment only; the tests also need test-only tools
 # (Slurm, munge, buildah, ...: scripts/bootstrap lists them).

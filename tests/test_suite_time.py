@@ -88,6 +88,58 @@ def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suit
     assert len(workers) == 1, workers
 
 
+def test_the_tests_of_a_module_fixture_share_one_worker(suite, tmp_path):
+    """A module-scoped fixture is built once: its module's tests stay on one worker, while
+    the tests of a module without one spread over the workers."""
+    folder = f"r'{tmp_path}/'"
+    record = f"    open({folder} + name + '-' + os.environ['PYTEST_XDIST_WORKER'], 'w')\n"
+    suite.makepyfile(
+        test_shared="import os, time, pytest\n"
+        "@pytest.fixture(scope='module')\ndef run():\n    time.sleep(0.2)\n"
+        + "".join(
+            f"def test_{n}(run):\n    name = 'shared{n}'\n    time.sleep(0.2)\n{record}"
+            for n in "abcdef"
+        ),
+        test_plain="import os, time\n"
+        + "".join(
+            f"def test_{n}():\n    name = 'plain{n}'\n    time.sleep(0.2)\n{record}"
+            for n in "abcdef"
+        ),
+    )
+    result = suite.runpytest_subprocess(
+        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
+    )
+    result.assert_outcomes(passed=12)
+    shared = {path.name.split("-")[1] for path in tmp_path.glob("shared?-gw*")}
+    plain = {path.name.split("-")[1] for path in tmp_path.glob("plain?-gw*")}
+    assert len(shared) == 1, shared
+    assert len(plain) > 1, plain
+
+
+def test_the_longest_work_comes_first(suite):
+    """A group's tests together, as xdist hands them out, then the slowest single tests."""
+    suite.makeconftest("import pytest\n@pytest.fixture\ndef slurm():\n    return 1\n")
+    slow = "@pytest.mark.slow(reason='a story', seconds={})\n"
+    suite.makepyfile(
+        test_inner="import pytest\n"
+        "def test_quick():\n    pass\n"
+        + slow.format(2)
+        + "def test_long():\n    pass\n"
+        + "".join(f"{slow.format(1.5)}def test_cluster_{n}(slurm):\n    pass\n" for n in "ab")
+        + slow.format(1)
+        + "def test_longer_than_quick():\n    pass\n"
+    )
+    result = suite.runpytest_inprocess("-p", "tests.support.suite_time", "--collect-only", "-q")
+    names = [line.split("::")[-1] for line in result.outlines if "::" in line]
+    assert names == [
+        "test_cluster_a",
+        "test_cluster_b",
+        "test_long",
+        "test_longer_than_quick",
+        "test_quick",
+    ]
+
+
 @pytest.mark.parametrize(
     "mark",
     ["pytest.mark.slow", "pytest.mark.slow(seconds=3)", "pytest.mark.slow(reason='x')"],

@@ -5,8 +5,10 @@
   says what the time buys and the most it may take on a 2-core machine.
 - The marked-slow set has a stated total (`slow_time_budget`): tests/test_suite_time.py
   fails when the declared seconds add up past it, so a new long story has to make room.
+- The longest work is handed out first, so the run ends when its longest story does.
 - Tests that share one piece of machinery run on one xdist worker (`--dist loadgroup`):
-  the loopback Slurm cluster, and the image build.
+  the loopback Slurm cluster, the image build, and a module's tests that read one
+  module-scoped fixture (built once, not once per worker that runs one of them).
 """
 
 from __future__ import annotations
@@ -92,9 +94,38 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for mark, group in _GROUP_OF_MARK.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+            # Its module's tests together: the fixture is built once, not once per worker.
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    _longest_first(items, time_limit(config))
     config.stash[SLOW_MARKS] = slow
     if config.getoption("slow_marks_json"):
         Path(config.getoption("slow_marks_json")).write_text(json.dumps(slow))
+
+
+def _longest_first(items: list[pytest.Item], limit: float) -> None:
+    """Order the work longest first, each xdist group as one piece (what its tests may take
+    together; a test not marked slow counts a tenth of the limit). xdist hands the pieces out
+    in this order (with --no-loadscope-reorder), so no long story starts last, alone."""
+    cost: dict[str, float] = {}
+    for item in items:
+        unit = _work_unit(item)
+        cost[unit] = cost.get(unit, 0.0) + item.stash.get(_ALLOWED_S, limit / 10)
+    items.sort(key=lambda item: -cost[_work_unit(item)])
+
+
+def _work_unit(item: pytest.Item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    if mark is None:
+        return item.nodeid
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    """The test uses a module-scoped fixture (a training run several tests read, say)."""
+    info = getattr(item, "_fixtureinfo", None)
+    definitions = info.name2fixturedefs.values() if info is not None else ()
+    return any(defs and defs[-1].scope == "module" for defs in definitions)
 
 
 @pytest.hookimpl(tryfirst=True)

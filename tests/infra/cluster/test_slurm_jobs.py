@@ -8,6 +8,7 @@ the finished run's losses must equal those of the module's uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -79,31 +80,6 @@ def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
         assert f"starting 1 worker(s) on node {node} of 2 (world size 2)" in job.log
     assert losses[-1] < losses[0]  # it learnt something
     say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
-
-
-@pytest.mark.slow(
-    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
-    seconds=140,
-)
-def test_sigterm_checkpoints_exits_75_is_requeued_and_resumes(slurm, reference_losses, say):
-    job = Submitted(slurm)
-    job.wait_for_step(3)
-    slurm.command("scancel", "--signal=TERM", job.id)
-    state = job.wait_until_done()
-
-    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
-    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]  # both nodes' ranks
-    step = int(stops[0])
-    assert 3 <= step < STEPS
-    # Requeued by the script itself: this cluster's slurm.conf has no RequeueExit.
-    assert state["Restarts"] == "1", job.log[-3000:]
-    checkpoint = job.work / "ckpt" / JOB_NAME / f"step_{step:08d}"
-    assert f"resumed from {checkpoint} at step {step}" in job.log
-    assert_finished_like_the_reference(job, state, reference_losses)
-    say(
-        f"job {job.id}: SIGTERM, checkpoint at step {step}, exit 75, requeued, resumed at "
-        f"step {step}, completed; losses equal the uninterrupted run's"
-    )
 
 
 def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, reference_losses, say):
@@ -184,130 +160,117 @@ def wait_for_restarts(job: Submitted, count: int) -> None:
         time.sleep(0.2)
 
 
-def scancel_full_and_wait_for_the_requeue(slurm, job: Submitted, stop: int, after: int) -> int:
-    """Once the job trained past step `after`, scancel --full, which signals the batch shell
-    and srun too, not only the tasks; the step both ranks checkpointed at for stop `stop`."""
-    job.wait_for_step(after + 3)
-    slurm.command("scancel", "--signal=TERM", "--full", job.id)
-    wait_for_restarts(job, stop)
-    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
-    assert len(stops) == 2 * stop, job.log[-3000:]  # both nodes' ranks, each time
-    assert stops[-1] == stops[-2] and int(stops[-1]) >= after + 3, stops
-    return int(stops[-1])
-
-
-def assert_each_stop_was_one_requeue(job, state, stops: int, reference_losses) -> list[int]:
-    assert "forcing job termination" not in job.log
-    assert state["Restarts"] == str(stops)
-    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", job.log)]
-    stopped = [int(s) for s in re.findall(r"stopped at step (\d+) \(SIGTERM\)", job.log)[::2]]
-    assert resumed == stopped, job.log[-3000:]
-    assert_finished_like_the_reference(job, state, reference_losses)
-    return stopped
-
-
-def test_three_whole_job_sigterms_each_checkpoint_requeue_and_resume(slurm, reference_losses, say):
-    job = Submitted(slurm)
-    step = 0
-    for stop in range(1, 4):
-        step = scancel_full_and_wait_for_the_requeue(slurm, job, stop, step)
-    state = job.wait_until_done()
-    stopped = assert_each_stop_was_one_requeue(job, state, 3, reference_losses)
-    say(f"job {job.id}: three scancel --full SIGTERMs, checkpoints at {stopped}, completed")
-
-
-@pytest.fixture
-def slurm_with_requeue_exit(slurm):
-    """The session's cluster with RequeueExit=75 in its slurm.conf, as ParallelCluster's has
-    (CustomSlurmSettings, infra/cluster/config.py), for one test: slurmctld rereads its
-    configuration on `scontrol reconfigure` (scontrol(1))."""
+@contextlib.contextmanager
+def requeue_exit_75(slurm):
+    """The cluster with RequeueExit=75 in its slurm.conf, as ParallelCluster's has
+    (CustomSlurmSettings, infra/cluster/config.py): slurmctld rereads its configuration on
+    `scontrol reconfigure` (scontrol(1)), running jobs and all."""
     original = slurm.conf.read_text()
     slurm.conf.write_text(f"{original}RequeueExit=75\n")
     try:
         slurm.command("scontrol", "reconfigure")
         config = slurm.command("scontrol", "show", "config")
         assert re.search(r"^RequeueExit\s*=\s*75$", config, re.MULTILINE), "not in effect"
-        yield slurm
+        yield
     finally:
         slurm.conf.write_text(original)
         slurm.command("scontrol", "reconfigure")
 
 
-def test_with_requeue_exit_in_slurm_conf_a_stop_is_still_one_requeue(
-    slurm_with_requeue_exit, reference_losses, say
-):
-    """The script requeues a stopped job itself; Slurm, told to requeue exit 75 too, must not
-    make it two."""
-    slurm = slurm_with_requeue_exit
-    job = Submitted(slurm)
-    step = scancel_full_and_wait_for_the_requeue(slurm, job, 1, 0)
-    state = job.wait_until_done()
-    assert_each_stop_was_one_requeue(job, state, 1, reference_losses)
-    say(f"job {job.id}: RequeueExit=75 set; scancel --full, checkpoint at step {step}, one requeue")
+# Every way a running job is told to stop, and what each signals (scancel(1), scontrol(1)).
+STOPS = {
+    # The job's tasks only: scancel's default for --signal.
+    "scancel --signal=TERM": ("scancel", "--signal=TERM"),
+    # The batch shell alone: what the time-limit warning (#SBATCH --signal=B:TERM@...) does.
+    "scancel --signal=TERM --batch": ("scancel", "--signal=TERM", "--batch"),
+    # The batch shell, srun and the tasks.
+    "scancel --signal=TERM --full": ("scancel", "--signal=TERM", "--full"),
+    # Slurm's own requeue (the project's stop uses requeuehold): every process of the job.
+    "scontrol requeue": ("scontrol", "requeue"),
+}
+
+
+def stop_and_wait_for_the_requeue(slurm, job: Submitted, how: str, stop: int, after: int) -> int:
+    """Once the job trained past step `after`, stop it the way `how` names and wait until it
+    is back in the queue; the step both ranks checkpointed at for stop number `stop`."""
+    job.wait_for_step(after + 3)
+    slurm.command(*STOPS[how], job.id)
+    wait_for_restarts(job, stop)
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 * stop, (how, job.log[-3000:])  # both nodes' ranks, each time
+    assert stops[-1] == stops[-2] and int(stops[-1]) >= after + 3, (how, stops)
+    return int(stops[-1])
 
 
 @pytest.mark.slow(
-    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
-    seconds=80,
+    reason="one job stopped four ways on the loopback Slurm cluster: five starts of 2 ranks",
+    seconds=300,
 )
-def test_scontrol_requeue_checkpoints_and_resumes(slurm, reference_losses, say):
-    """A requeue (the project's stop uses requeuehold) signals every process of the job."""
+def test_every_kind_of_stop_checkpoints_is_one_requeue_and_resumes(slurm, reference_losses, say):
+    """Each stop: both ranks checkpoint at one step, exit 75, the job is requeued once and
+    resumes there; the finished run's losses equal the uninterrupted run's. The first two
+    stops are requeued by the script itself (this cluster's slurm.conf has no RequeueExit);
+    the last two with RequeueExit=75 set, which must not make a stop two requeues."""
     job = Submitted(slurm)
-    job.wait_for_step(3)
-    slurm.command("scontrol", "requeue", job.id)
-    state = job.wait_until_done()
+    hows, step = list(STOPS), 0
+    for stop, how in enumerate(hows[:2], start=1):
+        step = stop_and_wait_for_the_requeue(slurm, job, how, stop, step)
+    with requeue_exit_75(slurm):
+        for stop, how in enumerate(hows[2:], start=3):
+            step = stop_and_wait_for_the_requeue(slurm, job, how, stop, step)
+        state = job.wait_until_done()
 
-    step = assert_stopped_once_and_resumed(job, state, reference_losses)
-    say(f"job {job.id}: scontrol requeue, checkpoint at step {step}, resumed, completed")
-
-
-def assert_stopped_once_and_resumed(job, state, reference_losses) -> int:
-    """Both ranks checkpointed at one step, the job was requeued once, resumed there and
-    finished like the uninterrupted run; the step it stopped at."""
-    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
-    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]
-    step = int(stops[0])
-    assert f"resumed from {job.work}/ckpt/{JOB_NAME}/step_{step:08d} at step {step}" in job.log
-    assert state["Restarts"] == "1"
+    assert "forcing job termination" not in job.log
+    assert state["Restarts"] == str(len(STOPS)), job.log[-3000:]
+    resumed = [int(s) for s in re.findall(r"resumed from \S+ at step (\d+)", job.log)]
+    stopped = [int(s) for s in re.findall(r"stopped at step (\d+) \(SIGTERM\)", job.log)[::2]]
+    assert resumed == stopped, job.log[-3000:]
+    assert f"resumed from {job.work}/ckpt/{JOB_NAME}/step_{stopped[0]:08d}" in job.log
     assert_finished_like_the_reference(job, state, reference_losses)
-    return step
+    say(
+        f"job {job.id}: stopped by {', '.join(hows)}; each a checkpoint (steps {stopped}), "
+        "exit 75, one requeue and a resume there; completed with the uninterrupted run's losses"
+    )
 
 
-@pytest.mark.parametrize("killed", ["worker", "launcher"])
 @pytest.mark.slow(
     reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
     seconds=110,
 )
-def test_a_killed_process_restarts_the_launchers_from_the_last_checkpoint(
-    slurm, reference_losses, say, killed
+def test_a_killed_worker_restarts_the_launchers_from_the_last_checkpoint(
+    slurm, reference_losses, say
 ):
     job = Submitted(slurm)
     job.wait_for_step(6)  # past the checkpoint of step 4
-    job.kill(1, worker=killed == "worker")
+    job.kill(1, worker=True)
     state = job.wait_until_done()
 
-    if killed == "worker":
-        assert "rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL" in job.log
+    assert "rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL" in job.log
     # 3 restarts in 6 hours (training/contract.py), the single-node boot unit's bound
     assert "(crash 1 in 21600 s, restart 1 of 3): starting again from the" in job.log
     # The tasks srun saw end badly, each named with its node: the killed one among them
     # (the other node's launcher may end first, when its rendezvous breaks).
-    status, what = (137, "Killed") if killed == "launcher" else (1, "Exited with exit code 1")
     (line,) = [line for line in job.log.splitlines() if "(crash 1 in 21600 s" in line]
-    assert f"ended with status {status} (" in line and f"node rank 1 (n2): {what}" in line, line
+    assert "ended with status 1 (" in line and "node rank 1 (n2): Exited with exit code 1" in line
     resumed = re.findall(r"resumed from \S+/step_(\d+) at step (\d+)", job.log)
     assert len(resumed) == 1 and int(resumed[0][1]) >= 4, job.log[-3000:]
     assert state["Restarts"] == "0"  # in the same allocation, no requeue
     losses = assert_completed_after_a_crash(job, state)
     assert losses == pytest.approx(reference_losses, rel=1e-6, abs=1e-7)
-    say(f"job {job.id}: {killed} on n2 killed, restarted at step {resumed[0][1]}, completed")
+    say(f"job {job.id}: worker on n2 killed, restarted at step {resumed[0][1]}, completed")
 
 
+@pytest.mark.slow(
+    reason="a job story on the loopback Slurm cluster: five starts of 2 ranks, four crashes",
+    seconds=200,
+)
 def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, say):
+    """The first crash kills a launcher, the others a worker: each is a crash, restarted in
+    the allocation until the restarts are spent."""
     job = Submitted(slurm)
     job.wait_for_step(6)
     for crash in range(1, CRASH_RESTARTS + 2):
-        job.kill(1, worker=True)
+        job.kill(1, worker=crash > 1)
         if crash <= CRASH_RESTARTS:  # wait until it trains again: rank 0 has resumed
             deadline = time.monotonic() + 120
             while job.log.count("resumed from") < crash:
@@ -316,7 +279,10 @@ def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, say):
     state = job.wait_until_done()
 
     assert state["JobState"] == "FAILED" and state["Restarts"] == "0", job.log[-3000:]
-    assert job.log.count("rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL") == 4
+    (first,) = [line for line in job.log.splitlines() if "(crash 1 in 21600 s" in line]
+    assert "ended with status 137 (" in first and "node rank 1 (n2): Killed" in first, first
+    killed = "rank 1 (local rank 0) on node 1 (n2) was killed by SIGKILL"
+    assert job.log.count(killed) == CRASH_RESTARTS, job.log[-3000:]
     last = job.log.strip().splitlines()[-1]
     assert re.fullmatch(
         rf"slurm: job {job.id} failed: the launchers ended with status 1 \((node rank \d \(n\d\): "
@@ -324,18 +290,7 @@ def test_a_crash_after_the_last_restart_fails_the_job_in_one_line(slurm, say):
         last,
     ), last
     assert "node rank 1 (n2): Exited with exit code 1" in last
-    say(f"job {job.id}: {CRASH_RESTARTS + 1} crashes, ended FAILED: {last}")
-
-
-def test_a_sigterm_to_the_batch_shell_alone_is_passed_on_and_requeues(slurm, reference_losses, say):
-    """What the time-limit warning (#SBATCH --signal=B:TERM@...) does: only the shell hears it."""
-    job = Submitted(slurm)
-    job.wait_for_step(3)
-    slurm.command("scancel", "--signal=TERM", "--batch", job.id)
-    state = job.wait_until_done()
-
-    step = assert_stopped_once_and_resumed(job, state, reference_losses)
-    say(f"job {job.id}: SIGTERM to the batch shell, passed on, checkpoint at step {step}")
+    say(f"job {job.id}: a launcher, then workers killed: {CRASH_RESTARTS + 1} crashes: {last}")
 
 
 @pytest.mark.slow(
