@@ -12,6 +12,12 @@ pytestmark = pytest.mark.multiprocess
 # only summed in a different order across flattened/partitioned buffers (measured on
 # CPU: at most 1.3e-7 over 40 steps).
 ZERO_RTOL = 1e-5
+# The module's tests share its runs (one worker, tests/support/suite_time.py): whichever
+# runs first pays for them.
+ZERO_RUNS = pytest.mark.slow(
+    reason="the first test of the module to run pays for one 2-rank job per ZeRO stage",
+    seconds=150,
+)
 
 
 # Stage 3 also offloads parameters and optimizer to the CPU and recomputes activations:
@@ -38,6 +44,7 @@ def zero_runs(tmp_path_factory):
     }
 
 
+@ZERO_RUNS
 @pytest.mark.parametrize("stage", range(4))
 def test_each_zero_stage_trains_and_loss_falls(zero_runs, stage):
     job = zero_runs[stage]
@@ -48,12 +55,14 @@ def test_each_zero_stage_trains_and_loss_falls(zero_runs, stage):
     assert f"done: {STEPS} steps" in job.stdout
 
 
+@ZERO_RUNS
 def test_zero_stages_give_the_same_fp32_losses(zero_runs):
     reference = zero_runs[0].losses
     for stage in (1, 2, 3):
         assert zero_runs[stage].losses == pytest.approx(reference, rel=ZERO_RTOL), stage
 
 
+@ZERO_RUNS
 def test_metrics_records_carry_throughput_and_position(zero_runs):
     metrics = zero_runs[2].metrics
     record = metrics[-1]

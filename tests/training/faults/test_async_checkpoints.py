@@ -48,6 +48,9 @@ def seeded_moments(count: int) -> list[tuple[str, int]]:
     return moments
 
 
+@pytest.mark.slow(
+    reason="a clean run, then five starts of 2 ranks, four killed mid-save", seconds=180
+)
 def test_sigkill_during_background_writes_resumes_from_the_newest_committed(
     tmp_path, tmp_path_factory
 ):
