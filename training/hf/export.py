@@ -19,28 +19,17 @@ from pathlib import Path
 
 import torch
 
+from training.hf.source import MODEL_FILES
 from training.spec.config import Config
 
 METADATA_KEY = "hf_model"  # in a checkpoint's client state
 SHARD_SIZE = "5GB"  # save_pretrained's shards: the Hub's usual size
-_CARRIED = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.*",
-    "merges.txt",
-    "*.model",
-    "*.tiktoken",
-    "chat_template.*",
-)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def metadata(config: Config, folder: Path) -> dict:
     """What an export needs besides the weights, from the model's folder."""
-    patterns = (*_CARRIED, "*.py") if config.model.trust_remote_code else _CARRIED
+    patterns = (*MODEL_FILES, "*.py") if config.model.trust_remote_code else MODEL_FILES
     names = sorted({p.name for pattern in patterns for p in folder.glob(pattern) if p.is_file()})
     return {
         "task": config.model.task,

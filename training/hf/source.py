@@ -25,21 +25,20 @@ from training.spec.config import Config, ConfigError
 
 CONFIG_FILE = "config.json"
 OBJECTS_RECORD = ".s3-objects.json"  # in a copy of an s3:// model: what it was copied from
-# What a model folder needs besides its weights: the architecture, the tokenizer (every
-# format transformers reads) and generation defaults, which the export carries on.
-_METADATA_PATTERNS = [
-    "config.json",
-    "generation_config.json",
+# A tokenizer's files, in every format transformers reads.
+TOKENIZER_FILES = (
     "tokenizer*",
     "special_tokens_map.json",
     "added_tokens.json",
     "vocab.*",
     "merges.txt",
-    "spiece.model",
+    "*.model",  # SentencePiece: tokenizer.model, spiece.model
     "*.tiktoken",
     "chat_template.*",
-    "preprocessor_config.json",
-]
+)
+# What a model folder needs besides its weights: the architecture, the tokenizer and
+# generation defaults, which the export carries on.
+MODEL_FILES = (CONFIG_FILE, "generation_config.json", *TOKENIZER_FILES)
 _SAFETENSORS = ["*.safetensors", "*.safetensors.index.json"]
 _PICKLED = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 
@@ -168,7 +167,7 @@ def _fetch_hub(config: Config, *, weights: bool) -> Path:
     from huggingface_hub import HfApi, snapshot_download
 
     _hub_download(config, CONFIG_FILE)
-    patterns = list(_METADATA_PATTERNS)
+    patterns = [*MODEL_FILES, "preprocessor_config.json"]
     if config.model.trust_remote_code:
         patterns.append("*.py")
     try:

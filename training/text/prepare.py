@@ -38,6 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
+from training.hf.source import TOKENIZER_FILES
 from training.spec.config import Config, ConfigError
 from training.text import sources
 from training.text.packing import MANIFEST, token_dtype
@@ -47,16 +48,6 @@ log = logging.getLogger(__name__)
 
 FORMAT = 1  # of the prepared folder: a change here makes new keys
 BATCH = 256  # records per tokenizing task
-TOKENIZER_FILES = (
-    "tokenizer*",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.*",
-    "merges.txt",
-    "*.model",
-    "*.tiktoken",
-    "chat_template.*",
-)
 
 
 def tokenizer_fingerprint(folder: Path) -> str:
