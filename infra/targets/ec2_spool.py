@@ -17,13 +17,13 @@ import datetime
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from infra.deployed import ledger_spend, nodes, progress, workspace
+from infra.deployed import ledger_spend, nodes, progress
 from infra.deployed.checkpoints import job_status, last_checkpoint, stop_report
 from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState, current_run_uri
 from infra.report import format_table
-from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
+from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, StackTarget
 from training.contract import RUN_SPANS_FIELD
 
 # The watcher's poll, then the job's checkpoint and exit (the unit's docker stop grace is
@@ -31,14 +31,7 @@ from training.contract import RUN_SPANS_FIELD
 CANCEL_WAIT_S = spool.POLL_S + 150
 
 
-class SpoolTarget:
-    def __init__(self, stack: workspace.Deployed) -> None:
-        self.stack = stack
-        self.bucket = stack.outputs.checkpoint_bucket
-
-    def _aws(self, service: str) -> Any:
-        return workspace.aws(service, self.stack.region)
-
+class SpoolTarget(StackTarget):
     def describe(self) -> str:
         return f"{len(self.stack.instance_ids)} node(s)"
 

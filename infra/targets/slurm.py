@@ -27,24 +27,17 @@ from infra.cluster.control import (
     parse_queue,
     release_script,
 )
-from infra.deployed import head_node, leftovers, progress, workspace
+from infra.deployed import head_node, leftovers, progress
 from infra.deployed.checkpoints import job_status, last_checkpoint, stop_report
 from infra.deployed.cluster_fleet import start_fleet
 from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec
 from infra.report import format_table
-from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep
+from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, StackTarget
 
 
-class SlurmTarget:
-    def __init__(self, stack: workspace.Deployed) -> None:
-        self.stack = stack
-        self.bucket = stack.outputs.checkpoint_bucket
-
-    def _aws(self, service: str) -> Any:
-        return workspace.aws(service, self.stack.region)
-
+class SlurmTarget(StackTarget):
     def describe(self) -> str:
         return "its Slurm cluster"
 

@@ -36,6 +36,18 @@ class JobList:
     spend_over: Callable[[list], float] | None = None
 
 
+class StackTarget:
+    """What every kind of target keeps: the stack, its bucket (checkpoints, the job spool and
+    job code), and AWS clients in the stack's region."""
+
+    def __init__(self, stack: workspace.Deployed) -> None:
+        self.stack = stack
+        self.bucket = stack.outputs.checkpoint_bucket
+
+    def _aws(self, service: str) -> Any:
+        return workspace.aws(service, self.stack.region)
+
+
 class Target(Protocol):
     """What the commands do to a running stack. Each method returns what the command prints
     (or says it through `say`); bad input or an unreachable stack is a ConfigError."""
