@@ -15,7 +15,16 @@ import torch
 from bench.suite import BENCHMARKS
 from tests.training.multirank import REPO_ROOT, launch_env
 
-pytestmark = pytest.mark.multiprocess
+# The module's tests read one run (one worker, tests/support/suite_time.py): whichever runs
+# first pays for it.
+pytestmark = [
+    pytest.mark.multiprocess,
+    pytest.mark.slow(
+        reason="the first test of the module pays for `bench all --quick`: every benchmark's "
+        "smallest shape",
+        seconds=450,
+    ),
+]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 

@@ -5,10 +5,12 @@ virtualenv and talks to the analyzer it serves; this test does the same, without
 copy of the pack's folder alone: what `pulumi policy publish` uploads.
 """
 
+import contextlib
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import grpc
 import pytest
@@ -21,13 +23,13 @@ from tests.policy.test_pack import POLICIES
 MANDATORY = analyzer_pb2.EnforcementLevel.Value("MANDATORY")
 
 
-@pytest.fixture(scope="module")
-def analyzer(tmp_path_factory) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
-    published = tmp_path_factory.mktemp("published")
-    shutil.copytree(REPO_ROOT / "policy", published / "policy")
+@contextlib.contextmanager
+def serve_pack(folder: Path) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """The pack published into `folder` and served as Pulumi serves it."""
+    shutil.copytree(REPO_ROOT / "policy", folder / "policy")
     process = subprocess.Popen(
         [sys.executable, "-u", "-m", "pulumi.policy", "127.0.0.1:1", "policy"],
-        cwd=published,
+        cwd=folder,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -41,6 +43,13 @@ def analyzer(tmp_path_factory) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
     finally:
         process.kill()
         process.wait()
+
+
+@pytest.fixture(scope="module")
+def analyzer(tmp_path_factory) -> Iterator[analyzer_pb2_grpc.AnalyzerStub]:
+    """The pack with its default configuration, for the tests that do not configure it."""
+    with serve_pack(tmp_path_factory.mktemp("published")) as stub:
+        yield stub
 
 
 def struct(values: dict) -> struct_pb2.Struct:
@@ -116,7 +125,12 @@ def test_gpu_stack_without_budget_fails_and_with_budget_passes(analyzer):
     assert list(analyzer.AnalyzeStack(request).diagnostics) == []
 
 
-def test_allowed_types_follow_the_policy_pack_config(analyzer):
+def test_allowed_types_follow_the_policy_pack_config(tmp_path):
+    with serve_pack(tmp_path) as analyzer:  # its own: the configuration stays with the server
+        configured_types_are_enforced(analyzer)
+
+
+def configured_types_are_enforced(analyzer) -> None:
     template = {"instanceType": "p4de.24xlarge", "metadataOptions": {"httpTokens": "required"}}
     assert analyze(analyzer, "aws:ec2/launchTemplate:LaunchTemplate", template) == []
 

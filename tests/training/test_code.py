@@ -87,7 +87,7 @@ def lab_folder(tmp_path, requirements: str | None = None):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="a real job whose model comes from a shipped --code folder", seconds=210)
+@pytest.mark.slow(reason="a real job whose model comes from a shipped --code folder", seconds=90)
 def test_a_model_defined_only_in_the_shipped_folder_trains(tmp_path, s3):
     client, aws = s3
     client.put_object(Bucket=BUCKET, Key=CODE_KEY, Body=code_archive(lab_folder(tmp_path)))

@@ -82,7 +82,7 @@ def test_job_exit_code_after_a_stop_request(codes, job):
     assert _job_exit_code(codes, stop_requested=True) == job
 
 
-@pytest.mark.slow(reason="a 2-rank job whose workers fail after the launcher's checks", seconds=600)
+@pytest.mark.slow(reason="a 2-rank job whose workers fail after the launcher's checks", seconds=90)
 @pytest.mark.multiprocess
 def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     """The user's model raises in the workers (after the launcher's checks passed)."""

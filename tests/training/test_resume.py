@@ -26,7 +26,7 @@ JOB = (*TINY, "zero.stage=2")  # dropout on and several epochs: see TINY
 
 
 @pytest.mark.slow(
-    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=540
+    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=120
 )
 def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, tmp_path_factory):
     baseline = shared_run(tmp_path_factory, *JOB)
@@ -59,7 +59,7 @@ def test_stopped_and_resumed_run_equals_the_uninterrupted_one(tmp_path, tmp_path
 
 
 @pytest.mark.slow(
-    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=490
+    reason="real 2-rank jobs stopped and resumed against an uninterrupted one", seconds=120
 )
 def test_resume_on_one_rank_continues_a_two_rank_run(tmp_path, tmp_path_factory):
     """A replacement machine with fewer GPUs: the 2-rank checkpoint of step 6 is loaded

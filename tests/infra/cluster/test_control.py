@@ -57,6 +57,10 @@ def on_head_node(slurm, script: str) -> str:
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow(
+    reason="two jobs on the loopback Slurm cluster: a stop, 12 s held, a release and a resume",
+    seconds=200,
+)
 def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
     running = Submitted(slurm, name="first")
     running.wait_for_step(3)
@@ -93,6 +97,7 @@ def test_an_empty_queue_stops_and_releases_at_once(slurm):
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow(reason="a Slurm job, its log read as it grows", seconds=120)
 def test_the_log_is_read_in_pieces_from_any_offset(slurm):
     job = Submitted(slurm)
     job.wait_until_done()

@@ -21,7 +21,7 @@ import pytest
 from tests.infra.cluster.jobs import JOB, Submitted
 from tests.support.slurm import JOB_USER, NODES
 
-SLOW = pytest.mark.slow(reason="two starts of a training job, 11 s of requeue between", seconds=600)
+SLOW = pytest.mark.slow(reason="two starts of a training job, 11 s of requeue between", seconds=180)
 
 INJECT = Path(__file__).with_name("inject")
 # Training is not what these stories prove: few steps, so each start is mostly start-up.

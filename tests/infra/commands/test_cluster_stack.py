@@ -116,7 +116,7 @@ def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
 
 
 @pytest.mark.slow(
-    reason="stack commands against the loopback Slurm cluster with a real job in it", seconds=490
+    reason="stack commands against the loopback Slurm cluster with a real job in it", seconds=300
 )
 def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm):
     job = Submitted(slurm, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")

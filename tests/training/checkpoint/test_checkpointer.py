@@ -479,7 +479,7 @@ def test_failed_upload_keeps_the_local_commit(single_rank, tmp_path, s3_uri, cap
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=440)
+@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=120)
 def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri):
     """2 one-rank "nodes", each with its own disk, save (ZeRO-2): each disk keeps that node's
     part and S3 the whole. 1 rank on a fresh disk then resumes from S3 through a universal
@@ -517,7 +517,7 @@ def test_two_node_zero2_checkpoint_resumes_on_one_rank_from_s3(tmp_path, s3_uri)
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=250)
+@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=90)
 def test_a_failure_on_rank0_fails_every_rank_instead_of_hanging(tmp_path, s3_uri):
     not_a_folder = tmp_path / "root"
     not_a_folder.write_text("a file where the checkpoint root should be")
@@ -537,7 +537,7 @@ def test_a_failure_on_rank0_fails_every_rank_instead_of_hanging(tmp_path, s3_uri
         assert re.search(rf"\[rank{rank}\]: .*CheckpointError: rank 0: FileExistsError", stderr)
 
 
-@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=140)
+@pytest.mark.slow(reason="real 2-rank DeepSpeed jobs that save, fail or resume", seconds=90)
 def test_no_recovery_script_that_cannot_run_is_left_beside_the_checkpoints(single_rank, tmp_path):
     # DeepSpeed copies zero_to_fp32.py/zero_to_torch.py into the root of every ZeRO save;
     # they need huggingface_hub, which the trainer does not install (`python -m training

@@ -15,7 +15,7 @@ from training.checkpoint.layout import COMMIT_MARKER, COMPLETE, DAMAGED_DIR, exa
 
 pytestmark = [
     pytest.mark.slow(
-        reason="a clean 2-rank run, then one resumed run per kind of damage", seconds=600
+        reason="a clean 2-rank run, then one resumed run per kind of damage", seconds=120
     ),
     pytest.mark.multiprocess,
 ]

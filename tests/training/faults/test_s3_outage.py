@@ -61,7 +61,7 @@ def wait_until(condition, job, what: str, timeout: float = 180) -> None:
 
 
 @pytest.mark.slow(
-    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=370
+    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=120
 )
 def test_training_goes_on_without_s3_and_the_mirror_catches_up(tmp_path, restartable_s3):
     """Injects: the S3 endpoint goes away after the first mirrored checkpoint and comes
@@ -90,7 +90,7 @@ def test_training_goes_on_without_s3_and_the_mirror_catches_up(tmp_path, restart
 
 
 @pytest.mark.slow(
-    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=490
+    reason="a real 2-rank job against an S3 that goes away and comes back", seconds=120
 )
 def test_a_newer_but_incomplete_s3_copy_is_never_loaded(tmp_path, restartable_s3):
     """Injects: in S3, a checkpoint newer than the last good one, with its manifest and

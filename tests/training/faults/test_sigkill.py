@@ -38,7 +38,7 @@ def last_step(output_dir: Path) -> int:
     return records[-1]["step"] if records else 0
 
 
-@pytest.mark.slow(reason="kill -9 at seeded moments of real 2-rank jobs, each resumed", seconds=490)
+@pytest.mark.slow(reason="kill -9 at seeded moments of real 2-rank jobs, each resumed", seconds=400)
 def test_sigkill_at_seeded_moments_always_resumes_to_the_clean_losses(
     tmp_path, tmp_path_factory, s3_uri
 ):

@@ -22,7 +22,7 @@ pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.slow(
         reason="four tiny-Llama jobs of 1, 2 and 4 ranks (DeepSpeed AutoTP on gloo)",
-        seconds=700,
+        seconds=300,
     ),
 ]
 
