@@ -214,7 +214,7 @@ def stop_and_wait_for_the_requeue(slurm, job: Submitted, how: str, stop: int, af
 
 @pytest.mark.slow(
     reason="one job stopped four ways on the loopback Slurm cluster: five starts of 2 ranks",
-    seconds=300,
+    seconds=400,
 )
 def test_every_kind_of_stop_checkpoints_is_one_requeue_and_resumes(slurm, reference_losses, say):
     """Each stop: both ranks checkpoint at one step, exit 75, the job is requeued once and
