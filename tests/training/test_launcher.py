@@ -123,6 +123,7 @@ def host_address() -> str:
     return address
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow(reason="two launchers of 1 rank each meet over the host's address", seconds=90)
 def test_two_nodes_meet_as_the_stack_addresses_them(tmp_path, s3_uri):
     """Node 0 is told 127.0.0.1 and the other node node 0's address (infra.components.compute):
