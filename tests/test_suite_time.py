@@ -70,20 +70,29 @@ def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
 def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suite, tmp_path):
     """--dist loadgroup: every test using the `slurm` fixture on one worker (one cluster, not
     one per worker), each with its slow mark's allowance though xdist renames it ("@slurm")."""
-    suite.makeconftest("import pytest\n@pytest.fixture\ndef slurm():\n    return 1\n")
+    suite.makeconftest(
+        "import pytest\n@pytest.fixture(scope='session')\ndef slurm_session():\n    return 1\n"
+        "@pytest.fixture\ndef slurm(slurm_session):\n    return 1\n"
+        "@pytest.fixture(scope='module')\ndef reference(slurm_session):\n    return 1\n"
+    )
     suite.makepyfile(
+        # One test reaches the cluster through a module fixture only, as the reference run does.
+        test_reference="import os, time, pytest\n"
+        "@pytest.mark.slow(reason='a real story', seconds=5)\n"
+        "def test_e(reference):\n    time.sleep(0.6)\n"
+        f"    open(r'{tmp_path}/e-' + os.environ['PYTEST_XDIST_WORKER'], 'w')\n",
         test_inner="import os, time, pytest\n"
         + "".join(
             f"@pytest.mark.slow(reason='a real story', seconds=5)\n"
             f"def test_{n}(slurm):\n    time.sleep(0.6)\n"
             f"    open(r'{tmp_path}/{n}-' + os.environ['PYTEST_XDIST_WORKER'], 'w')\n"
             for n in "abcd"
-        )
+        ),
     )
     result = suite.runpytest_subprocess(
         "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
     )
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
     workers = {path.name.split("-")[1] for path in tmp_path.glob("?-gw*")}
     assert len(workers) == 1, workers
 

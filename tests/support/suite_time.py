@@ -22,8 +22,9 @@ SLOW_MARKS = pytest.StashKey[dict[str, float]]()
 _SETUP_S = pytest.StashKey[float]()
 _MARK_ERROR = pytest.StashKey[str]()
 _ALLOWED_S = pytest.StashKey[float]()
-# Tests that use these fixtures share one cluster per worker: keep them on one worker.
-_GROUP_OF_FIXTURE = {"slurm": "slurm"}
+# Tests that use these fixtures (directly or through another fixture) share one cluster per
+# worker: keep them on one worker, so that a run starts one cluster.
+_GROUP_OF_FIXTURE = {"slurm": "slurm", "slurm_session": "slurm"}
 _GROUP_OF_MARK = {"image": "image"}
 
 
@@ -87,10 +88,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(max(600, 3 * seconds)))
         fixtures = getattr(item, "fixturenames", ())
-        for fixture, group in _GROUP_OF_FIXTURE.items():
-            if fixture in fixtures:
-                item.add_marker(getattr(pytest.mark, group))
-                item.add_marker(pytest.mark.xdist_group(group))
+        for group in {group for fixture, group in _GROUP_OF_FIXTURE.items() if fixture in fixtures}:
+            item.add_marker(getattr(pytest.mark, group))
+            item.add_marker(pytest.mark.xdist_group(group))
         for mark, group in _GROUP_OF_MARK.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))

@@ -52,6 +52,7 @@ def say(capsys, pytestconfig):
 @pytest.fixture(scope="module")
 def uninterrupted(slurm_session) -> tuple[Submitted, dict]:
     """The job run to its end with nothing in the way: the reference for the others."""
+    slurm_session.back_in_service()  # as the `slurm` fixture leaves it for a test
     job = Submitted(slurm_session)
     return job, job.wait_until_done()
 
