@@ -67,6 +67,18 @@ def test_a_slow_mark_allows_its_seconds_and_no_more(suite):
     result.stdout.fnmatch_lines(["*test_past_its_mark took 0.* s; its slow mark allows 0.6 s*"])
 
 
+def on_three_workers(suite):
+    """The inner suite on three xdist workers, grouped as `make test` groups them."""
+    return suite.runpytest_subprocess(
+        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
+    )
+
+
+def workers_that_ran(folder: Path, tests: str) -> set[str]:
+    """The workers named in the files "<test>-<worker>" that the tests matching `tests` left."""
+    return {path.name.split("-")[1] for path in folder.glob(f"{tests}-gw*")}
+
+
 def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suite, tmp_path):
     """--dist loadgroup: every test using the `slurm` fixture on one worker (one cluster, not
     one per worker), each with its slow mark's allowance though xdist renames it ("@slurm")."""
@@ -89,11 +101,9 @@ def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suit
             for n in "abcd"
         ),
     )
-    result = suite.runpytest_subprocess(
-        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
-    )
+    result = on_three_workers(suite)
     result.assert_outcomes(passed=5)
-    workers = {path.name.split("-")[1] for path in tmp_path.glob("?-gw*")}
+    workers = workers_that_ran(tmp_path, "?")
     assert len(workers) == 1, workers
 
 
@@ -115,12 +125,10 @@ def test_the_tests_of_a_module_fixture_share_one_worker(suite, tmp_path):
             for n in "abcdef"
         ),
     )
-    result = suite.runpytest_subprocess(
-        "-p", "tests.support.suite_time", "-p", "xdist.plugin", "-n", "3", "--dist", "loadgroup"
-    )
+    result = on_three_workers(suite)
     result.assert_outcomes(passed=12)
-    shared = {path.name.split("-")[1] for path in tmp_path.glob("shared?-gw*")}
-    plain = {path.name.split("-")[1] for path in tmp_path.glob("plain?-gw*")}
+    shared = workers_that_ran(tmp_path, "shared?")
+    plain = workers_that_ran(tmp_path, "plain?")
     assert len(shared) == 1, shared
     assert len(plain) > 1, plain
 
