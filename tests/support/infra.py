@@ -3,12 +3,12 @@
 import re
 import shutil
 import subprocess
-import sys
 import tomllib
 from pathlib import Path
 from types import SimpleNamespace
 
 from infra.knowledge.catalog import CATALOG_DIR
+from tests.support.preloaded import run_module
 
 
 def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
@@ -22,14 +22,8 @@ def modified_catalog(tmp_path: Path, file: str, old: str, new: str) -> Path:
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """`python -m infra ARGS` from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", "infra", *args],
-        cwd=Path(__file__).resolve().parents[2],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    """`python -m infra ARGS` from the repository root (tests/support/preloaded.py)."""
+    return run_module("infra", args)
 
 
 def data_file_prices(instance_type: str, region: str = "us-east-1") -> SimpleNamespace:

@@ -1,14 +1,17 @@
 """Bad input fails in one line with exit 2, before any rank starts (`python -m training`
-as a user runs it, one subprocess per input)."""
+as a user runs it, one process per input, forked from one that has imported it:
+tests/support/preloaded.py)."""
 
 from __future__ import annotations
 
 import socket
 import subprocess
+import sys
 
 import numpy as np
 import pytest
 
+from tests.support.preloaded import run_module
 from tests.training.jobs import TINY, job_command, job_env
 from tests.training.multirank import REPO_ROOT
 
@@ -17,7 +20,10 @@ CUSTOM_DATA = "data.builder=examples.custom_model.data:build"
 
 
 def run_training(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(args, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    """`args` as job_command gives them: `python -m training ...`."""
+    interpreter, flag, module, *rest = args
+    assert (interpreter, flag, module) == (sys.executable, "-m", "training"), args
+    return run_module(module, rest, env=env, cwd=REPO_ROOT)
 
 
 def assert_refused(result: subprocess.CompletedProcess, words: str, output_dir) -> None:

@@ -9,8 +9,10 @@ from infra.functions.ledger import PERIOD_KEY
 from tests.support.aws import client, moto_server, reset
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def endpoint():
+    """One server per worker process: each test starts from `reset`, so tests of any module
+    run on any worker (a module-scoped fixture would keep a module's tests on one)."""
     with moto_server() as url:
         yield url
 

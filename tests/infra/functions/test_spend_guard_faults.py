@@ -77,7 +77,6 @@ def every_run(world: World, minutes: int, run, events=None):
     [(True, 2 * 9.9 + 0.192 + 3 * BESIDE, 300), (False, 2 * 32.7726 + 0.192 + 3 * BESIDE, 95)],
     ids=["spot", "on-demand"],
 )
-@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=110)
 def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
     aws, topic, spot, hourly, stop
 ):
@@ -101,12 +100,13 @@ def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
             assert world.running_ids() == set()
             assert 0 <= world.spend() - 100.0 <= hourly * RUN_HOURS
 
-    every_run(world, 24 * 60, run)
+    minutes = stop + 60  # an hour of runs past the stop: it holds
+    every_run(world, minutes, run)
 
     assert stops == [stop]
     # Past the stop only the stopped head node's root volume bills (the compute nodes' went
     # with them).
-    after_stop = (24 * 60 - stop) / 60 * root_volume_hourly(31)
+    after_stop = (minutes - stop) / 60 * root_volume_hourly(31)
     assert world.spend() - 100.0 == pytest.approx(
         hourly * (stop - runs_out) / 60 + after_stop, abs=0.01
     )
@@ -194,7 +194,6 @@ def test_a_ledger_that_fails_at_the_budget_does_not_delay_the_stop(aws, topic, o
     )
 
 
-@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=100)
 def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic):
     topic_arn, queue = topic
     world = World(aws["ec2"], MONDAY)
@@ -204,7 +203,8 @@ def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic)
     block = {world.launch(capacity_block=True) for _ in range(2)}
     head = world.launch(HEAD_NODE_TYPE, node_type="HeadNode")
     outcomes = []
-    every_run(world, 24 * 60, lambda minute: outcomes.append(guard(aws, world, config, ec2=ec2)))
+    minutes = 4 * 60  # 49 runs, each of which could count the block again
+    every_run(world, minutes, lambda minute: outcomes.append(guard(aws, world, config, ec2=ec2)))
 
     fee = 48 * 2 * 14.75  # hours x instances x the block's rate: $1,416, over the budget
     assert outcomes[0].ledger.spent_usd == pytest.approx(fee)
@@ -212,7 +212,7 @@ def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic)
     # Counted once; the block's nodes' addresses and volumes, and the stopped head node's
     # volume, bill beside it.
     assert outcomes[-1].ledger.spent_usd == pytest.approx(fee + world.spend())
-    hours = (24 * 60 + 1) / 60  # the world's clock after its last run
+    hours = (minutes + 1) / 60  # the world's clock after its last run
     assert world.spend() == pytest.approx(2 * hours * BESIDE + hours * root_volume_hourly(31))
     assert world.running_ids() == block
     assert notices(aws["sqs"], queue).count(f"{STACK}: spend guard stopped 1 instance(s)") == 1
@@ -269,7 +269,6 @@ def test_the_old_period_is_counted_to_its_last_instant(aws, topic):
     assert december.spent_usd == pytest.approx((P4D["on-demand"] + BESIDE) * 2 / 60)
 
 
-@pytest.mark.slow(reason="simulated hours of the spend guard against moto's server", seconds=80)
 def test_each_undated_interruption_counts_at_most_one_run_too_much(aws, topic):
     topic_arn, _ = topic
     world = World(aws["ec2"], MONDAY)
@@ -281,13 +280,13 @@ def test_each_undated_interruption_counts_at_most_one_run_too_much(aws, topic):
         current.append(world.launch(spot=True))
 
     # Each a minute after a run: EC2 gives no time, so each is counted up to the next run.
-    events = {minute: [interrupt_and_replace] for minute in (61, 181, 301, 421, 541)}
+    events = {minute: [interrupt_and_replace] for minute in (61, 121, 181, 241, 301)}
     overs = []
 
     def run(minute):
         overs.append(guard(aws, world, config).ledger.spent_usd - world.spend())
 
-    every_run(world, 12 * 60, run, events)
+    every_run(world, 6 * 60, run, events)
     over = overs[-1]
     assert min(overs) >= -1e-6
     # Each ended 4 minutes before a run, its address and its volume with it.
