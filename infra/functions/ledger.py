@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,9 +112,9 @@ def to_item(ledger: Ledger) -> dict[str, Any]:
             ]
         },
         "addressed": {"L": [{"S": instance_id} for instance_id in ledger.addressed]},
-        "marks": {
-            "L": [{"L": [{"S": when}, {"N": _number(spent)}]} for when, spent in ledger.marks]
-        },
+        # One string, not a list of typed pairs: DynamoDB's typed JSON of hundreds of pairs
+        # takes every reader (the guard at each run, `status`) many times longer to decode.
+        "marks": {"S": json.dumps(ledger.marks)},
     }
     return item
 
@@ -141,11 +142,16 @@ def from_item(item: dict[str, Any]) -> Ledger:
             for volume in item.get("volumes", {"L": []})["L"]
         ),
         addressed=tuple(a["S"] for a in item.get("addressed", {"L": []})["L"]),
-        marks=tuple(
-            (mark["L"][0]["S"], float(mark["L"][1]["N"]))
-            for mark in item.get("marks", {"L": []})["L"]
-        ),
+        marks=_marks(item.get("marks")),
     )
+
+
+def _marks(value: dict[str, Any] | None) -> tuple[tuple[str, float], ...]:
+    if value is None:
+        return ()
+    if "L" in value:  # written as a list of [when, spent] pairs before marks were one string
+        return tuple((mark["L"][0]["S"], float(mark["L"][1]["N"])) for mark in value["L"])
+    return tuple((when, float(spent)) for when, spent in json.loads(value["S"]))
 
 
 def read_item(dynamodb_client: Any, table_name: str, period: str) -> dict[str, Any] | None:

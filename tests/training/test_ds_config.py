@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
-from tests.training.multirank import REPO_ROOT, launch_env
+from tests.support.preloaded import run_module
+from tests.training.multirank import launch_env
 from training.ds_config import build_ds_config
 from training.spec.config import load_config, validate
 
@@ -71,13 +70,10 @@ def test_schedulers():
 
 
 def test_print_ds_config_prints_json_and_exits(tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "training", "--print-ds-config", "--set", "zero.stage=3"],
-        cwd=REPO_ROOT,
+    result = run_module(
+        "training",
+        ["--print-ds-config", "--set", "zero.stage=3"],
         env=launch_env(TRAIN_NPROC_PER_NODE="3", TRAIN_NNODES="2", TRAIN_NODE_RANK="0"),
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     ds = json.loads(result.stdout)

@@ -3,8 +3,6 @@
 import contextlib
 import io
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
 )
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
+from tests.support.preloaded import run_module
 from training.components import build_model
 from training.environment import TrainerEnv
 from training.estimate import (
@@ -138,17 +137,8 @@ def test_activation_checkpointing_keeps_less():
     assert all(row.checkpointed_bytes < row.activation_bytes for row in rows)
 
 
-@pytest.mark.slow(
-    reason="the estimate command in its own process (torch and transformers imports)", seconds=70
-)
 def test_unknown_gpu_type_exits_2_in_one_line():
-    result = subprocess.run(
-        [sys.executable, "-m", "training", "estimate", "--gpu-type", "A100-20GB"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_module("training", ["estimate", "--gpu-type", "A100-20GB"], cwd=REPO)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --gpu-type")
 

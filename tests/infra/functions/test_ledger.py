@@ -71,6 +71,13 @@ def test_the_spend_by_any_instant_is_read_back(minute, spent):
     assert ledger.spent_by(instant, START) == pytest.approx(spent)
 
 
+def test_marks_stored_as_typed_pairs_read_back():
+    ledger = _run_every_five_minutes(hours=10)
+    item = to_item(ledger)
+    item["marks"] = {"L": [{"L": [{"S": when}, {"N": str(spent)}]} for when, spent in ledger.marks]}
+    assert from_item(item).marks == ledger.marks
+
+
 def test_an_item_without_marks_reads_as_none():
     item = to_item(Ledger("2026-12", 5.0, 10.0, False, (), _at(0), _at(0)))
     del item["marks"]

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support.preloaded import run_module
 from tests.training.health.fake_nvml import FakeGpu, FakeNvml
-from tests.training.multirank import REPO_ROOT, launch_env
+from tests.training.multirank import launch_env
 from training import cli
 from training.contract import UNHEALTHY_PREFIX, ExitCode
 from training.environment import TrainerEnv
@@ -237,13 +237,10 @@ def test_expectation_round_trips_through_the_environment():
 
 @pytest.mark.skipif(gate.open_nvml() is not None, reason="this machine has a GPU")
 def test_the_real_gate_on_this_cpu_machine_skips_the_gpu_checks():
-    result = subprocess.run(
-        [sys.executable, "-m", "training", "health"],
+    result = run_module(
+        "training",
+        ["health"],
         env=launch_env(**{k: v for k, v in os.environ.items() if not k.startswith("TRAIN_")}),
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()

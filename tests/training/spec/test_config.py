@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from tests.support.preloaded import run_module
 from tests.training.multirank import REPO_ROOT, launch_env
 from training.cli import main
 from training.spec.config import (
@@ -220,15 +221,13 @@ def test_cli_reports_bad_config_in_one_line_and_exits_2(capsys):
 
 
 def test_launcher_rejects_bad_config_fast_without_traceback(tmp_path):
-    """A real `python -m training` process: exit 2 before any worker starts."""
+    """A `python -m training` process: exit 2 before any worker starts."""
     started = time.monotonic()
-    result = subprocess.run(
-        [sys.executable, "-m", "training", "--set", "precision.fp16=true", "--set", "bf16=1"],
+    result = run_module(
+        "training",
+        ["--set", "precision.fp16=true", "--set", "bf16=1"],
         cwd=tmp_path,
         env=launch_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert result.returncode == 2
     assert (

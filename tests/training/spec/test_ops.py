@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
 
+from tests.support.preloaded import run_module
 from tests.training.jobs import TINY, job_command, job_env
-from tests.training.multirank import REPO_ROOT
 from training.spec import ops
 from training.spec.config import load_config
 from training.spec.selfcheck import SelfCheckError
@@ -93,14 +92,7 @@ def test_the_trainer_refuses_before_any_rank_when_an_op_cannot_be_had(tmp_path):
     empty.mkdir()
     env = {**job_env(tmp_path), "PATH": str(empty)}
     env.pop("CXX", None)
-    result = subprocess.run(
-        job_command(*TINY),
-        env=env,
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_module("training", job_command(*TINY)[3:], env=env)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-3000:]
     assert len(lines) == 1 and lines[0].startswith("error: DeepSpeed's CPU communication")
