@@ -33,6 +33,15 @@ def client(endpoint: str, service: str, region: str = REGION) -> Any:
     return boto3.client(service, endpoint_url=endpoint, region_name=region, **FAKE_CREDENTIALS)
 
 
+def an_image(ec2: Any) -> str:
+    """The id of an Amazon Linux 2 image among moto's built-in ones: asking for all of its
+    1,300 images costs each call a second or more to describe and parse."""
+    images = ec2.describe_images(
+        Owners=["amazon"], Filters=[{"Name": "name", "Values": ["amzn2-ami-hvm-*-x86_64-gp2"]}]
+    )["Images"]
+    return images[0]["ImageId"]
+
+
 def reset(endpoint: str) -> None:
     """Forget every resource the server holds (moto's reset API), between tests."""
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))

@@ -18,6 +18,7 @@ from moto.server import ThreadedMotoServer
 from pulumi import automation as auto
 
 from infra.deployed import workspace
+from tests.support.aws import an_image
 
 REGION = "us-east-1"
 
@@ -124,7 +125,7 @@ LOG_GROUP = "/gpu-training/gpu-training-stack-l4x1"
 
 def launch_nodes(ec2, count: int, *, spot: bool) -> list[str]:
     """Running instances as Compute makes them (persistent spot requests that stop)."""
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(ec2)
     if not spot:
         reply = ec2.run_instances(
             ImageId=image, MinCount=count, MaxCount=count, InstanceType="p3.2xlarge"

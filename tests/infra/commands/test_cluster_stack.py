@@ -17,6 +17,7 @@ from infra.deployed import workspace
 from infra.errors import ConfigError
 from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
 from tests.infra.commands.conftest import BUCKET, cluster_outputs, log_args
+from tests.support.aws import an_image
 from tests.support.head_node import HeadNodeSSM
 
 pytestmark = pytest.mark.multiprocess
@@ -47,7 +48,7 @@ class Cluster:
 
     def __init__(self, aws, stub_stack, slurm, monkeypatch):
         self.ec2 = ec2 = aws.client("ec2")
-        image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        image = an_image(ec2)
         stack_tag = {TAG[0]: TAG[1]}
         self.head = _instance(
             ec2, image, "m5.large", {**stack_tag, "parallelcluster:node-type": "HeadNode"}

@@ -17,6 +17,7 @@ from botocore.stub import Stubber
 from moto.server import ThreadedMotoServer
 
 from infra.components.spot_request import SpotRequestProvider
+from tests.support.aws import an_image
 from tests.support.mock_runs import of_type
 from tests.support.stack_runs import INSTANCE, run_stack
 
@@ -46,7 +47,7 @@ def cancellers(run):
 
 def spot_node(ec2) -> tuple[str, str]:
     """(request id, instance id) of a persistent, stop-on-interruption spot node."""
-    image = ec2.describe_images()["Images"][0]["ImageId"]
+    image = an_image(ec2)
     (request,) = ec2.request_spot_instances(
         Type="persistent",
         InstanceInterruptionBehavior="stop",

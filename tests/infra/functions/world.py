@@ -24,7 +24,7 @@ from moto.ec2.models import ec2_backends
 
 from infra.functions.settings import GuardSettings
 from infra.functions.spend_guard import NODE_TYPE_TAG, Outcome, run_guard
-from tests.support.aws import ACCOUNT, REGION
+from tests.support.aws import ACCOUNT, REGION, an_image
 
 COST_TAG = ("gpu-stack", "gpu-training-stack-test")
 HEAD_NODE_TYPE = "m5.xlarge"
@@ -103,7 +103,7 @@ class World:
         self.now = start
         self.nodes: dict[str, Node] = {}
         self.blocks: dict[str, dict[str, Any]] = {}  # Capacity Blocks bought, by id
-        self.image_id = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+        self.image_id = an_image(ec2)
 
     def advance(self, **delta: float) -> None:
         self.now += datetime.timedelta(**delta)
