@@ -13,7 +13,6 @@ import pytest
 
 from tests.support.preloaded import run_module
 from tests.training.jobs import TINY, job_command, job_env
-from tests.training.multirank import REPO_ROOT
 
 CUSTOM_MODEL = "model.builder=examples.custom_model.model:build"
 CUSTOM_DATA = "data.builder=examples.custom_model.data:build"
@@ -23,7 +22,7 @@ def run_training(args: list[str], env: dict[str, str]) -> subprocess.CompletedPr
     """`args` as job_command gives them: `python -m training ...`."""
     interpreter, flag, module, *rest = args
     assert (interpreter, flag, module) == (sys.executable, "-m", "training"), args
-    return run_module(module, rest, env=env, cwd=REPO_ROOT)
+    return run_module(module, rest, env=env)
 
 
 def assert_refused(result: subprocess.CompletedProcess, words: str, output_dir) -> None:

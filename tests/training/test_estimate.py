@@ -138,7 +138,7 @@ def test_activation_checkpointing_keeps_less():
 
 
 def test_unknown_gpu_type_exits_2_in_one_line():
-    result = run_module("training", ["estimate", "--gpu-type", "A100-20GB"], cwd=REPO)
+    result = run_module("training", ["estimate", "--gpu-type", "A100-20GB"])
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("error: --gpu-type")
 
