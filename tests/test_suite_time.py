@@ -107,6 +107,41 @@ def test_tests_using_the_cluster_share_one_worker_and_keep_their_slow_marks(suit
     assert len(workers) == 1, workers
 
 
+def test_slurm_stories_split_by_module_over_clusters_that_run_at_once(suite, tmp_path):
+    """slurm_clusters = 2: the Slurm modules, balanced by slow-mark time (5 s against 2+2 s),
+    go to two workers that run them at the same time; a module stays on one worker (its
+    module fixture, the reference run, is built on that worker's cluster)."""
+    suite.makeini(
+        "[pytest]\ntest_time_limit = 0.5\nslow_time_budget = 50\nslurm_clusters = 2\n"
+        "markers =\n    slow: long\n    slurm: cluster\n    image: build\n"
+    )
+    suite.makeconftest(
+        "import pytest\n@pytest.fixture(scope='session')\ndef slurm_session():\n    return 1\n"
+        "@pytest.fixture\ndef slurm(slurm_session):\n    return 1\n"
+    )
+    story = (
+        "@pytest.mark.slow(reason='a real story', seconds={seconds})\n"
+        "def test_{name}(slurm):\n    began = time.time()\n    time.sleep(0.5)\n"
+        f"    path = r'{tmp_path}/{{name}}-' + os.environ['PYTEST_XDIST_WORKER']\n"
+        "    open(path, 'w').write(f'{{began}} {{time.time()}}')\n"
+    )
+    head = "import os, time, pytest\n"
+    suite.makepyfile(
+        test_long=head + "".join(story.format(name=f"long{n}", seconds=2.5) for n in "ab"),
+        test_short=head + story.format(name="shorta", seconds=2),
+        test_other=head + story.format(name="othera", seconds=2),
+    )
+    result = on_three_workers(suite)
+    result.assert_outcomes(passed=4)
+    long, short, other = (workers_that_ran(tmp_path, f"{m}?") for m in ("long", "short", "other"))
+    assert len(long) == 1 and short == other and long != short, (long, short, other)
+    spans = {p.name: [float(t) for t in p.read_text().split()] for p in tmp_path.glob("*-gw*")}
+    long_a = spans[f"longa-{min(long)}"]
+    assert any(span[0] < long_a[1] and long_a[0] < span[1] for span in (
+        spans[f"shorta-{min(short)}"], spans[f"othera-{min(other)}"]
+    )), spans  # fmt: skip
+
+
 def test_the_tests_of_a_module_fixture_share_one_worker(suite, tmp_path):
     """A module-scoped fixture is built once: its module's tests stay on one worker, while
     the tests of a module without one spread over the workers."""

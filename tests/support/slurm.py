@@ -19,14 +19,17 @@ as the OS's default user.
 Each node has its own instance metadata service here (MetadataService): the Epilog and a
 job's trainer ask it for a spot interruption notice, as they ask EC2's on a real node.
 
-The `slurm` fixture gives a test the session's one cluster with every node back in
-service and no spot notice pending. Under CI=true a cluster that cannot start fails the
+The `slurm` fixture gives a test its worker's cluster (one per worker that runs Slurm
+stories: tests/support/suite_time.py, slurm_clusters) with every node back in service and
+no spot notice pending. Clusters of parallel workers share nothing but the machine: their
+own daemons, ports, folders and job ids. Under CI=true a cluster that cannot start fails the
 tests; elsewhere they are skipped.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pwd
@@ -287,9 +290,9 @@ def _job_user() -> pwd.struct_passwd:
         capture_output=True,
         text=True,
     )
-    if result.returncode != 0:
-        _unavailable(f"could not create the jobs' user {JOB_USER}: {result.stderr.strip()}")
-    return pwd.getpwnam(JOB_USER)
+    with contextlib.suppress(KeyError):  # made now, by this call or a parallel worker's
+        return pwd.getpwnam(JOB_USER)
+    _unavailable(f"could not create the jobs' user {JOB_USER}: {result.stderr.strip()}")
 
 
 def _folders(root: Path, user: pwd.struct_passwd) -> None:
@@ -312,24 +315,49 @@ def _folders(root: Path, user: pwd.struct_passwd) -> None:
             os.chown(path, owner.pw_uid, owner.pw_gid)
 
 
-def _open_the_way(paths: list[Path]) -> dict[Path, int]:
+# Which clusters of this machine hold the way open, and each folder's mode before: the
+# clusters of parallel test workers open it together, and the last one to stop closes it.
+_WAY_RECORD = Path(tempfile.gettempdir()) / "slurm-loopback-way.json"
+
+
+@contextlib.contextmanager
+def _way_record() -> Iterator[dict]:
+    """The record ({"holders": [pid, ...], "modes": {folder: mode}}), read and written back
+    under an exclusive lock."""
+    with open(_WAY_RECORD.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = {"holders": [], "modes": {}}
+        with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):
+            record = json.loads(_WAY_RECORD.read_text())
+        yield record
+        _WAY_RECORD.write_text(json.dumps(record))
+
+
+def _open_the_way(paths: list[Path]) -> None:
     """Let JOB_USER reach `paths` (the interpreter, the repository): execute-only permission
-    for others on each folder above them that lacks it (a pyenv Python under /root, 0700).
-    Returns {folder: its mode before}, for `_close_the_way` at the end."""
-    changed: dict[Path, int] = {}
-    for path in paths:
-        for folder in reversed(path.resolve().parents):
-            mode = folder.stat().st_mode
-            if not mode & stat.S_IXOTH and folder not in changed:
-                changed[folder] = stat.S_IMODE(mode)
-                folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-    return changed
+    for others on each folder above them that lacks it (a pyenv Python under /root, 0700),
+    until the last cluster of this machine stops (`_close_the_way`)."""
+    with _way_record() as record:
+        for path in paths:
+            for folder in reversed(path.resolve().parents):
+                mode = folder.stat().st_mode
+                if not mode & stat.S_IXOTH and str(folder) not in record["modes"]:
+                    record["modes"][str(folder)] = stat.S_IMODE(mode)
+                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+        record["holders"].append(os.getpid())
 
 
-def _close_the_way(changed: dict[Path, int]) -> None:
-    for folder, mode in changed.items():
-        with contextlib.suppress(OSError):
-            folder.chmod(mode)
+def _close_the_way() -> None:
+    """This process's cluster no longer needs the way; the last holder alive puts every
+    folder's mode back. A holder killed before it could say so counts as gone."""
+    with _way_record() as record:
+        holders = [pid for pid in record["holders"] if pid != os.getpid() and _alive(pid)]
+        record["holders"] = holders
+        if not holders:
+            for folder, mode in record.pop("modes").items():
+                with contextlib.suppress(OSError):
+                    Path(folder).chmod(mode)
+            record["modes"] = {}
 
 
 def _seed_extension_cache(home: Path, user: pwd.struct_passwd) -> None:
@@ -356,7 +384,7 @@ def slurm_cluster(settings: tuple[str, ...] = ()) -> Iterator[SlurmCluster]:
     if os.geteuid() != 0:
         _unavailable("a loopback Slurm cluster runs its daemons as root (SlurmdUser=root)")
     user = _job_user()
-    opened = _open_the_way([Path(sys.executable), REPO_ROOT])
+    _open_the_way([Path(sys.executable), REPO_ROOT])
     root = Path(tempfile.mkdtemp(prefix="slurm-loopback-"))
     root.chmod(0o755)
     _folders(root, user)
@@ -400,7 +428,7 @@ def slurm_cluster(settings: tuple[str, ...] = ()) -> Iterator[SlurmCluster]:
             metadata.close()
             signal.signal(signal.SIGTERM, previous)
             shutil.rmtree(root, ignore_errors=True)
-            _close_the_way(opened)
+            _close_the_way()
 
 
 def _interrupt(signum, _frame):

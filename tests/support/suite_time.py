@@ -7,8 +7,11 @@
   fails when the declared seconds add up past it, so a new long story has to make room.
 - The longest work is handed out first, so the run ends when its longest story does.
 - Tests that share one piece of machinery run on one xdist worker (`--dist loadgroup`):
-  the loopback Slurm cluster, the image build, and a module's tests that read one
+  a loopback Slurm cluster, the image build, and a module's tests that read one
   module-scoped fixture (built once, not once per worker that runs one of them).
+- The Slurm stories are split, a module at a time, over `slurm_clusters` groups of about
+  equal slow-mark time: each group's worker starts a cluster of its own, so independent
+  stories run at the same time instead of one after another on one worker.
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ SLOW_MARKS = pytest.StashKey[dict[str, float]]()
 _SETUP_S = pytest.StashKey[float]()
 _MARK_ERROR = pytest.StashKey[str]()
 _ALLOWED_S = pytest.StashKey[float]()
-# Tests that use these fixtures (directly or through another fixture) share one cluster per
-# worker: keep them on one worker, so that a run starts one cluster.
-_GROUP_OF_FIXTURE = {"slurm": "slurm", "slurm_session": "slurm"}
+# Tests that use these fixtures (directly or through another fixture) reach a Slurm cluster,
+# which a worker starts once: they run in the Slurm groups (`_slurm_groups`).
+_SLURM_FIXTURES = ("slurm", "slurm_session")
 _GROUP_OF_MARK = {"image": "image"}
 
 
@@ -38,6 +41,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "test_time_limit",
         "seconds a test may take (setup and call) unless it is marked slow",
         default="20",
+    )
+    parser.addini(
+        "slurm_clusters",
+        "how many loopback Slurm clusters (one per xdist worker) the Slurm stories share",
+        default="1",
     )
     parser.addini(
         "slow_time_budget",
@@ -87,20 +95,56 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Room for a hang to be told from a slow run: pytest-timeout's own limit.
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(max(600, 3 * seconds)))
-        fixtures = getattr(item, "fixturenames", ())
-        for group in {group for fixture, group in _GROUP_OF_FIXTURE.items() if fixture in fixtures}:
-            item.add_marker(getattr(pytest.mark, group))
-            item.add_marker(pytest.mark.xdist_group(group))
+        if uses_slurm(item):
+            item.add_marker(pytest.mark.slurm)
         for mark, group in _GROUP_OF_MARK.items():
             if item.get_closest_marker(mark) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
-        if item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
+    limit = time_limit(config)
+    groups = _slurm_groups(items, int(config.getini("slurm_clusters")), limit)
+    for item in items:
+        if uses_slurm(item):
+            item.add_marker(pytest.mark.xdist_group(groups[_module(item)]))
+        elif item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
             # Its module's tests together: the fixture is built once, not once per worker.
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-    _longest_first(items, time_limit(config))
+            item.add_marker(pytest.mark.xdist_group(_module(item)))
+    _longest_first(items, limit)
     config.stash[SLOW_MARKS] = slow
     if config.getoption("slow_marks_json"):
         Path(config.getoption("slow_marks_json")).write_text(json.dumps(slow))
+
+
+def uses_slurm(item: pytest.Item) -> bool:
+    """The test reaches a Slurm cluster (through the `slurm` fixture or a fixture of its own
+    built on the session's cluster)."""
+    return any(fixture in getattr(item, "fixturenames", ()) for fixture in _SLURM_FIXTURES)
+
+
+def _slurm_groups(items: list[pytest.Item], clusters: int, limit: float) -> dict[str, str]:
+    """Module -> its Slurm group ("slurm-1", ...): the modules, longest first, each to the
+    group with the least work so far. A module stays whole: its module fixtures (the
+    reference run) are built on the cluster its tests use."""
+    cost: dict[str, float] = {}
+    for item in items:
+        if uses_slurm(item):
+            module = _module(item)
+            cost[module] = cost.get(module, 0.0) + _allowed(item, limit)
+    load = {f"slurm-{n}": 0.0 for n in range(1, max(clusters, 1) + 1)}
+    groups = {}
+    for module in sorted(cost, key=lambda module: (-cost[module], module)):
+        group = min(load, key=lambda name: (load[name], name))
+        groups[module], load[group] = group, load[group] + cost[module]
+    return groups
+
+
+def _module(item: pytest.Item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def _allowed(item: pytest.Item, limit: float) -> float:
+    """What the test may take: its slow mark's seconds, or a tenth of the limit (most tests
+    not marked slow take a fraction of it)."""
+    return item.stash.get(_ALLOWED_S, limit / 10)
 
 
 def _longest_first(items: list[pytest.Item], limit: float) -> None:
@@ -110,7 +154,7 @@ def _longest_first(items: list[pytest.Item], limit: float) -> None:
     cost: dict[str, float] = {}
     for item in items:
         unit = _work_unit(item)
-        cost[unit] = cost.get(unit, 0.0) + item.stash.get(_ALLOWED_S, limit / 10)
+        cost[unit] = cost.get(unit, 0.0) + _allowed(item, limit)
     items.sort(key=lambda item: -cost[_work_unit(item)])
 
 

@@ -95,8 +95,9 @@ class Submitted:
     def training_process(self, node_rank: int, *, worker: bool) -> psutil.Process | None:
         """This job's launcher (worker=False) or worker of rank 0 on a node, if it runs now.
 
-        Found by what Slurm and torch put in their environment: the job id and node
-        rank (srun), RANK for a worker (torch's launcher).
+        Found by what Slurm and torch put in their environment: the cluster (SLURM_CONF:
+        parallel workers run clusters whose job ids overlap), the job id and node rank
+        (srun), RANK for a worker (torch's launcher).
         """
         for process in psutil.process_iter(["cmdline"]):
             try:
@@ -111,7 +112,8 @@ class Submitted:
             except (psutil.NoSuchProcess, psutil.AccessDenied):
                 continue
             if (
-                env.get("SLURM_JOB_ID") == self.id
+                env.get("SLURM_CONF") == str(self.cluster.conf)
+                and env.get("SLURM_JOB_ID") == self.id
                 and env.get("SLURM_NODEID") == str(node_rank)
                 and ("RANK" in env) == worker
             ):

@@ -59,7 +59,7 @@ def on_head_node(slurm, script: str) -> str:
 @pytest.mark.multiprocess
 @pytest.mark.slow(
     reason="two jobs on the loopback Slurm cluster: a stop, 12 s held, a release and a resume",
-    seconds=200,
+    seconds=300,
 )
 def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
     running = Submitted(slurm, name="first")

@@ -67,8 +67,9 @@ def assert_finished_like_the_reference(job: Submitted, state: dict, reference: l
 
 
 @pytest.mark.slow(
-    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
-    seconds=110,
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training, "
+    "and the module's uninterrupted reference job when this test comes first (up to 115 s)",
+    seconds=240,
 )
 def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     job, state = uninterrupted
@@ -215,7 +216,7 @@ def stop_and_wait_for_the_requeue(slurm, job: Submitted, how: str, stop: int, af
 
 @pytest.mark.slow(
     reason="one job stopped four ways on the loopback Slurm cluster: five starts of 2 ranks",
-    seconds=400,
+    seconds=480,
 )
 def test_every_kind_of_stop_checkpoints_is_one_requeue_and_resumes(slurm, reference_losses, say):
     """Each stop: both ranks checkpoint at one step, exit 75, the job is requeued once and
@@ -245,8 +246,9 @@ def test_every_kind_of_stop_checkpoints_is_one_requeue_and_resumes(slurm, refere
 
 
 @pytest.mark.slow(
-    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training",
-    seconds=110,
+    reason="a job story on the loopback Slurm cluster: real sbatch, srun and 2-rank training, "
+    "and the module's uninterrupted reference job when this test comes first (up to 115 s)",
+    seconds=240,
 )
 def test_a_killed_worker_restarts_the_launchers_from_the_last_checkpoint(
     slurm, reference_losses, say
