@@ -38,13 +38,11 @@ pytestmark = pytest.mark.multiprocess
 
 
 @pytest.fixture
-def say(capsys, pytestconfig):
-    """Write a line to the terminal past pytest's capture: the CI log shows each job's story."""
-    reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+def say(ci_log):
+    """A line in the CI log (tests/support/ci_log.py): each job's story."""
 
     def write(line: str) -> None:
-        with capsys.disabled():
-            reporter.write_line(f"slurm test: {line}")
+        ci_log(f"slurm test: {line}")
 
     return write
 
