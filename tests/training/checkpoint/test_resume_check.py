@@ -49,7 +49,7 @@ def trained(tmp_path_factory):
     return output_dir
 
 
-@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=120)
+@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_another_zero_stage_stops_once_naming_the_change_and_the_ways_on(trained):
     result = _train(trained, "train.steps=12", "zero.stage=3")
     assert result.returncode == 2
@@ -62,7 +62,7 @@ def test_another_zero_stage_stops_once_naming_the_change_and_the_ways_on(trained
 
 
 @pytest.mark.parametrize("stage", [1, 3])
-@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=120)
+@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(
     trained, tmp_path, s3_uri, stage
 ):
@@ -82,7 +82,7 @@ def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(
     assert not list((tmp_path / "checkpoints").glob("step_*"))  # nothing fetched or trained
 
 
-@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=120)
+@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_an_engine_of_another_stage_is_refused_in_the_same_words_before_deepspeed_loads(
     single_rank, tmp_path
 ):
@@ -97,7 +97,7 @@ def test_an_engine_of_another_stage_is_refused_in_the_same_words_before_deepspee
         Checkpointer(tmp_path).resume(build_engine(zero_stage=3))
 
 
-@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=120)
+@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_another_precision_is_named_with_the_flags_that_resume(trained, tmp_path):
     copy = tmp_path / "checkpoints"
     subprocess.run(["cp", "-r", str(trained / "checkpoints"), str(copy)], check=True)
@@ -116,7 +116,7 @@ def test_another_precision_is_named_with_the_flags_that_resume(trained, tmp_path
     )
 
 
-@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=120)
+@pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_the_same_setup_on_one_rank_resumes(trained, tmp_path):
     run = tmp_path / "run"  # a copy: the module's other tests read the run as trained
     shutil.copytree(trained, run)
