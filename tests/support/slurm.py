@@ -354,7 +354,7 @@ def _close_the_way() -> None:
         holders = [pid for pid in record["holders"] if pid != os.getpid() and _alive(pid)]
         record["holders"] = holders
         if not holders:
-            for folder, mode in record.pop("modes").items():
+            for folder, mode in record["modes"].items():
                 with contextlib.suppress(OSError):
                     Path(folder).chmod(mode)
             record["modes"] = {}

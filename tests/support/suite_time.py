@@ -95,7 +95,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             # Room for a hang to be told from a slow run: pytest-timeout's own limit.
             if item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(max(600, 3 * seconds)))
-        if uses_slurm(item):
+        if _uses_slurm(item):
             item.add_marker(pytest.mark.slurm)
         for mark, group in _GROUP_OF_MARK.items():
             if item.get_closest_marker(mark) is not None:
@@ -103,7 +103,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     limit = time_limit(config)
     groups = _slurm_groups(items, int(config.getini("slurm_clusters")), limit)
     for item in items:
-        if uses_slurm(item):
+        if _uses_slurm(item):
             item.add_marker(pytest.mark.xdist_group(groups[_module(item)]))
         elif item.get_closest_marker("xdist_group") is None and _shares_a_module_fixture(item):
             # Its module's tests together: the fixture is built once, not once per worker.
@@ -114,7 +114,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         Path(config.getoption("slow_marks_json")).write_text(json.dumps(slow))
 
 
-def uses_slurm(item: pytest.Item) -> bool:
+def _uses_slurm(item: pytest.Item) -> bool:
     """The test reaches a Slurm cluster (through the `slurm` fixture or a fixture of its own
     built on the session's cluster)."""
     return any(fixture in getattr(item, "fixturenames", ()) for fixture in _SLURM_FIXTURES)
@@ -126,7 +126,7 @@ def _slurm_groups(items: list[pytest.Item], clusters: int, limit: float) -> dict
     reference run) are built on the cluster its tests use."""
     cost: dict[str, float] = {}
     for item in items:
-        if uses_slurm(item):
+        if _uses_slurm(item):
             module = _module(item)
             cost[module] = cost.get(module, 0.0) + _allowed(item, limit)
     load = {f"slurm-{n}": 0.0 for n in range(1, max(clusters, 1) + 1)}
