@@ -12,12 +12,20 @@ hands the command what a distributed script expects, and the stack's stop signal
   elastic/run.html), so a bare `torchrun train.py` joins the job's other nodes.
 - Code: the `--code` folder, unpacked (its requirements.txt installed), is the command's
   working directory and on its PYTHONPATH (training/code.py), as for the trainer.
-- Paths: CHECKPOINT_DIR (the job's own, kept across restarts and mirrored nowhere: the
-  command saves there), DATA_PATH (TRAIN_DATA_PATH, where the stack puts gpu:dataS3Uri).
+- Paths: CHECKPOINT_DIR (the job's own: the command saves there), DATA_PATH
+  (TRAIN_DATA_PATH, where the stack puts gpu:dataS3Uri). With TRAIN_S3_URI set (the stack
+  sets it for every job), CHECKPOINT_DIR is mirrored to S3 when the command ends and
+  brought back before it starts on a node without the newest copy
+  (training/checkpoint/folder_mirror.py): a requeue onto another node resumes too.
 - Stops: a SIGTERM or SIGINT to this process (a spot notice, a budget or idle stop,
   `cancel`, Slurm's preemption) goes on to the command's whole process group; the command
   has the stack's grace period to save, then exits. Its exit status is this one's: 75
-  (training.contract.ExitCode.INTERRUPTED) asks the stack to start it again later.
+  (training.contract.ExitCode.INTERRUPTED) asks the stack to start it again later. After a
+  stop, any failing status is taken as 75 too: torchrun answers a SIGTERM by stopping its
+  workers and raising SignalException, so it exits 1 whatever they did (torch 2.13.0,
+  torch/distributed/elastic/agent/server/api.py, SimpleElasticAgent.run: "Received %s
+  death signal, shutting down workers", then `raise`), and a job stopped by the stack has
+  not ended: it must run again.
 
 docs/command-jobs.md says what such a command must do; examples/command_job.py is one.
 """
@@ -31,7 +39,11 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping
+from pathlib import Path
 
+from botocore.exceptions import BotoCoreError, ClientError
+
+from training.checkpoint.folder_mirror import FolderMirror, MirrorError
 from training.code import use_job_code
 from training.contract import ExitCode
 from training.environment import (
@@ -92,8 +104,19 @@ def main(argv: list[str]) -> int:
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG
     environ = command_environment(env, inherited_environment(), env.nproc_per_node or _gpus())
+    mirror = None
     if "CHECKPOINT_DIR" in environ:
         os.makedirs(environ["CHECKPOINT_DIR"], exist_ok=True)
+        mirror = _mirror(env, Path(environ["CHECKPOINT_DIR"]))
+    if mirror is not None:
+        try:
+            restored = mirror.pull()
+        except (MirrorError, BotoCoreError, ClientError, OSError) as error:
+            # Started without its saves, the command would begin again from nothing.
+            print(f"{ERROR_PREFIX}exec: cannot bring CHECKPOINT_DIR from {mirror.uri}: {error}")
+            return ExitCode.FAILED
+        if restored is not None:
+            print(f"exec: CHECKPOINT_DIR brought from {mirror.uri} ({restored} files)", flush=True)
     try:
         # A session of its own: a stop reaches torchrun and every worker it started.
         child = subprocess.Popen(command, env=environ, cwd=code, start_new_session=True)
@@ -115,4 +138,28 @@ def main(argv: list[str]) -> int:
         time.sleep(0.2)
     stop.close()
     # A command ended by a signal exits as a shell says so (128 + the signal).
-    return status if status >= 0 else 128 - status
+    status = status if status >= 0 else 128 - status
+    if forwarded and status not in (ExitCode.DONE, ExitCode.INTERRUPTED):
+        print(f"exec: the command exited {status} after the stop: run it again (75)", flush=True)
+        status = ExitCode.INTERRUPTED
+    if mirror is not None:
+        try:
+            pushed = mirror.push()
+        except (BotoCoreError, ClientError, OSError) as error:
+            print(f"{ERROR_PREFIX}exec: cannot mirror CHECKPOINT_DIR to {mirror.uri}: {error}")
+        else:
+            print(
+                f"exec: CHECKPOINT_DIR mirrored to {mirror.uri} ({pushed.files} files, "
+                f"{pushed.uploaded} new: {pushed.uploaded_bytes / 2**20:.1f} MiB)",
+                flush=True,
+            )
+    return status
+
+
+def _mirror(env: TrainerEnv, folder: Path) -> FolderMirror | None:
+    """This node's S3 copy of CHECKPOINT_DIR, where the job has an S3 prefix."""
+    if env.s3_uri is None:
+        return None
+    import boto3  # in the image; only for a job with an S3 prefix
+
+    return FolderMirror(boto3.client("s3"), env.s3_uri, folder, env.node_rank)

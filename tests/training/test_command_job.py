@@ -1,6 +1,7 @@
 """`python -m training exec -- COMMAND`: the command gets the rendezvous and the job's paths,
 a stop reaches it as SIGTERM, and its exit 75 is the job's; examples/command_job.py saves on
-SIGTERM and resumes from its own checkpoint."""
+SIGTERM and resumes from its own checkpoint; a real torchrun stopped by a spot notice
+resumes on another node from the copy of its CHECKPOINT_DIR in moto's S3."""
 
 from __future__ import annotations
 
@@ -12,11 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.training.fake_imds import FakeImds
+from tests.training.multirank import free_port
 from training.contract import ExitCode
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "command_job.py"
+TORCHRUN_JOB = Path(__file__).with_name("torchrun_job.py")
 
 
 def job_env(tmp_path: Path) -> dict[str, str]:
@@ -105,3 +110,56 @@ def test_a_spot_notice_reaches_the_command_as_sigterm(tmp_path):
         out, _ = job.communicate(timeout=30)
     assert job.returncode == ExitCode.INTERRUPTED, out
     assert f"saved at step {json.loads(state.read_text())['step']}" in out
+
+
+@pytest.mark.multiprocess
+def test_a_torchrun_job_stopped_by_a_spot_notice_resumes_on_another_node_from_s3(
+    tmp_path, s3_uri, ci_log
+):
+    def torchrun(disk: Path, steps: int, spot: str) -> subprocess.Popen:
+        """torchrun (its module, in this interpreter) with 2 ranks, as `run STACK --
+        torchrun --nproc-per-node 2 ...` starts it on a node whose disk is `disk`."""
+        env = {
+            **os.environ,
+            "TRAIN_NPROC_PER_NODE": "2",
+            "TRAIN_MASTER_PORT": str(free_port()),
+            "TRAIN_CHECKPOINT_DIR": str(disk / "ckpt"),
+            "TRAIN_S3_URI": s3_uri,
+            "TRAIN_SPOT_ENDPOINT": spot,
+        }
+        command = [sys.executable, "-m", "torch.distributed.run", str(TORCHRUN_JOB)]
+        return subprocess.Popen(
+            [sys.executable, "-m", "training", "exec", "--", *command, "--steps", str(steps)],
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    first = tmp_path / "node-a"
+    with FakeImds() as imds:
+        job = torchrun(first, 1000, imds.url)
+        wait_for_step(first / "ckpt" / "state.json", job, 3)
+        imds.notify("terminate", "2026-01-01T00:02:00Z")
+        out, _ = job.communicate(timeout=60)
+    # torchrun itself exits 1 on a SIGTERM (SignalException); the stop makes it 75.
+    assert job.returncode == ExitCode.INTERRUPTED, out
+    assert "exec: the command exited 1 after the stop: run it again (75)" in out
+    saved = json.loads((first / "ckpt" / "state.json").read_text())["step"]
+    assert f"rank 0 saved at step {saved}; exit 75" in out
+    assert f"rank 1 saved at step {saved}; exit 75" in out
+    assert f"exec: CHECKPOINT_DIR mirrored to {s3_uri}/checkpoint-dir/node-0 (1 files" in out
+
+    second = tmp_path / "node-b"  # the replacement node: an empty disk
+    job = torchrun(second, saved + 2, "")
+    out, _ = job.communicate(timeout=60)
+    assert job.returncode == ExitCode.DONE, out
+    assert f"exec: CHECKPOINT_DIR brought from {s3_uri}/checkpoint-dir/node-0 (1 files)" in out
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: from step {saved}" in out
+        assert f"rank {rank} done at step {saved + 2}" in out
+    ci_log(
+        f"command job test: torchrun (2 ranks) stopped by a spot notice saved at step {saved} "
+        f"and exited 75; on an empty node it came back from S3 and resumed at step {saved}"
+    )

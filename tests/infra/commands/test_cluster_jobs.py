@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,10 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     # The ranks share CHECKPOINT_DIR: the first up finds nothing to resume, a later one may
     # find what the first saved meanwhile.
     assert "0" in starts().values(), log[-2000:]
+    assert log.count("exec: CHECKPOINT_DIR mirrored to s3://") == 2, log[-2000:]
+    # Requeued onto other nodes: their disks hold nothing of the job; S3's copy brings it.
+    for path in saved_state.parent.parent.glob("cmd*"):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
     command.job_command = [sys.executable, str(EXAMPLE), "--steps", str(saved + 2)]
     second_id = run_job.run(command).split("as job ")[1].split()[0]
     state = wait_for(
@@ -158,8 +163,14 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     )
     log = (cluster.jobs_dir / f"train-{second_id}.out").read_text()
     assert state == "COMPLETED", log[-2000:]
-    assert f"from step {saved}" in log and f"done at step {saved + 2}" in log
+    assert log.count("exec: CHECKPOINT_DIR brought from s3://") == 2, log[-2000:]
+    # Each node brought its own copy; on this host both write one folder, so a rank may
+    # start from the other node's save, a step apart: never from nothing.
+    resumed = [int(step) for step in re.findall(r"rank \d of 2: from step (\d+)", log)]
+    assert len(resumed) == 2 and all(0 < step <= saved for step in resumed), log[-2000:]
+    assert log.count(f"done at step {saved + 2}") == 2, log[-2000:]
     ci_log(
-        f"slurm test: command job cmd (job {first_id}) cancelled, saved at step {saved}; run "
-        f"again (job {second_id}) it resumed from its own checkpoint and finished"
+        f"slurm test: command job cmd (job {first_id}) cancelled, saved at step {saved} and "
+        f"mirrored its CHECKPOINT_DIR to S3; run again (job {second_id}) on empty disks it "
+        f"came back from S3, resumed at step {max(resumed)} and finished"
     )
