@@ -1,19 +1,19 @@
 """The stack's outputs: one typed definition the Pulumi program writes and the commands read.
 
-The program fills a `StackOutputs` with Pulumi Outputs of the types below and exports one
-output per field that is not None (`present`); the commands parse the values Pulumi
-reports back (`pulumi stack output --json`, the Automation API's `outputs()`) with
-`read_outputs`, and use attributes. Both stack kinds write every field but those whose
-metadata names one `KIND`, which only that kind writes. Torch-free and Pulumi-free: the command line
-imports it without either.
+Each kind of stack has its own record (`SingleNodeOutputs`, `ClusterOutputs`), holding
+what every kind writes and its own fields; `kind` tells them apart. The program fills its
+kind's record with Pulumi Outputs of the types below and exports one output per field that
+is not None (`present`); the commands parse the values Pulumi reports back (`pulumi stack
+output --json`, the Automation API's `outputs()`) with `read_outputs` into the union
+`StackOutputs`, and open the target of its kind (infra/targets/). Torch-free and
+Pulumi-free: the command line imports it without either.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import pydantic
 
@@ -21,19 +21,13 @@ from common.market import Market
 from infra.errors import ConfigError
 
 SINGLE_NODE = "ec2"  # gpu:cluster unset: EC2 nodes (infra/components/single_node.py)
-CLUSTER = (
-    "slurm"  # gpu:cluster: slurm, a ParallelCluster cluster (infra/components/cluster_stack.py)
-)
-KIND = "kind"  # field metadata: the one stack kind that writes the field
+CLUSTER = "slurm"  # gpu:cluster: slurm, a ParallelCluster cluster (cluster_stack.py)
 
 
-_SINGLE_NODE_ONLY = {KIND: SINGLE_NODE}
-_CLUSTER_ONLY = {KIND: CLUSTER}
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _SharedOutputs:
+    """What every kind of stack writes."""
 
-
-@dataclasses.dataclass(frozen=True)
-class StackOutputs:
-    # Both stack kinds.
     instance_type: str
     nodes: int
     market: Market  # how the nodes are bought (gpu:spot, gpu:capacityBlockId...)
@@ -51,39 +45,6 @@ class StackOutputs:
     kept_on_destroy: list[str]  # what `pulumi destroy` leaves in the account (docs/costs.md)
     # The spend guard's DynamoDB ledger; None on a stack deployed before the guard existed.
     spend_ledger_table: str | None = None
-    # The single-node stack only.
-    price_model: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    availability_zone: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    instance_ids: list[str] | None = field(
-        default=None, metadata=_SINGLE_NODE_ONLY
-    )  # in rank order
-    private_ips: list[str] | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    ssm_sessions: list[str] | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    log_group: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    runway_hours: float | None = field(
-        default=None, metadata=_SINGLE_NODE_ONLY
-    )  # hours of full load the budget buys
-    # Only on a spot stack: a persistent spot request outlives its instance (docs/stack.md).
-    cancel_spot_requests: str | None = field(default=None, metadata=_SINGLE_NODE_ONLY)
-    # The cluster stack only.
-    cluster: Literal["slurm"] | None = field(default=None, metadata=_CLUSTER_ONLY)
-    cluster_name: str | None = field(
-        default=None, metadata=_CLUSTER_ONLY
-    )  # ParallelCluster's name for the cluster
-    parallelcluster_version: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-    queue: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-    head_node: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-    head_node_ip: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-    submit_command: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-    idle_usd_per_hour: float | None = field(
-        default=None, metadata=_CLUSTER_ONLY
-    )  # the head node and NAT gateway, no job
-    cluster_log_group_prefix: str | None = field(default=None, metadata=_CLUSTER_ONLY)
-
-    @property
-    def kind(self) -> str:
-        """SINGLE_NODE or CLUSTER: which target (infra/targets/) the commands open."""
-        return self.cluster or SINGLE_NODE
 
     def present(self) -> dict[str, Any]:
         """The fields this stack writes (not None), by output name: what the program exports."""
@@ -94,16 +55,57 @@ class StackOutputs:
         }
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SingleNodeOutputs(_SharedOutputs):
+    """The single-node stack's: EC2 instances that read the job spool."""
+
+    kind: Literal["ec2"] = SINGLE_NODE
+    price_model: str
+    availability_zone: str
+    instance_ids: list[str]  # in rank order
+    private_ips: list[str]
+    ssm_sessions: list[str]
+    log_group: str
+    runway_hours: float  # hours of full load the budget buys
+    # Only on a spot stack: a persistent spot request outlives its instance (docs/stack.md).
+    cancel_spot_requests: str | None = None
+
+    @property
+    def has_compute(self) -> bool:
+        return bool(self.instance_ids)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ClusterOutputs(_SharedOutputs):
+    """The cluster stack's: a ParallelCluster Slurm cluster, reached through its head node."""
+
+    kind: Literal["slurm"] = CLUSTER
+    cluster_name: str  # ParallelCluster's name for the cluster
+    parallelcluster_version: str
+    queue: str
+    head_node: str
+    head_node_ip: str
+    submit_command: str
+    idle_usd_per_hour: float  # the head node and NAT gateway, no job
+    cluster_log_group_prefix: str
+
+    @property
+    def has_compute(self) -> bool:
+        return bool(self.head_node)
+
+
+# The union the commands read, told apart by `kind` (which target infra/targets/ opens).
+StackOutputs = SingleNodeOutputs | ClusterOutputs
+KINDS: dict[str, type[StackOutputs]] = {SINGLE_NODE: SingleNodeOutputs, CLUSTER: ClusterOutputs}
+
+
 def written_by(kind: str) -> set[str]:
     """The outputs a stack of `kind` writes (a spot stack adds cancel_spot_requests)."""
-    return {
-        field.name
-        for field in dataclasses.fields(StackOutputs)
-        if field.metadata.get(KIND, kind) == kind
-    }
+    return {field.name for field in dataclasses.fields(KINDS[kind])}
 
 
-_PARSER = pydantic.TypeAdapter(StackOutputs)
+_PARSER = pydantic.TypeAdapter(Annotated[StackOutputs, pydantic.Field(discriminator="kind")])
+_NAMES = set().union(*(written_by(kind) for kind in KINDS))
 
 
 def read_outputs(stack: str, values: Mapping[str, Any]) -> StackOutputs:
@@ -112,13 +114,15 @@ def read_outputs(stack: str, values: Mapping[str, Any]) -> StackOutputs:
     Outputs a newer program no longer writes are ignored; one this definition needs and the
     stack lacks (a stack from an older program) is a ConfigError that says how to add it.
     """
-    names = {field.name for field in dataclasses.fields(StackOutputs)}
     try:
-        return _PARSER.validate_python({k: v for k, v in values.items() if k in names})
+        return _PARSER.validate_python({k: v for k, v in values.items() if k in _NAMES})
     except pydantic.ValidationError as error:
         problem = error.errors()[0]
-        name = ".".join(str(part) for part in problem["loc"])
-        what = "has no output" if problem["type"] == "missing" else "has a malformed output"
+        # A kind's own fields are reported under the kind's name: ("ec2", "log_group").
+        parts = [str(part) for part in problem["loc"]]
+        name = ".".join(parts[1:] if parts[:1] and parts[0] in KINDS else parts) or "kind"
+        missing = problem["type"] in ("missing", "union_tag_not_found")
+        what = "has no output" if missing else "has a malformed output"
         raise ConfigError(
             f"stack {stack} {what} {name!r} ({problem['msg']}): `python -m infra up {stack}` "
             "writes it (no resource changes)"

@@ -105,9 +105,6 @@ def run(
     target.before_destroy(say=say, sleep=sleep)
     s3 = workspace.aws("s3", region) if bucket else None
     ecr = workspace.aws("ecr", region) if repository else None
-    log_prefix = deployed.cluster_log_group_prefix
-    cloudwatch_logs = workspace.aws("logs", region) if log_prefix else None
-    cloudformation = workspace.aws("cloudformation", region) if log_prefix else None
     checkpoint = last_checkpoint(s3, current_run_uri(s3, outputs.checkpoint_uri)) if s3 else None
     stack.destroy(on_output=say, color="never")
     secret = hf_token.secret_name(deployed.cost_tag[1])
@@ -120,10 +117,8 @@ def run(
         if repository and repository_exists(ecr, repository):
             images = delete_repository(ecr, repository)
             say(f"deleted the repository {repository} and its {images} image(s)")
-        for group in leftovers.cluster_log_groups(
-            cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
-        ):
-            cloudwatch_logs.delete_log_group(logGroupName=group.resource_id)
+        for group in target.log_groups():
+            workspace.aws("logs", region).delete_log_group(logGroupName=group.resource_id)
             say(f"deleted the log group {group.resource_id}")
         deleted = ["its data with it"]
     kept = []
@@ -136,9 +131,7 @@ def run(
     if repository and repository_exists(ecr, repository):
         kept.append(f"  repository {repository}: {len(_image_ids(ecr, repository))} image(s)")
     # Kept because gpu:deleteDataOnDestroy is false; gone already after --delete-data.
-    kept_logs = leftovers.cluster_log_groups(
-        cloudwatch_logs, log_prefix, cloudformation, deployed.cluster_name
-    )
+    kept_logs = target.log_groups()
     kept += [log.describe() for log in kept_logs]
     kept += target.kept_after_destroy()
     # The kept log groups carry the stack's tags too: kept on purpose, not left over.

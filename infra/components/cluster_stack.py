@@ -9,14 +9,14 @@ from infra.components.cluster import ClusterArgs, SlurmCluster
 from infra.components.network import VPC_CIDR
 from infra.components.stack import STACK_TYPE, StackArgs, foundation
 from infra.knowledge.parallelcluster import load_parallelcluster
-from infra.outputs import CLUSTER, StackOutputs
+from infra.outputs import ClusterOutputs
 
 
 class ClusterStack(pulumi.ComponentResource):
     """Every resource of a Slurm cluster stack, for one plan resolved with a ParallelCluster
     release (plan.cluster)."""
 
-    outputs: StackOutputs
+    outputs: ClusterOutputs
 
     def __init__(self, name: str, args: StackArgs, opts: pulumi.ResourceOptions | None = None):
         # ParallelCluster names the cluster after the stack (SlurmCluster): refused here, not
@@ -52,9 +52,8 @@ class ClusterStack(pulumi.ComponentResource):
                 base.child, pulumi.ResourceOptions(depends_on=base.watchers)
             ),
         )
-        self.outputs = StackOutputs(
+        self.outputs = ClusterOutputs(
             **base.shared_outputs(config, plan),
-            cluster=CLUSTER,
             # ParallelCluster's name for it, as SlurmCluster and the spend guard use it.
             cluster_name=name,
             parallelcluster_version=plan.cluster.version,

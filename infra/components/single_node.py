@@ -15,14 +15,14 @@ from infra.knowledge.allreduce import node_expectation
 from infra.knowledge.costs import hourly_usd, price_model
 from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
-from infra.outputs import StackOutputs
+from infra.outputs import SingleNodeOutputs
 from infra.planning import train_config_text
 
 
 class SingleNodeStack(pulumi.ComponentResource):
     """Every resource of a stack of `plan.nodes` EC2 nodes, for one resolved plan."""
 
-    outputs: StackOutputs
+    outputs: SingleNodeOutputs
 
     def __init__(self, name: str, args: StackArgs, opts: pulumi.ResourceOptions | None = None):
         super().__init__(STACK_TYPE, name, None, opts)
@@ -71,7 +71,7 @@ class SingleNodeStack(pulumi.ComponentResource):
             opts=base.child,
         )
         base.guardrails.watch(compute.instance_ids)
-        self.outputs = StackOutputs(
+        self.outputs = SingleNodeOutputs(
             **base.shared_outputs(config, plan),
             market=config.market,
             price_model=price_model(

@@ -4,7 +4,7 @@
 component (SingleNodeStack or ClusterStack), through its own AWS provider whose default tags
 put the stack's cost-allocation tag on everything that takes tags (budgets filter on that
 tag): the network, storage, the budget and alarms and the spend guard. Each kind then adds
-its nodes and writes its StackOutputs (infra/outputs.py).
+its nodes and writes its kind's outputs (infra/outputs.py).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ class Foundation:
         ]
 
     def shared_outputs(self, config: StackConfig, plan: Plan) -> dict[str, Any]:
-        """The StackOutputs fields both kinds write, the same way."""
+        """The outputs every kind writes (infra/outputs.py), the same way."""
         return {
             "instance_type": plan.instance.type,
             "nodes": plan.nodes,

@@ -44,7 +44,7 @@ def wait_until_stopped(
             )
         sleep(FLEET_POLL_S)
         waited += FLEET_POLL_S
-        status = fleet.status(dynamodb, stack.cluster_name)
+        status = fleet.status(dynamodb, stack.outputs.cluster_name)
 
 
 def stop_fleet(
@@ -53,13 +53,13 @@ def stop_fleet(
     """STOP_REQUESTED, then wait for STOPPED: clustermgtd has terminated every compute node."""
     dynamodb = workspace.aws("dynamodb", stack.region)
     try:
-        fleet.request_stop(dynamodb, stack.cluster_name, _now())
+        fleet.request_stop(dynamodb, stack.outputs.cluster_name, _now())
     except ClientError as exc:
         if exc.response["Error"]["Code"] != fleet.CONDITION_FAILED:
             raise
         # Stopping or stopped already.
     say(f"compute fleet {fleet.STOP_REQUESTED}: waiting for ParallelCluster to stop it")
-    wait_until_stopped(stack, fleet.status(dynamodb, stack.cluster_name), sleep=sleep)
+    wait_until_stopped(stack, fleet.status(dynamodb, stack.outputs.cluster_name), sleep=sleep)
     say(f"compute fleet {fleet.STOPPED}")
 
 
@@ -68,17 +68,15 @@ def start_fleet(
 ) -> None:
     """START_REQUESTED when the fleet is stopped or stopping (after the stop has finished);
     nothing when it runs."""
-    if not stack.cluster_name:
-        return
     dynamodb = workspace.aws("dynamodb", stack.region)
-    status = fleet.status(dynamodb, stack.cluster_name)
+    status = fleet.status(dynamodb, stack.outputs.cluster_name)
     if status not in fleet.STOPPING:
         return
     if status != fleet.STOPPED:
         say(f"the compute fleet is {status}: waiting for ParallelCluster to finish the stop")
         wait_until_stopped(stack, status, sleep=sleep)
     try:
-        fleet.request_start(dynamodb, stack.cluster_name, _now())
+        fleet.request_start(dynamodb, stack.outputs.cluster_name, _now())
     except ClientError as exc:
         if exc.response["Error"]["Code"] != fleet.CONDITION_FAILED:
             raise

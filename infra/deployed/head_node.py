@@ -84,7 +84,7 @@ def head_node_state(stack: workspace.Deployed, found: list[ClusterNode] | None =
             workspace.aws("ec2", stack.region), stack.cost_tag, stack.outputs.market
         )
     for node in found:
-        if node.instance_id == stack.head_node:
+        if node.instance_id == stack.outputs.head_node:
             return node.state
     return "gone"
 
@@ -105,7 +105,7 @@ def on_head_node(
         try:
             ended = nodes.run_script(
                 ssm,
-                [stack.head_node],
+                [stack.outputs.head_node],
                 script,
                 comment=f"gpu-training-stack: {what}",
                 timeout_s=timeout_s,
@@ -116,17 +116,17 @@ def on_head_node(
             if waited >= registration_wait_s:
                 after = f" after {waited:g} s" if waited else ""
                 raise ConfigError(
-                    f"the head node {stack.head_node} of {stack.name} does not answer SSM "
+                    f"the head node {stack.outputs.head_node} of {stack.name} does not answer SSM "
                     f"(its agent is not registered{after}): if it just started, try again in "
                     "a minute; else see why with `aws ec2 get-console-output --instance-id "
-                    f"{stack.head_node}`"
+                    f"{stack.outputs.head_node}`"
                 ) from None
             sleep(nodes.POLL_S)
             waited += nodes.POLL_S
-    invocation = ended[stack.head_node]
+    invocation = ended[stack.outputs.head_node]
     if invocation.status != "Success":
         raise ConfigError(
-            f"{what} on the head node {stack.head_node} ended {invocation.status}: "
+            f"{what} on the head node {stack.outputs.head_node} ended {invocation.status}: "
             f"{(invocation.stderr or invocation.stdout).strip()[-500:] or 'no output'}"
         )
     return invocation.stdout

@@ -78,23 +78,6 @@ class Deployed:
     budget_period: str = "MONTHLY"  # gpu:budgetPeriod, the spend ledger's period
 
     @property
-    def instance_ids(self) -> list[str]:
-        """The single-node stack's nodes in rank order (a cluster's come and go: none)."""
-        return list(self.outputs.instance_ids or [])
-
-    @property
-    def head_node(self) -> str | None:
-        return self.outputs.head_node
-
-    @property
-    def cluster_name(self) -> str | None:
-        return self.outputs.cluster_name
-
-    @property
-    def cluster_log_group_prefix(self) -> str | None:
-        return self.outputs.cluster_log_group_prefix
-
-    @property
     def cost_tag(self) -> tuple[str, str]:
         """(key, value) of the tag on every instance of the stack."""
         key, _, value = self.outputs.cost_tag.partition("=")
@@ -115,7 +98,7 @@ def deployed(name: str, stack: Any | None = None) -> Deployed:
     stack = stack if stack is not None else open_stack(name)
     values = stack.outputs()
     outputs = stack_outputs(name, values) if values else None
-    if outputs is None or not (outputs.instance_ids or outputs.head_node):
+    if outputs is None or not outputs.has_compute:
         raise ConfigError(
             f"stack {name!r} has no instances (it is down or was never up): "
             f"`python -m infra up {name}` creates them"

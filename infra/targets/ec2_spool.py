@@ -19,6 +19,7 @@ from typing import Any, TextIO
 
 from infra.deployed import ledger_spend, nodes, progress
 from infra.deployed.checkpoints import job_status, last_checkpoint, stop_report
+from infra.deployed.leftovers import Leftover
 from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState, current_run_uri
@@ -33,10 +34,10 @@ CANCEL_WAIT_S = spool.POLL_S + 150
 
 class SpoolTarget(StackTarget):
     def describe(self) -> str:
-        return f"{len(self.stack.instance_ids)} node(s)"
+        return f"{len(self.stack.outputs.instance_ids)} node(s)"
 
     def up_summary(self) -> str:
-        return ", ".join(self.stack.instance_ids)
+        return ", ".join(self.stack.outputs.instance_ids)
 
     def run_uri(self, job: str) -> str:
         return f"{self.stack.checkpoint_uri.rstrip('/')}/{job}"
@@ -99,7 +100,9 @@ class SpoolTarget(StackTarget):
 
     def _running(self, ec2: Any) -> list[str]:
         return [
-            n.instance_id for n in nodes.nodes(ec2, self.stack.instance_ids) if n.state == "running"
+            n.instance_id
+            for n in nodes.nodes(ec2, self.stack.outputs.instance_ids)
+            if n.state == "running"
         ]
 
     def _stop_job(self, running: list[str], *, say: Say, sleep: Sleep) -> dict[str, str]:
@@ -139,7 +142,9 @@ class SpoolTarget(StackTarget):
     def start(self, *, say: Say, sleep: Sleep) -> str:
         stack, ec2 = self.stack, self._aws("ec2")
         stopped = [
-            n.instance_id for n in nodes.nodes(ec2, stack.instance_ids) if n.state == "stopped"
+            n.instance_id
+            for n in nodes.nodes(ec2, stack.outputs.instance_ids)
+            if n.state == "stopped"
         ]
         if not stopped:
             return (
@@ -161,7 +166,7 @@ class SpoolTarget(StackTarget):
         stack = self.stack
         if args.job is not None and args.node is not None:
             raise ConfigError("--job and --node: give one (a job's stream, or a node's own lines)")
-        count = len(stack.instance_ids)
+        count = len(stack.outputs.instance_ids)
         if args.node is not None and not 0 <= args.node < count:
             raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {count - 1}")
         if args.since <= 0:
@@ -205,7 +210,7 @@ class SpoolTarget(StackTarget):
                 ("NODE", "INSTANCE", "STATE", "SPOT REQUEST"),
                 [
                     (n.rank, n.instance_id, n.state, n.spot_request or "-")
-                    for n in nodes.nodes(ec2, stack.instance_ids)
+                    for n in nodes.nodes(ec2, stack.outputs.instance_ids)
                 ],
             ),
             "",
@@ -224,16 +229,19 @@ class SpoolTarget(StackTarget):
         return "\n".join(lines)
 
     def before_destroy(self, *, say: Say, sleep: Sleep) -> None:
-        if not self.stack.instance_ids:
+        if not self.stack.outputs.instance_ids:
             return
         ec2 = self._aws("ec2")
         running = self._running(ec2)
         if running:
             results = self._stop_job(running, say=say, sleep=sleep)
             say(", ".join(f"{i}: {status}" for i, status in sorted(results.items())))
-        cancelled = nodes.cancel_spot_requests(ec2, self.stack.instance_ids)
+        cancelled = nodes.cancel_spot_requests(ec2, self.stack.outputs.instance_ids)
         if cancelled:
             say(f"cancelled spot request(s) {', '.join(cancelled)} before the destroy")
+
+    def log_groups(self) -> list[Leftover]:
+        return []  # the node's log group is the program's: the destroy deletes it
 
     def kept_after_destroy(self) -> list[str]:
         return []

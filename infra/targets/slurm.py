@@ -119,14 +119,14 @@ class SlurmTarget(StackTarget):
         state = head_node.head_node_state(stack)
         if state == "gone":
             raise ConfigError(
-                f"the head node {stack.head_node} of {stack.name} is gone: "
+                f"the head node {stack.outputs.head_node} of {stack.name} is gone: "
                 f"`python -m infra up {stack.name}` shows what the stack needs"
             )
         if state != "running":
-            say(f"starting the head node {stack.head_node} (it was {state})")
-            ec2.start_instances(InstanceIds=[stack.head_node])
+            say(f"starting the head node {stack.outputs.head_node} (it was {state})")
+            ec2.start_instances(InstanceIds=[stack.outputs.head_node])
             ec2.get_waiter("instance_running").wait(
-                InstanceIds=[stack.head_node], WaiterConfig={"Delay": 5, "MaxAttempts": 120}
+                InstanceIds=[stack.outputs.head_node], WaiterConfig={"Delay": 5, "MaxAttempts": 120}
             )
         start_fleet(stack, say=say, sleep=sleep)
         released = parse_queue(
@@ -251,6 +251,17 @@ class SlurmTarget(StackTarget):
     def before_destroy(self, *, say: Say, sleep: Sleep) -> None:
         if head_node.head_node_state(self.stack) == "running":
             head_node.hold_queue(self.stack, say=say, sleep=sleep)
+
+    def log_groups(self) -> list[leftovers.Leftover]:
+        # ParallelCluster keeps the cluster's log groups after its stack is deleted
+        # (infra/deployed/leftovers.py, cluster_log_groups).
+        out = self.stack.outputs
+        return leftovers.cluster_log_groups(
+            self._aws("logs"),
+            out.cluster_log_group_prefix,
+            self._aws("cloudformation"),
+            out.cluster_name,
+        )
 
     def kept_after_destroy(self) -> list[str]:
         return [

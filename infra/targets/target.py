@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from infra.deployed import workspace
+from infra.deployed.leftovers import Leftover
 from infra.jobs.spool import JobSpec
 
 FOLLOW_POLL_S = 3.0  # logs --follow: how often a target looks for new lines
@@ -91,6 +92,10 @@ class Target(Protocol):
     def before_destroy(self, *, say: Say, sleep: Sleep) -> None:
         """What must happen before `pulumi destroy`: running jobs checkpoint, and nothing
         outside Pulumi is left to start new machines."""
+
+    def log_groups(self) -> list[Leftover]:
+        """The stack's log groups that `pulumi destroy` leaves (not the program's own):
+        `down` lists them as kept, or deletes them with --delete-data."""
 
     def kept_after_destroy(self) -> list[str]:
         """Lines naming what this kind leaves in the account on purpose after a destroy,

@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from infra.errors import ConfigError
-from infra.outputs import CLUSTER, SINGLE_NODE, StackOutputs, read_outputs, written_by
+from infra.outputs import (
+    CLUSTER,
+    SINGLE_NODE,
+    ClusterOutputs,
+    SingleNodeOutputs,
+    read_outputs,
+    written_by,
+)
 from tests.infra.commands.conftest import cluster_outputs, stack_outputs
 from tests.support.stack_runs import run_stack
 
@@ -24,7 +31,6 @@ READ_FROM_BOTH = {
 }
 READ_FROM_SINGLE_NODE = {"instance_ids", "log_group"}
 READ_FROM_CLUSTER = {
-    "cluster",
     "cluster_name",
     "head_node",
     "queue",
@@ -50,7 +56,7 @@ def test_the_single_node_stack_exports_every_field_it_owns_and_reads_back(single
     assert exported >= READ_FROM_BOTH | READ_FROM_SINGLE_NODE
     assert not READ_FROM_CLUSTER & exported
     outputs = read_outputs("test", single_node_spot.outputs)
-    assert outputs.kind == SINGLE_NODE and len(outputs.instance_ids) == 1
+    assert isinstance(outputs, SingleNodeOutputs) and len(outputs.instance_ids) == 1
     assert outputs.market == "spot"
 
 
@@ -65,7 +71,7 @@ def test_the_cluster_stack_exports_every_field_it_owns_and_reads_back(cluster):
     assert exported >= READ_FROM_BOTH | READ_FROM_CLUSTER
     assert not READ_FROM_SINGLE_NODE & exported
     outputs = read_outputs("test", cluster.outputs)
-    assert outputs.kind == CLUSTER and outputs.queue == "gpu" and outputs.nodes == 2
+    assert isinstance(outputs, ClusterOutputs) and outputs.queue == "gpu" and outputs.nodes == 2
 
 
 def test_both_kinds_write_the_shared_fields(single_node_spot, cluster):
@@ -99,4 +105,21 @@ def test_a_value_of_the_wrong_type_is_refused():
 
 def test_outputs_a_newer_program_writes_are_ignored():
     values = stack_outputs(["i-0"], spot=True, some_later_output="x")
-    assert read_outputs("l4x1", values) == StackOutputs(**stack_outputs(["i-0"], spot=True))
+    assert read_outputs("l4x1", values) == SingleNodeOutputs(**stack_outputs(["i-0"], spot=True))
+
+
+def test_a_stack_without_its_kind_is_told_to_write_it():
+    values = cluster_outputs()
+    del values["kind"]  # a stack from before the outputs named their kind
+    with pytest.raises(ConfigError, match="stack a100x8 has no output 'kind'"):
+        read_outputs("a100x8", values)
+
+
+def test_a_kinds_own_output_is_checked_under_its_name():
+    values = stack_outputs(["i-0"], spot=False)
+    del values["log_group"]
+    with pytest.raises(ConfigError, match="stack l4x1 has no output 'log_group'"):
+        read_outputs("l4x1", values)
+    values = cluster_outputs(kind="ec2")  # a cluster's record under the other kind
+    with pytest.raises(ConfigError, match="stack l4x1 has no output 'price_model'"):
+        read_outputs("l4x1", values)

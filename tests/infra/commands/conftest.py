@@ -172,19 +172,62 @@ def stack_outputs(instance_ids: list[str], *, spot: bool, **extra) -> dict[str, 
     """The outputs the single-node stack writes, for a l4x1 stack in moto."""
     return shared_outputs(
         **{
+            "kind": "ec2",
             "nodes": len(instance_ids),
             "market": "spot" if spot else "on-demand",
+            "price_model": "spot" if spot else "on-demand",
+            "availability_zone": f"{REGION}a",
             "instance_ids": instance_ids,
+            "private_ips": [f"10.0.0.{10 + rank}" for rank in range(len(instance_ids))],
+            "ssm_sessions": [f"aws ssm start-session --target {i}" for i in instance_ids],
             "log_group": LOG_GROUP,
+            "runway_hours": 32.7,
             "hourly_cost_usd": 0.75 if spot else 3.06,
             **extra,
         }
     )
 
 
+# The cluster stack's own outputs (infra/outputs.py, ClusterOutputs).
+CLUSTER_ONLY = {
+    "kind": "slurm",
+    "cluster_name": "gpu-training-stack-a100x8",
+    "parallelcluster_version": "3.14.0",
+    "queue": "gpu",
+    "head_node": "i-0head",
+    "head_node_ip": "10.0.1.5",
+    "submit_command": "sbatch ...",
+    "idle_usd_per_hour": 0.21,
+    "cluster_log_group_prefix": "/aws/parallelcluster/gpu-training-stack-a100x8",
+}
+
+
 def cluster_outputs(**extra) -> dict[str, Any]:
-    """The outputs the cluster stack writes (its own fields in `extra`)."""
-    return shared_outputs(**{"cluster": "slurm", **extra})
+    """The outputs the cluster stack writes (its own fields changed by `extra`)."""
+    return shared_outputs(**{**CLUSTER_ONLY, **extra})
+
+
+def fleet_table(dynamodb, cluster: str, status: str) -> None:
+    """ParallelCluster's compute fleet status item for `cluster` (infra/functions/fleet.py)."""
+    table = f"parallelcluster-{cluster}"
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(
+        TableName=table,
+        Item={
+            "Id": {"S": "COMPUTE_FLEET"},
+            "Data": {
+                "M": {
+                    "status": {"S": status},
+                    "lastStatusUpdatedTime": {"S": "2026-12-01 10:00:00.000000+00:00"},
+                }
+            },
+        },
+    )
 
 
 def checkpoint_bucket(s3, tags: list[str]) -> None:

@@ -66,5 +66,8 @@ class FakeTarget:
         self.calls.append("before_destroy")
         say("fake jobs checkpointed")
 
+    def log_groups(self) -> list:
+        return []
+
     def kept_after_destroy(self) -> list[str]:
         return ["  a fake volume (kept on purpose)"]

@@ -16,7 +16,13 @@ from infra.commands import down, logs, start, status, stop
 from infra.deployed import workspace
 from infra.errors import ConfigError
 from tests.infra.cluster.jobs import DONE_STATES, STEPS, Submitted
-from tests.infra.commands.conftest import BUCKET, cluster_outputs, log_args
+from tests.infra.commands.conftest import (
+    BUCKET,
+    CLUSTER_ONLY,
+    cluster_outputs,
+    fleet_table,
+    log_args,
+)
 from tests.support.aws import an_image
 from tests.support.head_node import HeadNodeSSM
 
@@ -59,6 +65,7 @@ class Cluster:
         ec2.terminate_instances(InstanceIds=[ended])  # scaled down: not a node any more
         _instance(ec2, image, "p4d.24xlarge", {TAG[0]: "gpu-training-stack-other"})
         aws.client("s3").create_bucket(Bucket=BUCKET)
+        fleet_table(aws.client("dynamodb"), CLUSTER_ONLY["cluster_name"], "RUNNING")
         stub_stack.outputs_ = cluster_outputs(
             cost_tag="=".join(TAG),
             instance_type="g6e.12xlarge",

@@ -15,6 +15,7 @@ from infra.commands.outcome import Outcome
 from infra.deployed import workspace
 from tests.infra.commands.conftest import (
     BUCKET,
+    CLUSTER_ONLY,
     REPOSITORY,
     checkpoint_bucket,
     launch_nodes,
@@ -188,8 +189,8 @@ def test_down_with_nothing_left_carrying_the_tag_exits_zero(spot_stack, aws):
 def test_down_of_a_cluster_lists_what_parallelcluster_keeps_apart(spot_stack, aws):
     stack, instance_ids, _ = spot_stack
     stack.outputs_.update(
+        CLUSTER_ONLY,
         cost_tag="=".join(COST_TAG),
-        cluster="slurm",
         cluster_log_group_prefix=f"/aws/parallelcluster/{COST_TAG[1]}-",
     )
     stack.on_destroy = lambda options: aws.client("ec2").terminate_instances(
@@ -213,8 +214,8 @@ def test_down_of_a_cluster_lists_parallelclusters_lambda_log_groups_with_its_log
     stack, instance_ids, _ = spot_stack
     cluster = COST_TAG[1]
     stack.outputs_.update(
+        CLUSTER_ONLY,
         cost_tag="=".join(COST_TAG),
-        cluster="slurm",
         cluster_name=cluster,
         cluster_log_group_prefix=f"/aws/parallelcluster/{cluster}-",
     )
@@ -283,8 +284,8 @@ def test_a_clean_cluster_destroy_exits_zero_with_its_kept_tagged_log_groups_list
     stack, instance_ids, _ = spot_stack
     cluster = COST_TAG[1]
     stack.outputs_.update(
+        CLUSTER_ONLY,
         cost_tag="=".join(COST_TAG),
-        cluster="slurm",
         cluster_name=cluster,
         cluster_log_group_prefix=f"/aws/parallelcluster/{cluster}-",
     )

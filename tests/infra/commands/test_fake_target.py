@@ -14,7 +14,7 @@ import pytest
 from infra import targets
 from infra.commands import cancel, down, jobs, logs, start, status, stop
 from infra.commands import run as run_job
-from infra.outputs import SINGLE_NODE
+from infra.outputs import CLUSTER, SINGLE_NODE, written_by
 from tests.infra.commands.conftest import BUCKET, stack_outputs
 from tests.infra.commands.fake_target import FakeTarget
 
@@ -73,13 +73,27 @@ def test_targets_hold_one_file_per_kind():
     ]
 
 
+# The outputs only one kind writes: a command reading one knows which kind it talks to.
+ONE_KINDS_OUTPUTS = written_by(SINGLE_NODE) ^ written_by(CLUSTER)
+
+
 def _kind_words(path: Path) -> list[str]:
     """Where `path` asks which kind of stack it talks to."""
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Attribute) and node.attr in ("is_cluster", "kind", "cluster"):
+        if isinstance(node, ast.Attribute) and node.attr in (
+            "is_cluster",
+            "kind",
+            "cluster",
+            *ONE_KINDS_OUTPUTS,
+        ):
             found.append(f"line {node.lineno}: .{node.attr}")
-        elif isinstance(node, ast.Name) and node.id in ("CLUSTER", "SINGLE_NODE"):
+        elif isinstance(node, ast.Name) and node.id in (
+            "CLUSTER",
+            "SINGLE_NODE",
+            "SingleNodeOutputs",
+            "ClusterOutputs",
+        ):
             found.append(f"line {node.lineno}: {node.id}")
         # ("ec2" is also boto3's service name: the kind's constant is what a test would see.)
         elif isinstance(node, ast.Constant) and node.value == "slurm":
@@ -100,5 +114,8 @@ def test_no_command_branches_on_the_kind_of_stack():
 
 def test_the_check_sees_a_kind_test(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("if stack.is_cluster or out.kind == CLUSTER:\n    x = 'slurm'\n")
-    assert len(_kind_words(module)) == 4
+    module.write_text(
+        "if stack.is_cluster or out.kind == CLUSTER or isinstance(out, ClusterOutputs):\n"
+        "    x = 'slurm' + out.head_node\n"
+    )
+    assert len(_kind_words(module)) == 6

@@ -14,6 +14,7 @@ from infra.outputs import read_outputs
 from tests.infra.commands.conftest import (
     checkpoint_bucket,
     cluster_outputs,
+    fleet_table,
     launch_nodes,
     stack_outputs,
 )
@@ -58,27 +59,6 @@ def test_a_stack_without_instances_says_how_to_create_them(aws, stub_stack):
 CLUSTER = "gpu-training-stack-a100x8"
 
 
-def _fleet_table(dynamodb, status: str) -> None:
-    dynamodb.create_table(
-        TableName=f"parallelcluster-{CLUSTER}",
-        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.put_item(
-        TableName=f"parallelcluster-{CLUSTER}",
-        Item={
-            "Id": {"S": "COMPUTE_FLEET"},
-            "Data": {
-                "M": {
-                    "status": {"S": status},
-                    "lastStatusUpdatedTime": {"S": "2026-12-01 10:00:00.000000+00:00"},
-                }
-            },
-        },
-    )
-
-
 def _fleet_status(dynamodb) -> dict:
     item = dynamodb.get_item(
         TableName=f"parallelcluster-{CLUSTER}", Key={"Id": {"S": "COMPUTE_FLEET"}}
@@ -108,7 +88,7 @@ def _cluster(status_after_naps: list[str], dynamodb):
 
 def test_start_starts_a_fleet_the_guard_stopped_once_parallelcluster_has_stopped_it(aws):
     dynamodb = aws.client("dynamodb")
-    _fleet_table(dynamodb, "STOP_REQUESTED")
+    fleet_table(dynamodb, CLUSTER, "STOP_REQUESTED")
     stack, nap = _cluster(["STOPPING", "STOPPED"], dynamodb)
     said = []
     cluster_fleet.start_fleet(stack, say=said.append, sleep=nap)
@@ -122,7 +102,7 @@ def test_start_starts_a_fleet_the_guard_stopped_once_parallelcluster_has_stopped
 
 def test_start_leaves_a_running_fleet_alone(aws):
     dynamodb = aws.client("dynamodb")
-    _fleet_table(dynamodb, "RUNNING")
+    fleet_table(dynamodb, CLUSTER, "RUNNING")
     stack, nap = _cluster([], dynamodb)
     said = []
     cluster_fleet.start_fleet(stack, say=said.append, sleep=nap)
@@ -131,7 +111,7 @@ def test_start_leaves_a_running_fleet_alone(aws):
 
 def test_a_fleet_that_does_not_finish_stopping_is_one_line_and_left_as_it_is(aws):
     dynamodb = aws.client("dynamodb")
-    _fleet_table(dynamodb, "STOPPING")
+    fleet_table(dynamodb, CLUSTER, "STOPPING")
     stack, nap = _cluster(
         ["STOPPING"] * (cluster_fleet.FLEET_STOP_WAIT_S // cluster_fleet.FLEET_POLL_S), dynamodb
     )
@@ -144,7 +124,7 @@ def test_a_fleet_that_does_not_finish_stopping_is_one_line_and_left_as_it_is(aws
 
 def test_a_fleet_stop_is_requested_and_waited_for_until_parallelcluster_has_stopped_it(aws):
     dynamodb = aws.client("dynamodb")
-    _fleet_table(dynamodb, "RUNNING")
+    fleet_table(dynamodb, CLUSTER, "RUNNING")
     stack, nap = _cluster(["STOPPING", "STOPPED"], dynamodb)
     seen = []
 
