@@ -14,6 +14,7 @@ import re
 import shlex
 import stat
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ from training.checkpoint.s3 import S3Mirror
 from training.contract import CRASH_RESTARTS
 from training.spec.config import load_config
 
+AWS_ON_MOTO = Path(__file__).with_name("aws_on_moto.py")
 HF_TOKEN_SECRET = "gpu-stack/gpu-training-stack-p4d/hf-token"
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/stack-images:0.1.0-torch2.13.0-cu130-py3.12"
 
@@ -95,6 +97,12 @@ case "$tool" in
       case " $* " in *" --env HF_TOKEN "*) echo "${HF_TOKEN:-}" > "$CONTAINER_PID.hf-token" ;; esac
       echo "$$" > "$CONTAINER_PID"
       echo "container start $(basename "$(dirname "$job_env")")" >> "$CALLS"
+      if [ -n "${JOB_PYTHON:-}" ]; then
+        # The image's interpreter played by the tests': the job itself, from `python` on.
+        while [ "$1" != python ]; do shift; done
+        shift
+        exec "$JOB_PYTHON" "$@"
+      fi
       seconds=$(sed -n 's/^# seconds = //p' "$TRAIN_CONFIG")
       [ -f "$TRAIN_CHECKPOINT_DIR/checkpoint" ] && seconds=1
       checkpoint() { mkdir -p "$TRAIN_CHECKPOINT_DIR" && touch "$TRAIN_CHECKPOINT_DIR/checkpoint"; }
@@ -184,10 +192,12 @@ def simulated_host(
     drives: int = 0,
     default_job: bool = True,
     idle_s: int = 2,
+    on_moto: bool = False,
     **env: str,
 ) -> Host:
     """Write the node's files under tmp_path/root, with the node's paths moved there; its
-    watcher polls every second and stops the node after `idle_s` without a job."""
+    watcher polls every second and stops the node after `idle_s` without a job. `on_moto`:
+    the aws CLI reaches moto's server (tests/infra/node/aws_on_moto.py), not a folder."""
     root, bin_dir = tmp_path / "root", tmp_path / "bin"
     moved = (
         userdata.BIN_DIR,
@@ -216,6 +226,10 @@ def simulated_host(
     for tool in TOOLS:
         (bin_dir / tool).write_text(FAKE_TOOL)
         (bin_dir / tool).chmod(stat.S_IRWXU)
+    if on_moto:  # the aws CLI's answers from moto's server (AWS_ENDPOINT_URL) instead
+        (bin_dir / "aws").write_text(
+            f'#!/bin/bash\necho "aws $*" >> "$CALLS"\nexec {sys.executable} {AWS_ON_MOTO} "$@"\n'
+        )
     # The metrics script is the node's own: the stand-in replaces it in the node's bin dir.
     (root / userdata.GPU_METRICS_SCRIPT.lstrip("/")).write_text(FAKE_TOOL)
     calls = tmp_path / "calls"
