@@ -18,7 +18,7 @@ and the one Pulumi will send, and say what the update needs:
 - in place, the jobs running on;
 - a drain: allowed only through QueueUpdateStrategy DRAIN; nodes finish their job first;
 - a fleet stop: allowed only with the compute fleet stopped, which `up` does itself, the
-  ParallelCluster way (infra/commands/cluster_update.py);
+  ParallelCluster way (infra/deployed/cluster_update.py);
 - a replacement: refused even then.
 The check is the pinned release's (requirements-pcluster.txt); a stack deployed with another
 `gpu:parallelClusterVersion` is checked by that release's rules, which may differ.

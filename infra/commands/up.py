@@ -16,9 +16,6 @@ import time
 from collections.abc import Callable
 
 from infra import targets
-from infra.cluster.config import check_cluster_name
-from infra.cluster.update import UpdateNeed
-from infra.commands import cluster_update
 from infra.commands.doctor import Probes, renting_checks
 from infra.config.schema import StackConfig, stack_region
 from infra.config.stack_file import (
@@ -71,8 +68,7 @@ def _checked(name: str) -> tuple[StackConfig, Plan]:
     plan = resolve_plan(config, stack_region(stack_file_region(path)))
     try:
         check_plan(config, plan)
-        if config.cluster is not None:
-            check_cluster_name(cluster_update.cluster_name(name), name)
+        targets.deployment(name, config).check()
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc}") from None
     return config, plan
@@ -92,14 +88,6 @@ def describe(name: str, config: StackConfig, plan: Plan) -> str:
     return "\n".join(lines)
 
 
-# Only these reach a node's user data or launch settings: a job, new code or a price travel
-# through the job spool (infra/jobs/spool.py) and replace nothing.
-REPLACE_NOTE = (
-    "a replaced node is a new instance (its instance type, AMI, image or boot scripts "
-    "changed), which loses its root volume's local checkpoints"
-)
-
-
 def run_preview(args: argparse.Namespace, *, out=None) -> str:
     """What `up` would change, from Pulumi's own preview (nothing is created)."""
     out = out or sys.stdout
@@ -107,14 +95,9 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     config, plan = _checked(name)
     out.write(describe(name, config, plan) + "\n\n")
     stack = workspace.open_stack(name, create=True)
-    if config.cluster is not None:
-        result, change = cluster_update.plan(
-            stack, name, say=workspace.printer(out), policy_packs=_policy_packs(args)
-        )
-    else:
-        result = stack.preview(
-            on_output=workspace.printer(out), color="never", policy_packs=_policy_packs(args)
-        )
+    result, note = targets.deployment(name, config).preview(
+        stack, say=workspace.printer(out), policy_packs=_policy_packs(args)
+    )
     # change_summary maps Pulumi's OpType (a str enum: "create", "update", ...) to counts.
     changes = ", ".join(
         f"{count} to {getattr(op, 'value', op)}"
@@ -122,10 +105,8 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
         if getattr(op, "value", op) != "same"
     )
     line = f"preview of {name}: {changes or 'no changes'}"
-    if config.cluster is not None:
-        line += f"; {change.verdict.line()}"
-    elif any(getattr(op, "value", op) == "replace" for op in result.change_summary):
-        line += f"; {REPLACE_NOTE}"
+    if note:
+        line += f"; {note}"
     return line
 
 
@@ -149,20 +130,19 @@ def run(
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
     """Show the plan's cost table, check what renting needs, ask, then create or update the
-    stack (Pulumi up). On a cluster stack, what the cluster's update needs is said before
-    the question (infra/commands/cluster_update.py), and done around Pulumi's up."""
+    stack (Pulumi up). The stack kind's deployment (infra/targets/) says what the change
+    needs before the question, and does what the kind needs around Pulumi's up (a cluster's
+    update may stop its compute fleet: infra/deployed/cluster_update.py)."""
     out = out or sys.stdout
     say = workspace.printer(out)
     name = workspace.stack_name(args)
     config, plan = _checked(name)
     _ready_to_rent(name, config, plan, probes or Probes(), out)
     out.write(describe(name, config, plan) + "\n\n")
-    stack = change = None
-    if config.cluster is not None:
-        stack = workspace.open_stack(name, create=True)
-        _, change = cluster_update.plan(stack, name, say=say, policy_packs=_policy_packs(args))
-        if change.verdict.need is UpdateNeed.REPLACEMENT:
-            raise ConfigError(change.verdict.line())
+    deployment = targets.deployment(name, config)
+    stack = deployment.prepare(
+        lambda: workspace.open_stack(name, create=True), say=say, policy_packs=_policy_packs(args)
+    )
     hourly = hourly_usd(plan, config.market)
     question = f"Create or update stack {name} at ${hourly:,.2f}/h ({config.market}) while it runs?"
     if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"up {name}"):
@@ -181,10 +161,7 @@ def run(
     def pulumi_up():
         return stack.up(on_output=say, color="never", policy_packs=_policy_packs(args))
 
-    if change is not None:
-        result = cluster_update.apply(change, stack, pulumi_up, say=say, sleep=sleep)
-    else:
-        result = pulumi_up()
+    result = deployment.up(stack, pulumi_up, say=say, sleep=sleep)
     outputs = workspace.stack_outputs(name, result.outputs)
     region = stack_region(stack_file_region(stack_file_path(name)))
     nodes = targets.open_target(workspace.Deployed(name, region, outputs)).up_summary()

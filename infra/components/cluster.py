@@ -31,7 +31,7 @@ Lifecycle facts the stack relies on:
   OnFailure). The provider records the stack's id before it waits for the create
   (stack.go, resourceStackCreate), so Pulumi keeps the deleted stack in its state; only a
   read (a refresh) drops a DELETE_COMPLETE stack (resourceStackRead, findStackByName), which
-  `up` does first (infra/commands/cluster_update.py).
+  `up` does first (infra/deployed/cluster_update.py).
 - `name`, `on_failure` and `timeout_in_minutes` are ForceNew (stack.go, Schema): changing
   one replaces the stack, and a replacement must delete the old stack before it creates
   the new one, whose name is the same.

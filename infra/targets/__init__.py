@@ -11,8 +11,10 @@ one file per kind:
 - infra/targets/slurm.py: the ParallelCluster stack (gpu:cluster: slurm). Jobs are sbatch
   jobs submitted on the head node through SSM; `stop` holds the queue.
 
-A new kind of stack (Kubernetes, a machine at hand) is one new file here that implements
-`Target`, and a line in `_kinds`. tests/infra/commands/fake_target.py is such a file: the
+Each kind's file also holds its `Deployment`: what `preview` and `up` do around Pulumi for
+that kind (a Slurm cluster's update may need its compute fleet stopped). A new kind of stack
+(Kubernetes, a machine at hand) is one new file here that implements both, and a line in
+`_kinds` and `_deployments`. tests/infra/commands/fake_target.py is such a file: the
 commands' tests run against it as against the two real kinds.
 """
 
@@ -20,11 +22,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from infra.config.schema import StackConfig
 from infra.deployed import workspace
 from infra.outputs import CLUSTER, SINGLE_NODE
-from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, Target
+from infra.targets.target import (
+    FOLLOW_POLL_S,
+    Deployment,
+    JobList,
+    ListedJob,
+    Say,
+    Sleep,
+    Target,
+)
 
-__all__ = ["FOLLOW_POLL_S", "JobList", "ListedJob", "Say", "Sleep", "Target", "open_target"]
+__all__ = [
+    "FOLLOW_POLL_S",
+    "Deployment",
+    "JobList",
+    "ListedJob",
+    "Say",
+    "Sleep",
+    "Target",
+    "deployment",
+    "open_target",
+]
 
 
 def _kinds() -> dict[str, Callable[[workspace.Deployed], Target]]:
@@ -32,6 +53,19 @@ def _kinds() -> dict[str, Callable[[workspace.Deployed], Target]]:
     from infra.targets.slurm import SlurmTarget
 
     return {SINGLE_NODE: SpoolTarget, CLUSTER: SlurmTarget}
+
+
+def _deployments() -> dict[str, Callable[[str], Deployment]]:
+    from infra.targets.ec2_spool import SpoolDeployment
+    from infra.targets.slurm import SlurmDeployment
+
+    return {SINGLE_NODE: SpoolDeployment, CLUSTER: SlurmDeployment}
+
+
+def deployment(name: str, config: StackConfig) -> Deployment:
+    """How `preview` and `up` change stack `name`, of the kind its stack file asks for
+    (gpu:cluster; unset: the single-node stack)."""
+    return _deployments()[config.cluster or SINGLE_NODE](name)
 
 
 def open_target(stack: workspace.Deployed) -> Target:

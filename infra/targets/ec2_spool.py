@@ -27,6 +27,13 @@ from infra.report import format_table
 from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, StackTarget
 from training.contract import RUN_SPANS_FIELD
 
+# Only these reach a node's user data or launch settings: a job, new code or a price travel
+# through the job spool (infra/jobs/spool.py) and replace nothing.
+REPLACE_NOTE = (
+    "a replaced node is a new instance (its instance type, AMI, image or boot scripts "
+    "changed), which loses its root volume's local checkpoints"
+)
+
 # The watcher's poll, then the job's checkpoint and exit (the unit's docker stop grace is
 # 100 s: infra/node/templates/gpu-training.service).
 CANCEL_WAIT_S = spool.POLL_S + 150
@@ -245,6 +252,30 @@ class SpoolTarget(StackTarget):
 
     def kept_after_destroy(self) -> list[str]:
         return []
+
+
+class SpoolDeployment:
+    """`preview` and `up` of a single-node stack: Pulumi's own, nothing around them."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def check(self) -> None:
+        pass
+
+    def preview(self, stack: Any, *, say: Say, policy_packs: list[str]) -> tuple[Any, str]:
+        result = stack.preview(on_output=say, color="never", policy_packs=policy_packs)
+        # change_summary maps Pulumi's OpType (a str enum) to counts.
+        replaced = any(getattr(op, "value", op) == "replace" for op in result.change_summary)
+        return result, REPLACE_NOTE if replaced else ""
+
+    def prepare(
+        self, open_stack: Callable[[], Any], *, say: Say, policy_packs: list[str]
+    ) -> Any | None:
+        return None  # nothing to learn before the yes: Pulumi starts after it
+
+    def up(self, stack: Any, pulumi_up: Callable[[], Any], *, say: Say, sleep: Sleep) -> Any:
+        return pulumi_up()
 
 
 def _events(logs, group: str, streams: list[str] | None, start: int):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, TextIO
 
 from infra.cluster import jobs as slurm
-from infra.cluster.config import SCALEDOWN_IDLE_MINUTES
+from infra.cluster.config import SCALEDOWN_IDLE_MINUTES, check_cluster_name
 from infra.cluster.control import (
     STOP_WAIT_S,
     QueuedJob,
@@ -27,7 +27,8 @@ from infra.cluster.control import (
     parse_queue,
     release_script,
 )
-from infra.deployed import head_node, leftovers, progress
+from infra.cluster.update import UpdateNeed
+from infra.deployed import cluster_update, head_node, leftovers, progress
 from infra.deployed.checkpoints import job_status, last_checkpoint, stop_report
 from infra.deployed.cluster_fleet import start_fleet
 from infra.errors import ConfigError
@@ -268,6 +269,35 @@ class SlurmTarget(StackTarget):
             f"  s3://{shared} (ParallelCluster's, for every cluster of {self.stack.region})"
             for shared in leftovers.parallelcluster_buckets(self._aws("s3"))
         ]
+
+
+class SlurmDeployment:
+    """`preview` and `up` of a cluster stack: what ParallelCluster's update needs, said
+    before the question, and done around Pulumi's up (infra/deployed/cluster_update.py)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.change: cluster_update.PlannedChange | None = None
+
+    def check(self) -> None:
+        check_cluster_name(cluster_update.cluster_name(self.name), self.name)
+
+    def preview(self, stack: Any, *, say: Say, policy_packs: list[str]) -> tuple[Any, str]:
+        result, change = cluster_update.plan(stack, self.name, say=say, policy_packs=policy_packs)
+        return result, change.verdict.line()
+
+    def prepare(
+        self, open_stack: Callable[[], Any], *, say: Say, policy_packs: list[str]
+    ) -> Any | None:
+        stack = open_stack()
+        _, self.change = cluster_update.plan(stack, self.name, say=say, policy_packs=policy_packs)
+        if self.change.verdict.need is UpdateNeed.REPLACEMENT:
+            raise ConfigError(self.change.verdict.line())
+        return stack
+
+    def up(self, stack: Any, pulumi_up: Callable[[], Any], *, say: Say, sleep: Sleep) -> Any:
+        assert self.change is not None, "prepare() comes first"
+        return cluster_update.apply(self.change, stack, pulumi_up, say=say, sleep=sleep)
 
 
 def _queue_summary(jobs: list[QueuedJob]) -> str:

@@ -1,5 +1,6 @@
-"""The Target protocol: what the commands do to a running stack, and the values it returns
-(infra/targets/__init__.py says how a target is chosen and what each kind's file holds)."""
+"""The Target protocol: what the commands do to a running stack, and the values it returns;
+the Deployment protocol: what `preview` and `up` do around Pulumi for a kind of stack
+(infra/targets/__init__.py says how each is chosen and what each kind's file holds)."""
 
 from __future__ import annotations
 
@@ -100,3 +101,24 @@ class Target(Protocol):
     def kept_after_destroy(self) -> list[str]:
         """Lines naming what this kind leaves in the account on purpose after a destroy,
         beyond the stack's own bucket, repository and log groups."""
+
+
+class Deployment(Protocol):
+    """How `preview` and `up` change a stack of one kind: the Pulumi program makes the
+    resources; this says what the change means for the kind and does what must happen around
+    Pulumi's up. One per `up`, for the stack file's kind."""
+
+    def check(self) -> None:
+        """Refuse, in one line (ConfigError), a stack this kind cannot deploy."""
+
+    def preview(self, stack: Any, *, say: Say, policy_packs: list[str]) -> tuple[Any, str]:
+        """Pulumi's preview (its result), and what the change means here ("" for nothing)."""
+
+    def prepare(
+        self, open_stack: Callable[[], Any], *, say: Say, policy_packs: list[str]
+    ) -> Any | None:
+        """Before `up` asks: say what the change needs and refuse one that cannot be made. The
+        stack, if this had to open it; None when nothing is opened before the yes."""
+
+    def up(self, stack: Any, pulumi_up: Callable[[], Any], *, say: Say, sleep: Sleep) -> Any:
+        """Run `pulumi_up` (Pulumi's up) with what this kind does around it; its result."""

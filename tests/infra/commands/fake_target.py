@@ -1,8 +1,9 @@
-"""A third kind of stack, in one file: a Target that keeps its jobs in memory.
+"""A third kind of stack, in one file: a Target that keeps its jobs in memory, and its
+Deployment.
 
 It is what a new kind (Kubernetes, a machine at hand) adds to infra/targets/: one class
-with the Target protocol's methods. test_fake_target.py registers it as the stack's kind
-and runs every command that acts on a running stack against it.
+with the Target protocol's methods, one with the Deployment protocol's. test_fake_target.py
+registers them as the stack's kind and runs every command against them.
 """
 
 from __future__ import annotations
@@ -71,3 +72,26 @@ class FakeTarget:
 
     def kept_after_destroy(self) -> list[str]:
         return ["  a fake volume (kept on purpose)"]
+
+
+class FakeDeployment:
+    calls: ClassVar[list[str]] = []
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def check(self) -> None:
+        self.calls.append("check")
+
+    def preview(self, stack, *, say, policy_packs):
+        self.calls.append("preview")
+        return stack.preview(on_output=say, policy_packs=policy_packs), "a fake note"
+
+    def prepare(self, open_stack, *, say, policy_packs):
+        self.calls.append("prepare")
+        say("the fake change needs nothing")
+        return None
+
+    def up(self, stack, pulumi_up, *, say, sleep):
+        self.calls.append("up")
+        return pulumi_up()

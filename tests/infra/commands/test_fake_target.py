@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from infra import targets
-from infra.commands import cancel, down, jobs, logs, start, status, stop
+from infra.commands import cancel, down, jobs, logs, start, status, stop, up
 from infra.commands import run as run_job
 from infra.outputs import CLUSTER, SINGLE_NODE, written_by
 from tests.infra.commands.conftest import BUCKET, stack_outputs
-from tests.infra.commands.fake_target import FakeTarget
+from tests.infra.commands.fake_target import FakeDeployment, FakeTarget
+from tests.infra.commands.test_up import READY
 
 COMMANDS = Path(__file__).resolve().parents[3] / "infra" / "commands"
 TARGETS = COMMANDS.parent / "targets"
@@ -28,10 +29,12 @@ JOB = "[train]\nsteps = 200\nglobal_batch_size = 16\nmicro_batch_size = 1\n"
 def fake(aws, stub_stack, monkeypatch):
     stub_stack.outputs_ = stack_outputs(["i-0"], spot=False)
     aws.client("s3").create_bucket(Bucket=BUCKET)
-    # The stack's kind opens the fake, as a new kind's line in _kinds would.
+    # The stack's kind opens the fake, as a new kind's lines in _kinds and _deployments would.
     monkeypatch.setattr(targets, "_kinds", lambda: {SINGLE_NODE: FakeTarget})
+    monkeypatch.setattr(targets, "_deployments", lambda: {SINGLE_NODE: FakeDeployment})
     monkeypatch.setattr(FakeTarget, "queue", {})
     monkeypatch.setattr(FakeTarget, "calls", [])
+    monkeypatch.setattr(FakeDeployment, "calls", [])
     return stub_stack
 
 
@@ -62,6 +65,19 @@ def test_every_command_acts_through_the_stacks_target(fake, tmp_path):
     assert "fake jobs checkpointed" in said.getvalue()
     assert "  a fake volume (kept on purpose)" in str(gone).splitlines()
     assert fake.calls[-1][:1] == ("destroy",)
+
+
+def test_preview_and_up_go_through_the_kinds_deployment(fake):
+    said = up.run_preview(argparse.Namespace(stack="l4x1", policy_pack=True), out=io.StringIO())
+    assert said.endswith("; a fake note")
+    assert FakeDeployment.calls == ["check", "preview"]
+    out = io.StringIO()
+    args = argparse.Namespace(stack="l4x1", yes=True, policy_pack=True)
+    said = up.run(args, out=out, probes=READY)
+    assert FakeDeployment.calls[2:] == ["check", "prepare", "up"]
+    assert "the fake change needs nothing" in out.getvalue()
+    assert [call[0] for call in fake.calls if call[0] in ("preview", "up")] == ["preview", "up"]
+    assert said.startswith("stack l4x1 is up: fake machines")
 
 
 def test_targets_hold_one_file_per_kind():
@@ -102,13 +118,7 @@ def _kind_words(path: Path) -> list[str]:
 
 
 def test_no_command_branches_on_the_kind_of_stack():
-    # A deployed stack's kind; `up` and `preview` still read the stack file's gpu:cluster,
-    # which says what to create, not what runs.
-    asked = {
-        path.name: _kind_words(path)
-        for path in sorted(COMMANDS.glob("*.py"))
-        if path.name not in ("up.py", "cluster_update.py", "plan.py")
-    }
+    asked = {path.name: _kind_words(path) for path in sorted(COMMANDS.glob("*.py"))}
     assert {name: words for name, words in asked.items() if words} == {}
 
 
