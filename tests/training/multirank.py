@@ -13,10 +13,48 @@ from training.contract import WORKER_VARIABLES
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
+# The kernel gives a connection's local end, and a bind to port 0, a port from
+# net.ipv4.ip_local_port_range (32768-60999 by default: the kernel's ip-sysctl
+# documentation). A port chosen there for later use (a job's rendezvous, bound when the job
+# starts and again at each restart) can meanwhile become the local end of any process's
+# connection: gloo's sockets of a job on the other loopback Slurm cluster took one once, and
+# the restart that needed it crashed. So the ports tests hand out come from below that
+# range, each xdist worker from a slice of its own, in turn.
+_BELOW_EPHEMERAL = 12_000  # ports under the range's start that tests use
+_SLICES = 8  # xdist workers that can run at once without sharing a slice
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _worker_ports() -> range:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    size = _BELOW_EPHEMERAL // _SLICES
+    first = _ephemeral_start() - _BELOW_EPHEMERAL + (int(worker or 0) % _SLICES) * size
+    return range(first, first + size)
+
+
+_next_port = os.getpid()  # where this process starts in its slice
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port no one listens on now, and no connection will be given."""
+    global _next_port
+    ports = _worker_ports()
+    for _ in range(len(ports)):
+        port = ports[_next_port % len(ports)]
+        _next_port += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use: the next one
+            return port
+    raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
 
 def launch_env(**extra: str) -> dict[str, str]:
