@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import shutil
 import sys
 import time
@@ -32,7 +31,7 @@ from tests.training.jobs import read_metrics
 from tests.training.multirank import free_port
 
 pytestmark = pytest.mark.multiprocess
-EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "command_job.py"
+TORCHRUN_JOB = Path(__file__).resolve().parents[3] / "tests" / "training" / "torchrun_job.py"
 
 
 @pytest.fixture
@@ -115,30 +114,28 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
         f"finished at step {STEPS}"
     )
 
-    # Any command as a job (examples/command_job.py): cancelled, it saves on SIGTERM and
-    # exits 75; run again under its name, it resumes from its own checkpoint.
+    # Any command as a job: a bare torchrun on both nodes (one rank each) joins through the
+    # rendezvous exec hands it; cancelled, its ranks save on SIGTERM; run again under its name
+    # on empty disks, it resumes from the copy of its CHECKPOINT_DIR in S3.
     saved_state = tmp_path / "head" / "ckpt" / "cmd" / "state.json"  # its CHECKPOINT_DIR
+    torchrun = [sys.executable, "-m", "torch.distributed.run", str(TORCHRUN_JOB)]
     command = argparse.Namespace(
         stack=STACK,
         config=None,
         code=None,
         name="cmd",
         overrides=[],
-        job_command=[sys.executable, str(EXAMPLE), "--steps", "1000"],
+        job_command=[*torchrun, "--steps", "1000"],
     )
     said = run_job.run(command)
     first_id = said.split("as job ")[1].split()[0]
     first_log = cluster.jobs_dir / f"train-{first_id}.out"
-
-    def starts() -> dict[str, str]:
-        """Each rank's step at its start, as the job's log says it."""
-        text = first_log.read_text() if first_log.exists() else ""
-        return dict(re.findall(r"rank (\d) of 2: from step (\d+)", text))
-
-    # Both ranks running (the cancel reaches each), and steps saved.
+    # Both ranks in one process group across the nodes, and steps saved.
     wait_for(
         lambda: (
-            len(starts()) == 2
+            first_log.exists()
+            and "rank 0 of 2: from step 0" in first_log.read_text()
+            and "rank 1 of 2: from step" in first_log.read_text()
             and saved_state.exists()
             and json.loads(saved_state.read_text())["step"] >= 3
         )
@@ -147,30 +144,27 @@ def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     assert said.startswith(f"job cmd (slurm {first_id}) cancelled")
     log = first_log.read_text()
     saved = json.loads(saved_state.read_text())["step"]
-    assert "saved at step" in log and "exit 75 to be resumed" in log, log[-2000:]
-    # The ranks share CHECKPOINT_DIR: the first up finds nothing to resume, a later one may
-    # find what the first saved meanwhile.
-    assert "0" in starts().values(), log[-2000:]
-    assert log.count("exec: CHECKPOINT_DIR mirrored to s3://") == 2, log[-2000:]
+    for rank in (0, 1):  # after the same step: the stop was all-reduced
+        assert f"rank {rank} saved at step {saved}; exit 75" in log, log[-3000:]
+    assert log.count("exec: CHECKPOINT_DIR mirrored to s3://") == 2, log[-3000:]
     # Requeued onto other nodes: their disks hold nothing of the job; S3's copy brings it.
     for path in saved_state.parent.parent.glob("cmd*"):
         shutil.rmtree(path) if path.is_dir() else path.unlink()
-    command.job_command = [sys.executable, str(EXAMPLE), "--steps", str(saved + 2)]
+    command.job_command = [*torchrun, "--steps", str(saved + 2)]
     second_id = run_job.run(command).split("as job ")[1].split()[0]
     state = wait_for(
         lambda: (s := slurm.job(second_id)["JobState"]) in DONE_STATES and s,
         timeout_s=JOB_TIMEOUT_S,
     )
     log = (cluster.jobs_dir / f"train-{second_id}.out").read_text()
-    assert state == "COMPLETED", log[-2000:]
-    assert log.count("exec: CHECKPOINT_DIR brought from s3://") == 2, log[-2000:]
-    # Each node brought its own copy; on this host both write one folder, so a rank may
-    # start from the other node's save, a step apart: never from nothing.
-    resumed = [int(step) for step in re.findall(r"rank \d of 2: from step (\d+)", log)]
-    assert len(resumed) == 2 and all(0 < step <= saved for step in resumed), log[-2000:]
-    assert log.count(f"done at step {saved + 2}") == 2, log[-2000:]
+    assert state == "COMPLETED", log[-3000:]
+    assert log.count("exec: CHECKPOINT_DIR brought from s3://") == 2, log[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} of 2: from step {saved}" in log, log[-3000:]
+        assert f"rank {rank} done at step {saved + 2}" in log, log[-3000:]
     ci_log(
-        f"slurm test: command job cmd (job {first_id}) cancelled, saved at step {saved} and "
-        f"mirrored its CHECKPOINT_DIR to S3; run again (job {second_id}) on empty disks it "
-        f"came back from S3, resumed at step {max(resumed)} and finished"
+        f"slurm test: torchrun command job cmd (job {first_id}, a rank on each node) "
+        f"cancelled, saved at step {saved} and mirrored its CHECKPOINT_DIR to S3; run again "
+        f"(job {second_id}) on empty disks it came back from S3, resumed at step {saved} and "
+        "finished"
     )
