@@ -12,7 +12,6 @@ import datetime
 
 from infra import targets
 from infra.deployed import ledger_spend, workspace
-from infra.deployed.checkpoints import job_status
 from infra.report import format_table
 from training.contract import RUN_SPANS_FIELD, RUN_USD_FIELD
 
@@ -27,8 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> str:
     """Each job's name, state, step, loss, rate, start, GPU-hours and cost so far."""
     target = targets.target(workspace.stack_name(args))
-    s3 = workspace.aws("s3", target.stack.region)
-    listing = target.jobs(s3)
+    listing = target.jobs()
     if not listing.jobs:
         return "\n".join(
             [
@@ -38,8 +36,7 @@ def run(args: argparse.Namespace) -> str:
             ]
         )
     statuses = [
-        (job.name, job.state, job_status(s3, target.run_uri(job.name)), job.since)
-        for job in listing.jobs
+        (job.name, job.state, target.job_status(job.name), job.since) for job in listing.jobs
     ]
     notes, spend_over = listing.notes, listing.spend_over
     table = format_table(

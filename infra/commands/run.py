@@ -23,7 +23,7 @@ from infra.config.schema import stack_region
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.deployed import workspace
 from infra.errors import ConfigError
-from infra.jobs import hf_token, spool
+from infra.jobs import spool
 from infra.jobs.code_check import check_code, code_files
 from infra.jobs.spool import JobSpec
 from infra.knowledge.resolver import Plan
@@ -106,14 +106,8 @@ def run(args: argparse.Namespace) -> str:
         submitted_at=datetime.datetime.now(datetime.UTC),
         command=command,
     )
-    return _store_hf_token(target) + target.submit(spec, archive)
-
-
-def _store_hf_token(target: targets.Target) -> str:
-    """HF_TOKEN from this shell, when set, as the stack's secret: the job reads it at start."""
-    secrets = workspace.aws("secretsmanager", target.stack.region)
-    line = hf_token.store(secrets, hf_token.secret_name(target.stack.cost_tag[1]), os.environ)
-    return f"{line}\n" if line else ""
+    stored = target.store_hf_token(os.environ)  # the job reads it at its start
+    return (f"{stored}\n" if stored else "") + target.submit(spec, archive)
 
 
 def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> Plan:

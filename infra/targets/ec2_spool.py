@@ -70,8 +70,8 @@ class SpoolTarget(StackTarget):
             f"python -m infra logs {name} --job {spec.name}"
         )
 
-    def jobs(self, s3: Any) -> JobList:
-        contents = spool.read_spool(s3, self.bucket)
+    def jobs(self) -> JobList:
+        contents = spool.read_spool(self._aws("s3"), self.bucket)
         notes = [f"job {job.spec.name} failed: {job.reason}" for job in contents.jobs if job.reason]
         notes += [f"skipped {what}" for what in contents.skipped]
         # One job holds the node at a time: the stack's spend over its starts is its cost.

@@ -79,7 +79,7 @@ class SlurmTarget(StackTarget):
             f"python -m infra logs {stack.name} --job {job_id}"
         )
 
-    def jobs(self, s3: Any) -> JobList:
+    def jobs(self) -> JobList:
         # The ledger counts every job's nodes together: a job's cost is the trainer's figure.
         return JobList(
             [

@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import argparse
 import datetime
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TextIO
 
 from infra.deployed import workspace
+from infra.deployed.checkpoints import job_status
 from infra.deployed.leftovers import Leftover
+from infra.jobs import hf_token
 from infra.jobs.spool import JobSpec
 
 FOLLOW_POLL_S = 3.0  # logs --follow: how often a target looks for new lines
@@ -45,9 +47,23 @@ class StackTarget:
     def __init__(self, stack: workspace.Deployed) -> None:
         self.stack = stack
         self.bucket = stack.outputs.checkpoint_bucket
+        self._clients: dict[str, Any] = {}
 
     def _aws(self, service: str) -> Any:
-        return workspace.aws(service, self.stack.region)
+        if service not in self._clients:
+            self._clients[service] = workspace.aws(service, self.stack.region)
+        return self._clients[service]
+
+    def run_uri(self, job: str) -> str:
+        """Where job `job` keeps its checkpoints and status.json (a prefix per job name)."""
+        raise NotImplementedError
+
+    def job_status(self, job: str) -> dict | None:
+        return job_status(self._aws("s3"), self.run_uri(job))
+
+    def store_hf_token(self, environ: Mapping[str, str]) -> str:
+        secret = hf_token.secret_name(self.stack.cost_tag[1])
+        return hf_token.store(self._aws("secretsmanager"), secret, environ) or ""
 
 
 class Target(Protocol):
@@ -63,14 +79,19 @@ class Target(Protocol):
     def up_summary(self) -> str:
         """What `up` prints of the stack's compute once it is up."""
 
-    def run_uri(self, job: str) -> str:
-        """Where job `job` keeps its checkpoints and status.json (a prefix per job name)."""
-
     def submit(self, spec: JobSpec, code: bytes | None) -> str:
         """Queue job `spec` (with its --code archive); a name run before resumes."""
 
-    def jobs(self, s3: Any) -> JobList:
+    def store_hf_token(self, environ: Mapping[str, str]) -> str:
+        """HF_TOKEN from `environ`, when set, as the stack's secret (the job reads it at its
+        start); the line saying so, "" when there is none."""
+
+    def jobs(self) -> JobList:
         """Every job of the stack."""
+
+    def job_status(self, job: str) -> dict | None:
+        """Job `job`'s progress as the trainer publishes it (status.json: step, loss, rate,
+        cost), None before it has any."""
 
     def cancel(self, job: str, *, sleep: Sleep, now: Callable[[], float]) -> str:
         """Stop `job` with a final checkpoint (SIGTERM); it leaves the queue."""

@@ -9,7 +9,7 @@ registers them as the stack's kind and runs every command against them.
 from __future__ import annotations
 
 import datetime
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from infra.deployed import workspace
 from infra.errors import ConfigError
@@ -31,17 +31,20 @@ class FakeTarget:
     def up_summary(self) -> str:
         return "fake machines"
 
-    def run_uri(self, job: str) -> str:
-        return f"{self.stack.checkpoint_uri.rstrip('/')}/{job}"
-
     def submit(self, spec: JobSpec, code: bytes | None) -> str:
         if self.queue.get(spec.name) == "running":
             raise ConfigError(f"--name {spec.name}: that job is running")
         self.queue[spec.name] = "running"
         return f"job {spec.name} queued on the fake stack (code: {code is not None})"
 
-    def jobs(self, s3: Any) -> JobList:
+    def store_hf_token(self, environ) -> str:
+        return "fake secret stored" if environ.get("HF_TOKEN") else ""
+
+    def jobs(self) -> JobList:
         return JobList([ListedJob(name, state, None) for name, state in self.queue.items()], [])
+
+    def job_status(self, job: str) -> dict | None:
+        return {"step": 5, "total_steps": 200, "loss": 2.5, "tokens_per_s": 1000.0}
 
     def cancel(self, job: str, *, sleep, now) -> str:
         if job not in self.queue:

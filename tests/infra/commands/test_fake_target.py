@@ -38,13 +38,16 @@ def fake(aws, stub_stack, monkeypatch):
     return stub_stack
 
 
-def test_every_command_acts_through_the_stacks_target(fake, tmp_path):
+def test_every_command_acts_through_the_stacks_target(fake, tmp_path, monkeypatch):
     config = tmp_path / "sweep.toml"
     config.write_text(JOB)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
     run = argparse.Namespace(stack=STACK, config=config, code=None, name=None, overrides=[])
-    assert run_job.run(run) == "job sweep queued on the fake stack (code: False)"
+    said = run_job.run(run)
+    assert said == "fake secret stored\njob sweep queued on the fake stack (code: False)"
     listed = jobs.run(argparse.Namespace(stack=STACK))
-    assert listed.splitlines()[1].split()[:2] == ["sweep", "running"]
+    # The job's progress is the target's to read, as its state is.
+    assert listed.splitlines()[1].split()[:4] == ["sweep", "running", "5/200", "2.5000"]
     said = cancel.run(argparse.Namespace(stack=STACK, job="sweep"))
     assert said == "job sweep cancelled on the fake stack"
     assert FakeTarget.queue == {"sweep": "cancelled"}

@@ -123,7 +123,7 @@ def test_a_torchrun_job_cancelled_on_one_node_resumes_on_its_replacement_from_s3
     assert "exec: the command exited 1 after the stop: run it again (75)" in output
     uri = f"s3://{BUCKET}/checkpoints/{JOB}/checkpoint-dir/node-0"
     assert f"exec: CHECKPOINT_DIR mirrored to {uri} (1 files" in output
-    assert [(job.name, job.state) for job in target.jobs(s3).jobs] == [(JOB, "cancelled")]
+    assert [(job.name, job.state) for job in target.jobs().jobs] == [(JOB, "cancelled")]
 
     # The node is gone; its replacement's disk holds nothing of the job.
     assert submit(saved + 2).startswith(f"job {JOB} was cancelled: it resumes")
@@ -137,7 +137,7 @@ def test_a_torchrun_job_cancelled_on_one_node_resumes_on_its_replacement_from_s3
         ("1", str(saved)),
     ]
     assert f"rank 0 done at step {saved + 2}" in output
-    assert [(job.name, job.state) for job in target.jobs(s3).jobs] == [(JOB, "done")]
+    assert [(job.name, job.state) for job in target.jobs().jobs] == [(JOB, "done")]
     ci_log(
         f"job spool test: torchrun command job {JOB} cancelled through the node's watcher "
         f"saved at step {saved}, mirrored to S3; on a replacement node it came back from S3 "
