@@ -162,7 +162,9 @@ class Trainer:
         # checkpoint (training/checkpoint/resume.py); loaded once the engine exists.
         startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
         grid = layout(config, placement.world_size)
-        resume_point = checkpointer.choose_resume(dp_world_size=grid.data, tensor=grid.tensor)
+        resume_point = checkpointer.choose_resume(
+            dp_world_size=grid.data, tensor=grid.tensor, zero_stage=config.zero.stage
+        )
         startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, grid.data)
         files = inputs.for_worker(config, self.env)

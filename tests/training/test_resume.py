@@ -77,3 +77,25 @@ def test_resume_on_one_rank_continues_a_two_rank_run(tmp_path, tmp_path_factory)
     for new, old in zip(got, want, strict=True):
         assert new["samples_seen_in_epoch"] == old["samples_seen_in_epoch"], new["step"]
         assert new["loss"] == pytest.approx(old["loss"], rel=1e-5), new["step"]
+
+
+@pytest.mark.slow(reason="a real 2-rank ZeRO-2 checkpoint resumed at ZeRO-1", seconds=80)
+def test_resume_at_zero_1_continues_a_zero_2_run(tmp_path, tmp_path_factory):
+    """ZeRO-2's step 6 resumed at ZeRO-1 through a universal checkpoint: weights and Adam
+    moments carry over, so the losses are the uninterrupted ZeRO-2 run's (fp32: the stages
+    differ only in how the same sums are split)."""
+    baseline = shared_run(tmp_path_factory, *NO_DROPOUT)
+    step_6 = baseline.output_dir / "checkpoints" / "step_00000006"
+    shutil.copytree(step_6, tmp_path / "checkpoints" / step_6.name)
+
+    resumed = run_job(tmp_path, *NO_DROPOUT, "zero.stage=1")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert (
+        "step_00000006 was saved by tensor 1 x data 2 at ZeRO stage 2, this run is tensor 1 x "
+        "data 2 at ZeRO stage 1: converted to a universal checkpoint" in resumed.stderr
+    )
+    got, want = resumed.metrics, baseline.metrics[6:]
+    assert [r["step"] for r in got] == list(range(7, 13))
+    for new, old in zip(got, want, strict=True):
+        assert new["samples_seen_in_epoch"] == old["samples_seen_in_epoch"], new["step"]
+        assert new["loss"] == pytest.approx(old["loss"], rel=1e-5), new["step"]

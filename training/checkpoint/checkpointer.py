@@ -310,19 +310,23 @@ class Checkpointer:
 
     # --------------------------------------------------------------- resume
 
-    def choose_resume(self, dp_world_size: int, tensor: int = 1) -> ResumePoint | None:
+    def choose_resume(
+        self, dp_world_size: int, tensor: int = 1, zero_stage: int | None = None
+    ) -> ResumePoint | None:
         """The newest committed checkpoint, local or in the mirror, made ready to load on
-        ``dp_world_size`` data-parallel ranks of ``tensor``-way tensor groups; None when
-        none was ever committed.
+        ``dp_world_size`` data-parallel ranks of ``tensor``-way tensor groups at ZeRO stage
+        ``zero_stage`` (None: the saving run's); None when none was ever committed.
 
         Every rank calls it, before building the engine: a point saved by another number
-        of ranks (``universal``) needs an engine built with DeepSpeed's
-        checkpoint.load_universal (training.engine.build_engine). ``resume`` loads it.
+        of ranks or at another ZeRO stage (``universal``) needs an engine built with
+        DeepSpeed's checkpoint.load_universal (training.engine.build_engine). ``resume``
+        loads it.
         """
         self.wait()
         self._prepare()
-        self._chosen = (choose(dp_world_size, self.root, self.mirror, self._ranks, tensor),)
-        return self._chosen[0]
+        point = choose(dp_world_size, self.root, self.mirror, self._ranks, tensor, zero_stage)
+        self._chosen = (point,)
+        return point
 
     def resume(self, engine) -> dict | None:
         """Load the chosen checkpoint (``choose_resume``; chosen for ``engine``'s
@@ -333,7 +337,9 @@ class Checkpointer:
         stage or precision than the checkpoint's.
         """
         if self._chosen is None:
-            self.choose_resume(engine.dp_world_size, engine.autotp_size() or 1)
+            self.choose_resume(
+                engine.dp_world_size, engine.autotp_size() or 1, engine.zero_optimization_stage()
+            )
         (point,), self._chosen = self._chosen, None
         if point is None:
             return None

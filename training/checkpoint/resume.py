@@ -73,11 +73,16 @@ class ResumePoint:
 
 
 def choose(
-    dp_world_size: int, root: Path, mirror: CheckpointStore | None, ranks: Ranks, tensor: int = 1
+    dp_world_size: int,
+    root: Path,
+    mirror: CheckpointStore | None,
+    ranks: Ranks,
+    tensor: int = 1,
+    zero_stage: int | None = None,
 ) -> ResumePoint | None:
     """The newest loadable committed checkpoint, made complete here (and converted when
-    ``dp_world_size`` or the ``tensor`` degree differs from the saving run's); every rank
-    calls it.
+    ``dp_world_size``, the ``tensor`` degree or the ZeRO stage, ``zero_stage``, differs
+    from the saving run's); every rank calls it.
 
     None when no checkpoint was ever committed.
     """
@@ -119,17 +124,24 @@ def choose(
     load_root = root
     saved_tensor = record.get("tensor", 1)  # manifests before the field: no tensor groups
     new_data = record["zero_stage"] > 0 and record["dp_world_size"] != dp_world_size
-    if new_data or saved_tensor != tensor:
+    # Between ZeRO stages 1 and 2 through the same conversion (DeepSpeed 0.19.8:
+    # ds_to_universal reads either, stage_1_and_2.py's _load_universal_checkpoint loads into
+    # either); resume_check refuses the changes that cannot convert before here.
+    stage = record["zero_stage"] if zero_stage is None else zero_stage
+    if new_data or saved_tensor != tensor or stage != record["zero_stage"]:
         log_on_rank0(
             log,
             logging.INFO,
-            "%s was saved by tensor %d x data %d, this run is tensor %d x data %d: "
-            "converted to a universal checkpoint (weights and Adam moments) and loaded",
+            "%s was saved by tensor %d x data %d at ZeRO stage %d, this run is tensor %d x "
+            "data %d at ZeRO stage %d: converted to a universal checkpoint (weights and Adam "
+            "moments) and loaded",
             tag,
             saved_tensor,
             record["dp_world_size"],
+            record["zero_stage"],
             tensor,
             dp_world_size,
+            stage,
         )
         ranks.on_writers(lambda: convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR

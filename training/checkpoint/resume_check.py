@@ -1,14 +1,16 @@
 """Whether a run can resume from its newest checkpoint with the settings it now has.
 
-DeepSpeed loads a checkpoint only into an engine of the same ZeRO stage and precision: a
-ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one also partitions the
-parameters, and the bf16 and fp16 optimizers keep different state. Asked otherwise, its
-load fails deep inside every rank with an empty reason. A changed data-parallel world size
-is fine: the checkpointer loads through a universal checkpoint
-(deepspeed/checkpoint/ds_to_universal.py) then. So the launcher compares the manifest of
-the checkpoint resume would take (local, or in S3 on a new node) with the run's config
-once, before any rank starts; the ranks compare it again with their engine before loading
-(the same sentence), should the launcher not have been able to read it.
+DeepSpeed loads a checkpoint as it was saved only into an engine of the same ZeRO stage
+and precision: a ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one
+also partitions the parameters, and the bf16 and fp16 optimizers keep different state.
+Asked otherwise, its load fails deep inside every rank with an empty reason. A changed
+data-parallel world size, tensor degree, or ZeRO stage between 1 and 2 is fine: the
+checkpointer loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py)
+then. Another change of stage (to or from 0 or 3) or of precision is refused. So the
+launcher compares the manifest of the checkpoint resume would take (local, or in S3 on a
+new node) with the run's config once, before any rank starts; the ranks compare it again
+with their engine before loading (the same sentence), should the launcher not have been
+able to read it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,14 @@ from training.checkpoint.store import CheckpointStore
 from training.spec.config import Config, ConfigError, PrecisionConfig
 
 log = logging.getLogger(__name__)
+
+# The ZeRO stages a checkpoint converts between (training/checkpoint/resume.py): stage 0
+# keeps no ZeRO partitions to convert, and DeepSpeed looks for a ZeRO-3 engine's model file
+# under another name than a ZeRO-1/2 one's, in a universal checkpoint too, so a change to or
+# from stage 3 finds no file to load (DeepSpeed 0.19.8, deepspeed/runtime/engine.py,
+# _get_ckpt_name: zero_pp_rank_0_mp_rank_00_model_states.pt against
+# mp_rank_00_model_states.pt; measured: both directions fail in SDLoaderFactory).
+CONVERTIBLE_STAGES = {1, 2}
 
 
 def config_precision(precision: PrecisionConfig) -> str:
@@ -51,8 +61,9 @@ def refusal(where: str, record: dict, *, zero_stage: int, precision: str) -> str
     """The one line that stops a run whose ZeRO stage or precision is not the one the
     checkpoint at ``where`` (its manifest: ``record``) was saved with; None when they match."""
     changed = []
-    if record.get("zero_stage", zero_stage) != zero_stage:
-        changed.append(("zero.stage", record["zero_stage"], zero_stage))
+    saved_stage = record.get("zero_stage", zero_stage)
+    if saved_stage != zero_stage and not {saved_stage, zero_stage} <= CONVERTIBLE_STAGES:
+        changed.append(("zero.stage", saved_stage, zero_stage))
     saved = record.get("precision", precision)  # manifests before this field: not known
     if saved != precision:
         changed.append(("precision", saved, precision))

@@ -71,7 +71,7 @@ def wait_for(condition, timeout_s: float = JOB_TIMEOUT_S):
 
 @pytest.mark.slow(
     reason="the daily loop on the loopback Slurm cluster: run, jobs, cancel, resume of real jobs",
-    seconds=270,
+    seconds=200,
 )
 def test_run_submits_jobs_lists_cancel_checkpoints_and_the_same_name_resumes(
     cluster, slurm, tmp_path, ci_log

@@ -80,7 +80,7 @@ def node(tmp_path: Path, name: str, endpoint: str, idle_s: int):
 @pytest.mark.multiprocess
 @pytest.mark.slow(
     reason="a torchrun job through the real job watcher on two simulated nodes, in moto's S3",
-    seconds=100,
+    seconds=90,
 )
 def test_a_torchrun_job_cancelled_on_one_node_resumes_on_its_replacement_from_s3(
     tmp_path, moto, ci_log

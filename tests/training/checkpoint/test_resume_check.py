@@ -1,6 +1,7 @@
-"""A run resumed with another ZeRO stage or precision stops once, in one line, before any
-rank starts, whether its checkpoints are on this disk or only in S3; the same run with
-another world size still resumes (universal checkpoint)."""
+"""A run resumed with a change DeepSpeed cannot convert (a ZeRO stage to or from 0 or 3,
+another precision) stops once, in one line, before any rank starts, whether its checkpoints
+are on this disk or only in S3; the same run with another world size still resumes
+(universal checkpoint), as one from ZeRO-2 to ZeRO-1 does (tests/training/test_resume.py)."""
 
 from __future__ import annotations
 
@@ -61,14 +62,14 @@ def test_another_zero_stage_stops_once_naming_the_change_and_the_ways_on(trained
     )
 
 
-@pytest.mark.parametrize("stage", [1, 3])
+@pytest.mark.parametrize("stage", [0, 3])
 @pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(
     trained, tmp_path, s3_uri, stage
 ):
     """A new node: an empty checkpoint folder, the run's checkpoints in S3 (as its first node
-    uploaded them). Without reading S3's manifest, stage 1 resumed silently and stage 3
-    failed on every rank inside DeepSpeed's load."""
+    uploaded them). Without reading S3's manifest, stage 3 failed on every rank inside
+    DeepSpeed's load."""
     tag = "step_00000010"
     S3Mirror.from_uri(s3_uri).upload(trained / "checkpoints" / tag, tag)
     result = _train(tmp_path, "train.steps=12", f"zero.stage={stage}", TRAIN_S3_URI=s3_uri)
