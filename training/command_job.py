@@ -49,6 +49,7 @@ from training.contract import ExitCode
 from training.environment import (
     TopologyError,
     TrainerEnv,
+    check_writable_dirs,
     inherited_environment,
     read_environment,
 )
@@ -95,6 +96,7 @@ def main(argv: list[str]) -> int:
         return ExitCode.BAD_CONFIG
     try:
         env = read_environment()
+        check_writable_dirs(env)  # CHECKPOINT_DIR is made before the command starts
     except TopologyError as error:
         print(f"{ERROR_PREFIX}{error}", file=sys.stderr)
         return ExitCode.BAD_CONFIG

@@ -119,11 +119,14 @@ class TrainerEnv:
             local_world_size=_integer(environ, "LOCAL_WORLD_SIZE", 1),
             slurm_node_name=environ.get("SLURMD_NODENAME") or None,
         )
-        if env.nnodes < 1 or (env.nproc_per_node is not None and env.nproc_per_node < 1):
-            raise TopologyError(
-                f"TRAIN_NNODES = {env.nnodes} and TRAIN_NPROC_PER_NODE = {env.nproc_per_node} "
-                "must both be at least 1"
-            )
+        for name, value, what, unset in (
+            ("TRAIN_NNODES", env.nnodes, "nodes in the job", "1"),
+            ("TRAIN_NPROC_PER_NODE", env.nproc_per_node, "workers on this node", "one per GPU"),
+        ):
+            if value is not None and value < 1:
+                raise TopologyError(
+                    f"{name} = {value}: give the {what}, at least 1 (unset: {unset})"
+                )
         if not 0 <= env.node_rank < env.nnodes:
             raise TopologyError(
                 f"TRAIN_NODE_RANK = {env.node_rank} is outside 0..{env.nnodes - 1} "

@@ -10,12 +10,14 @@ cluster the job's log is its output file (every node's lines in one).
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
 
 from infra import targets
 from infra.deployed import workspace
+from infra.errors import ConfigError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +43,8 @@ def run(
     now: Callable[[], float] = time.time,
 ) -> str:
     """The jobs' CloudWatch Logs (--node N, --job NAME), or a Slurm job's log (--job ID)."""
+    if not (math.isfinite(args.since) and args.since > 0):  # NaN fails every comparison
+        raise ConfigError(f"--since {args.since:g}: give minutes above 0")
     targets.target(workspace.stack_name(args)).logs(
         args, out=out or sys.stdout, sleep=sleep, now=now
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -39,7 +40,7 @@ def run(
 ) -> str:
     """Per node (or Slurm queue): state; each job's step, loss, rate, time left; spend."""
     watch = args.watch
-    if watch is not None and watch <= 0:
+    if watch is not None and not (math.isfinite(watch) and watch > 0):  # NaN: no comparison
         raise ConfigError(f"--watch {watch:g}: give seconds above 0")
     target = targets.target(workspace.stack_name(args))
     if watch is None:

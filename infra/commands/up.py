@@ -129,8 +129,9 @@ def run(
     probes: Probes | None = None,
     sleep: Callable[[float], None] = time.sleep,
 ) -> str:
-    """Show the plan's cost table, check what renting needs, ask, then create or update the
-    stack (Pulumi up). The stack kind's deployment (infra/targets/) says what the change
+    """Show the plan's costs, check what renting needs, ask, then create or update the stack.
+
+    Pulumi's up does the work. The stack kind's deployment (infra/targets/) says what the change
     needs before the question, and does what the kind needs around Pulumi's up (a cluster's
     update may stop its compute fleet: infra/deployed/cluster_update.py)."""
     out = out or sys.stdout

@@ -176,8 +176,6 @@ class SpoolTarget(StackTarget):
         count = len(stack.outputs.instance_ids)
         if args.node is not None and not 0 <= args.node < count:
             raise ConfigError(f"--node {args.node}: stack {stack.name} has nodes 0 to {count - 1}")
-        if args.since <= 0:
-            raise ConfigError(f"--since {args.since:g}: give minutes above 0")
         group = stack.outputs.log_group
         streams = [f"node-{args.node}"] if args.node is not None else None
         if args.job is not None:

@@ -101,6 +101,21 @@ def test_without_a_command_exec_says_how_to_give_one(tmp_path):
     assert out.strip() == "error: exec: give the command after --, e.g. exec -- torchrun train.py"
 
 
+def test_a_checkpoint_folder_that_cannot_be_made_is_one_line_before_the_command(tmp_path):
+    (tmp_path / "file").write_text("")
+    job = subprocess.run(
+        [sys.executable, "-m", "training", "exec", "--", sys.executable, "-c", "print('ran')"],
+        env={**os.environ, "TRAIN_CHECKPOINT_DIR": str(tmp_path / "file" / "ckpt")},
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert job.returncode == ExitCode.BAD_CONFIG
+    assert job.stderr.startswith("error: ") and "TRAIN_CHECKPOINT_DIR" in job.stderr
+    assert len(job.stderr.strip().splitlines()) == 1 and "ran" not in job.stdout
+
+
 def test_a_spot_notice_reaches_the_command_as_sigterm(tmp_path):
     state = tmp_path / "ckpt" / "state.json"
     with FakeImds() as imds:

@@ -48,7 +48,7 @@ def token_file(path, largest: int):
         ({"TRAIN_S3_URI": "s3://My_Bucket/runs"}, (), "is not a valid S3 bucket name"),
         ({"TRAIN_NNODES": "two"}, (), "TRAIN_NNODES = 'two' is not an integer"),
         ({"TRAIN_NODE_RANK": "1"}, (), "TRAIN_NODE_RANK = 1 is outside 0..0"),
-        ({"TRAIN_NPROC_PER_NODE": "0"}, (), "must both be at least 1"),
+        ({"TRAIN_NPROC_PER_NODE": "0"}, (), "TRAIN_NPROC_PER_NODE = 0: give the workers"),
         ({"TRAIN_MASTER_ADDR": "10.0.0.1:29500"}, (), "is not a host name or IP address"),
         ({"TRAIN_SPOT_ENDPOINT": "169.254.169.254"}, (), "is not an http(s) URL"),
         ({"TRAIN_CONFIG": "/nonexistent/job.toml"}, (), "does not exist"),

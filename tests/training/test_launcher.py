@@ -45,7 +45,8 @@ def test_multi_node_topology_from_the_stack_variables():
     [
         ({"TRAIN_NNODES": "two"}, "TRAIN_NNODES = 'two' is not an integer"),
         ({"TRAIN_NNODES": "2", "TRAIN_NODE_RANK": "2"}, "TRAIN_NODE_RANK = 2 is outside 0..1"),
-        ({"TRAIN_NPROC_PER_NODE": "0"}, "must both be at least 1"),
+        ({"TRAIN_NPROC_PER_NODE": "0"}, "TRAIN_NPROC_PER_NODE = 0: give the workers"),
+        ({"TRAIN_NNODES": "0"}, "TRAIN_NNODES = 0: give the nodes in the job, at least 1"),
     ],
 )
 def test_bad_topology_is_refused(env, words):

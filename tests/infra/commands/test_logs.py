@@ -97,3 +97,10 @@ def test_a_log_group_not_there_yet_says_why(aws, stub_stack):
     stub_stack.outputs_ = stack_outputs(["i-0"], spot=False)
     with pytest.raises(ConfigError, match="not there yet"):
         logs.run(log_args(), out=io.StringIO())
+
+
+@pytest.mark.parametrize("minutes", [0.0, -5.0, float("nan"), float("inf")])
+def test_since_needs_minutes_above_0_before_the_stack_is_opened(stub_stack, minutes):
+    with pytest.raises(ConfigError, match=f"--since {minutes:g}: give minutes above 0"):
+        logs.run(log_args(since=minutes), out=io.StringIO())
+    assert stub_stack.opened == []

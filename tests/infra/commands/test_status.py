@@ -157,9 +157,11 @@ def test_watch_prints_again_until_ctrl_c(aws, stub_stack):
     assert f"{ids[1]}  stopped" in reports[0] and f"{ids[1]}  running" in reports[1]
 
 
-def test_watch_needs_a_positive_interval(stub_stack):
-    with pytest.raises(ConfigError, match="--watch 0"):
-        status.run(argparse.Namespace(stack="l4x1", watch=0.0))
+@pytest.mark.parametrize("seconds", [0.0, -5.0, float("nan"), float("inf")])
+def test_watch_needs_a_positive_interval(stub_stack, seconds):
+    with pytest.raises(ConfigError, match=f"--watch {seconds:g}: give seconds above 0"):
+        status.run(argparse.Namespace(stack="l4x1", watch=seconds))
+    assert stub_stack.opened == []  # refused before the stack is opened
 
 
 def test_a_straggler_in_the_published_progress_is_named():
