@@ -59,11 +59,6 @@ def _policy_packs(args: argparse.Namespace) -> list[str]:
 
 def _checked(name: str) -> tuple[StackConfig, Plan]:
     path = stack_file_path(name)
-    if not path.is_file():
-        raise ConfigError(
-            f"no stack file {path.name} next to Pulumi.yaml: copy one of the examples "
-            "(Pulumi.a100x8.yaml, ...) to it and set gpu:alertEmails"
-        )
     config = load_stack_file(path)
     plan = resolve_plan(config, stack_region(stack_file_region(path)))
     try:

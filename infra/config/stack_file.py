@@ -99,6 +99,11 @@ def stack_file_config(path: Path) -> dict[str, Any]:
         document = yaml.load(path.read_text(), Loader=_Yaml12Loader) or {}
     except IsADirectoryError:
         raise ConfigError(f"{path} is a folder: give the stack file, Pulumi.<stack>.yaml") from None
+    except FileNotFoundError:
+        raise ConfigError(
+            f"no stack file {path.name} next to Pulumi.yaml: copy one of the examples "
+            "(Pulumi.a100x8.yaml, ...) to it and set gpu:alertEmails"
+        ) from None
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as exc:
         reason = str(exc).replace("\n", " ")
         raise ConfigError(f"cannot read stack file {path}: {reason}") from None

@@ -86,6 +86,14 @@ def test_a_job_the_trainer_would_refuse_never_reaches_the_spool(stack, tmp_path)
     assert spool_keys(stack) == []
 
 
+def test_a_stack_without_a_stack_file_is_one_line(stack, tmp_path):
+    args = run_args(write(tmp_path, "good.toml", GOOD_JOB))
+    args.stack = "nosuch"
+    with pytest.raises(ConfigError, match=r"^no stack file Pulumi\.nosuch\.yaml next to Pulumi"):
+        run_job.run(args)
+    assert spool_keys(stack) == []
+
+
 def test_a_set_the_trainer_would_refuse_is_checked_with_the_config(stack, tmp_path):
     # 12 is not divisible by the stack's 8 GPUs: refused although the file itself is good.
     job = write(tmp_path, "good.toml", GOOD_JOB)
