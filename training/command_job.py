@@ -110,15 +110,8 @@ def main(argv: list[str]) -> int:
     if "CHECKPOINT_DIR" in environ:
         os.makedirs(environ["CHECKPOINT_DIR"], exist_ok=True)
         mirror = _mirror(env, Path(environ["CHECKPOINT_DIR"]))
-    if mirror is not None:
-        try:
-            restored = mirror.pull()
-        except (MirrorError, BotoCoreError, ClientError, OSError) as error:
-            # Started without its saves, the command would begin again from nothing.
-            print(f"{ERROR_PREFIX}exec: cannot bring CHECKPOINT_DIR from {mirror.uri}: {error}")
-            return ExitCode.FAILED
-        if restored is not None:
-            print(f"exec: CHECKPOINT_DIR brought from {mirror.uri} ({restored} files)", flush=True)
+    if mirror is not None and not _bring_back(mirror):
+        return ExitCode.FAILED  # started without its saves, it would begin from nothing
     try:
         # A session of its own: a stop reaches torchrun and every worker it started.
         child = subprocess.Popen(command, env=environ, cwd=code, start_new_session=True)
@@ -145,17 +138,34 @@ def main(argv: list[str]) -> int:
         print(f"exec: the command exited {status} after the stop: run it again (75)", flush=True)
         status = ExitCode.INTERRUPTED
     if mirror is not None:
-        try:
-            pushed = mirror.push()
-        except (BotoCoreError, ClientError, OSError) as error:
-            print(f"{ERROR_PREFIX}exec: cannot mirror CHECKPOINT_DIR to {mirror.uri}: {error}")
-        else:
-            print(
-                f"exec: CHECKPOINT_DIR mirrored to {mirror.uri} ({pushed.files} files, "
-                f"{pushed.uploaded} new: {pushed.uploaded_bytes / 2**20:.1f} MiB)",
-                flush=True,
-            )
+        _copy_up(mirror)
     return status
+
+
+def _bring_back(mirror: FolderMirror) -> bool:
+    """S3's copy of CHECKPOINT_DIR, where it is newer than this node's; False: unreachable."""
+    try:
+        restored = mirror.pull()
+    except (MirrorError, BotoCoreError, ClientError, OSError) as error:
+        print(f"{ERROR_PREFIX}exec: cannot bring CHECKPOINT_DIR from {mirror.uri}: {error}")
+        return False
+    if restored is not None:
+        print(f"exec: CHECKPOINT_DIR brought from {mirror.uri} ({restored} files)", flush=True)
+    return True
+
+
+def _copy_up(mirror: FolderMirror) -> None:
+    """CHECKPOINT_DIR as the command left it, to S3; a failure is said, the status kept."""
+    try:
+        pushed = mirror.push()
+    except (BotoCoreError, ClientError, OSError) as error:
+        print(f"{ERROR_PREFIX}exec: cannot mirror CHECKPOINT_DIR to {mirror.uri}: {error}")
+        return
+    print(
+        f"exec: CHECKPOINT_DIR mirrored to {mirror.uri} ({pushed.files} files, "
+        f"{pushed.uploaded} new: {pushed.uploaded_bytes / 2**20:.1f} MiB)",
+        flush=True,
+    )
 
 
 def _mirror(env: TrainerEnv, folder: Path) -> FolderMirror | None:
