@@ -113,8 +113,9 @@ def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_pa
     # tensor 2's checkpoint on 1 rank at tensor 1: converted, said in one line.
     back = train(tmp_path / "back", job, ranks=1, tensor=1, resume_from=tmp_path / "tensor2")
     assert (
-        f"step_{CHECKPOINT:08d} was saved by tensor 2 x data 1, this run is tensor 1 x data 1: "
-        "converted to a universal checkpoint (weights and Adam moments) and loaded"
+        f"step_{CHECKPOINT:08d} was saved by tensor 2 x data 1 at ZeRO stage 1, this run is "
+        "tensor 1 x data 1 at ZeRO stage 1: converted to a universal checkpoint (weights and "
+        "Adam moments) and loaded"
     ) in back.stderr
     assert list(losses(back)) == list(range(CHECKPOINT + 1, STEPS + 1))
     assert losses(back) == pytest.approx({s: expected[s] for s in losses(back)}, rel=LOSS_TOLERANCE)
