@@ -45,3 +45,30 @@ def an_image(ec2: Any) -> str:
 def reset(endpoint: str) -> None:
     """Forget every resource the server holds (moto's reset API), between tests."""
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"))
+
+
+def fleet_table(dynamodb: Any, cluster: str, status: str = "RUNNING") -> str:
+    """ParallelCluster's compute-fleet status table of `cluster`, holding `status`, as its
+    template makes it and clustermgtd writes it (infra/functions/fleet.py); its name."""
+    from infra.functions import fleet
+
+    table = f"{fleet.TABLE_PREFIX}{cluster}"
+    dynamodb.create_table(
+        TableName=table,
+        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
+        BillingMode="PAY_PER_REQUEST",
+    )
+    dynamodb.put_item(
+        TableName=table,
+        Item={
+            "Id": {"S": fleet.ITEM_ID},
+            "Data": {
+                "M": {
+                    "status": {"S": status},
+                    "lastStatusUpdatedTime": {"S": "2026-12-01 10:00:00.000000+00:00"},
+                }
+            },
+        },
+    )
+    return table

@@ -207,29 +207,6 @@ def cluster_outputs(**extra) -> dict[str, Any]:
     return shared_outputs(**{**CLUSTER_ONLY, **extra})
 
 
-def fleet_table(dynamodb, cluster: str, status: str) -> None:
-    """ParallelCluster's compute fleet status item for `cluster` (infra/functions/fleet.py)."""
-    table = f"parallelcluster-{cluster}"
-    dynamodb.create_table(
-        TableName=table,
-        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.put_item(
-        TableName=table,
-        Item={
-            "Id": {"S": "COMPUTE_FLEET"},
-            "Data": {
-                "M": {
-                    "status": {"S": status},
-                    "lastStatusUpdatedTime": {"S": "2026-12-01 10:00:00.000000+00:00"},
-                }
-            },
-        },
-    )
-
-
 def checkpoint_bucket(s3, tags: list[str]) -> None:
     """The bucket as the trainer's S3 mirror leaves it: step folders, then the pointer."""
     s3.create_bucket(Bucket=BUCKET)

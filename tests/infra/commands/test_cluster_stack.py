@@ -20,10 +20,9 @@ from tests.infra.commands.conftest import (
     BUCKET,
     CLUSTER_ONLY,
     cluster_outputs,
-    fleet_table,
     log_args,
 )
-from tests.support.aws import an_image
+from tests.support.aws import an_image, fleet_table
 from tests.support.head_node import HeadNodeSSM
 
 pytestmark = pytest.mark.multiprocess

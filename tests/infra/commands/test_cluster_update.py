@@ -28,6 +28,7 @@ from tests.infra.cluster.test_config import pcluster_python
 from tests.infra.commands.conftest import cluster_outputs
 from tests.infra.commands.test_cluster_stack import STACK, Cluster
 from tests.infra.commands.test_up import READY
+from tests.support.aws import fleet_table
 from tests.support.stack_runs import BASE_CONFIG, cluster_template
 
 __all__ = ["pcluster_python"]  # the fixture
@@ -89,24 +90,6 @@ def args(**values) -> argparse.Namespace:
     return argparse.Namespace(**{"stack": STACK, "yes": False, "policy_pack": True, **values})
 
 
-def fleet_table(dynamodb, status: str = "RUNNING") -> None:
-    """The cluster's compute-fleet item, as ParallelCluster writes it (infra/functions/fleet.py)."""
-    table = f"{fleet.TABLE_PREFIX}{CLUSTER_NAME}"
-    dynamodb.create_table(
-        TableName=table,
-        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.put_item(
-        TableName=table,
-        Item={
-            "Id": {"S": fleet.ITEM_ID},
-            "Data": {"M": {"status": {"S": status}, "lastStatusUpdatedTime": {"S": "x"}}},
-        },
-    )
-
-
 def clustermgtd(dynamodb):
     """A sleep that plays clustermgtd: each nap moves a requested stop one step on."""
     steps = {"STOP_REQUESTED": "STOPPING", "STOPPING": "STOPPED"}
@@ -129,7 +112,7 @@ def clustermgtd(dynamodb):
 def cluster(aws, stub_stack, slurm, monkeypatch):
     stack = Cluster(aws, stub_stack, slurm, monkeypatch)
     stub_stack.outputs_["cluster_name"] = CLUSTER_NAME
-    fleet_table(aws.client("dynamodb"))
+    fleet_table(aws.client("dynamodb"), CLUSTER_NAME)
     return stack
 
 

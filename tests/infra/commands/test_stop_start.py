@@ -14,10 +14,10 @@ from infra.outputs import read_outputs
 from tests.infra.commands.conftest import (
     checkpoint_bucket,
     cluster_outputs,
-    fleet_table,
     launch_nodes,
     stack_outputs,
 )
+from tests.support.aws import fleet_table
 
 
 def _states(ec2, ids):

@@ -15,8 +15,8 @@ import pytest
 
 from infra.cluster.config import QUEUE
 from tests.infra.cluster.jobs import Submitted
-from tests.infra.functions.test_spend_guard_faults import fleet_table
 from tests.infra.functions.world import HEAD_NODE_TYPE, Ec2, World, guard, settings
+from tests.support.aws import fleet_table
 from tests.support.head_node import HeadNodeSSM
 from tests.support.slurm import JOB_USER
 

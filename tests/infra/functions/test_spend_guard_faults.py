@@ -25,6 +25,7 @@ from tests.infra.functions.world import (
     root_volume_hourly,
     settings,
 )
+from tests.support.aws import fleet_table
 
 MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
 DECEMBER = datetime.datetime(2026, 12, 1, tzinfo=datetime.UTC)  # a period's first instant
@@ -33,30 +34,6 @@ RUN_HOURS = SCHEDULE.total_seconds() / 3600
 STACK = "gpu-training-stack-test"
 # What each running node bills beside its price in December: its address and root volume.
 BESIDE = PUBLIC_IPV4_USD_PER_HOUR + root_volume_hourly(31)
-
-
-def fleet_table(dynamodb, cluster: str) -> str:
-    """ParallelCluster's status table of a running cluster, as its template makes it."""
-    table = f"parallelcluster-{cluster}"
-    dynamodb.create_table(
-        TableName=table,
-        KeySchema=[{"AttributeName": "Id", "KeyType": "HASH"}],
-        AttributeDefinitions=[{"AttributeName": "Id", "AttributeType": "S"}],
-        BillingMode="PAY_PER_REQUEST",
-    )
-    dynamodb.put_item(
-        TableName=table,
-        Item={
-            "Id": {"S": "COMPUTE_FLEET"},
-            "Data": {
-                "M": {
-                    "status": {"S": "RUNNING"},
-                    "lastStatusUpdatedTime": {"S": "2026-12-07 00:00:00+00:00"},
-                }
-            },
-        },
-    )
-    return table
 
 
 def every_run(world: World, minutes: int, run, events=None):
