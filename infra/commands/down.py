@@ -117,8 +117,10 @@ def run(
         if repository and repository_exists(ecr, repository):
             images = delete_repository(ecr, repository)
             say(f"deleted the repository {repository} and its {images} image(s)")
-        for group in target.log_groups():
-            workspace.aws("logs", region).delete_log_group(logGroupName=group.resource_id)
+        groups = target.log_groups()
+        cloudwatch_logs = workspace.aws("logs", region) if groups else None
+        for group in groups:
+            cloudwatch_logs.delete_log_group(logGroupName=group.resource_id)
             say(f"deleted the log group {group.resource_id}")
         deleted = ["its data with it"]
     kept = []
