@@ -170,7 +170,7 @@ def test_losses_equal_a_plain_pytorch_loop_on_the_same_model_and_batches(zero2_r
     assert "ms/step" in zero2_run.stdout.split("data wait", 1)[1][:20]
 
 
-@pytest.mark.slow(reason="two tiny-Llama jobs at ZeRO-3: killed, then resumed", seconds=60)
+@pytest.mark.slow(reason="two tiny-Llama jobs at ZeRO-3: killed, then resumed", seconds=100)
 def test_sigkill_mid_epoch_resumes_to_the_uninterrupted_losses(tmp_path, tiny_hf):
     """Injects: SIGKILL of the launcher (its rank dies with it) once step KILL_AFTER is
     recorded and the step-10 checkpoint committed, mid-epoch (an epoch of this corpus is
