@@ -22,6 +22,9 @@ from infra.errors import ConfigError
 
 SINGLE_NODE = "ec2"  # gpu:cluster unset: EC2 nodes (infra/components/single_node.py)
 CLUSTER = "slurm"  # gpu:cluster: slurm, a ParallelCluster cluster (cluster_stack.py)
+# The local stack: this machine, outside Pulumi (infra/targets/local.py). Its kind is also
+# its stack name, which no stack file may take.
+LOCAL = "local"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -94,8 +97,23 @@ class ClusterOutputs(_SharedOutputs):
         return bool(self.head_node)
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LocalOutputs:
+    """The local stack's: not written by Pulumi, made by its target from this machine."""
+
+    kind: Literal["local"] = LOCAL
+    instance_type: str  # this machine, in words: "this machine (2 CPU cores, no GPU)"
+    nodes: int = 1
+    hourly_cost_usd: float = 0.0  # nothing is rented
+    checkpoint_uri: str  # the folder holding each job's checkpoints and output
+
+    @property
+    def has_compute(self) -> bool:
+        return True
+
+
 # The union the commands read, told apart by `kind` (which target infra/targets/ opens).
-StackOutputs = SingleNodeOutputs | ClusterOutputs
+StackOutputs = SingleNodeOutputs | ClusterOutputs | LocalOutputs
 KINDS: dict[str, type[StackOutputs]] = {SINGLE_NODE: SingleNodeOutputs, CLUSTER: ClusterOutputs}
 
 
@@ -104,7 +122,10 @@ def written_by(kind: str) -> set[str]:
     return {field.name for field in dataclasses.fields(KINDS[kind])}
 
 
-_PARSER = pydantic.TypeAdapter(Annotated[StackOutputs, pydantic.Field(discriminator="kind")])
+# What Pulumi reports back: the kinds a Pulumi program writes.
+_PARSER = pydantic.TypeAdapter(
+    Annotated[SingleNodeOutputs | ClusterOutputs, pydantic.Field(discriminator="kind")]
+)
 _NAMES = set().union(*(written_by(kind) for kind in KINDS))
 
 

@@ -15,6 +15,7 @@ from infra import cli
 from infra.commands import run as run_job
 from infra.jobs.code_check import check_code
 from infra.knowledge.profiles import load_profiles
+from infra.outputs import LOCAL
 from training.spec.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
@@ -67,7 +68,8 @@ def test_every_readme_stack_command_parses_and_the_offline_ones_run(argv, monkey
         add_arguments, _ = cli.COMMANDS[name]
         monkeypatch.setitem(cli.COMMANDS, name, (add_arguments, lambda args: ""))
     assert cli.main(argv) == 0, capsys.readouterr().err
-    assert argv[1:2] == [] or argv[1].startswith("-") or argv[1] in load_profiles().profiles
+    stacks = (*load_profiles().profiles, LOCAL)
+    assert argv[1:2] == [] or argv[1].startswith("-") or argv[1] in stacks
 
 
 def test_the_readme_job_and_its_code_pass_runs_checks():

@@ -99,6 +99,9 @@ WORKER_VARIABLES = (
     "TORCHELASTIC_RUN_ID",
 )
 
+# Ranks on a node without a GPU when TRAIN_NPROC_PER_NODE is unset (one per GPU otherwise).
+CPU_WORKERS = 2
+
 # The environment the trainer reads. Each name maps to what it means; the boot
 # script and the Slurm batch script set only names from this table.
 ENV = {

@@ -28,6 +28,7 @@ from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
 from training import startup
 from training.contract import (
+    CPU_WORKERS,
     DEFAULT_MASTER_PORT,
     EXIT_MEANING,
     FAILURE_PREFIX,
@@ -44,7 +45,6 @@ from training.watchdog import HangWatchdog
 
 log = logging.getLogger(__name__)
 
-CPU_WORKERS = 2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _REASON_CHARS = 500  # a worker's error, as the launcher repeats it: one line, not a novel
 

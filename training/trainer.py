@@ -6,6 +6,7 @@ Exit codes follow docs/contracts.md: 0 done, 75 interrupted and checkpointed.
 from __future__ import annotations
 
 import datetime
+import json
 import logging
 import math
 import resource
@@ -21,7 +22,8 @@ from torch.utils.data import DataLoader
 
 from training import inputs, rng, startup
 from training.checkpoint.checkpointer import Checkpointer
-from training.checkpoint.s3 import S3Mirror
+from training.checkpoint.layout import write_atomically
+from training.checkpoint.s3 import STATUS_NAME, S3Mirror
 from training.components import build_dataset, build_eval_dataset
 from training.contract import RUN_SPANS_FIELD, ExitCode
 from training.data import data_workers, worker_processes
@@ -433,12 +435,13 @@ class StepMetrics:
         self.window_step, self.window_start = job.step, now
         self.window_waited = waited
         self.last_record = record
-        if now - self.status_published >= STATUS_EVERY_S:
-            self.publish("training")
+        self.publish("training", to_store=now - self.status_published >= STATUS_EVERY_S)
 
-    def publish(self, state: str) -> None:
-        """Put the job's progress beside its checkpoints in S3, for `python -m infra status`."""
-        if self.mirror is None or self.last_record is None:
+    def publish(self, state: str, *, to_store: bool = True) -> None:
+        """Write the job's progress, for `python -m infra status` and `jobs`: status.json in
+        the run folder at every record (a job on this machine is read there), and beside its
+        checkpoints in S3 when `to_store` (at most once a minute: a PUT each)."""
+        if self.last_record is None:
             return
         record, total = self.last_record, self.config.train.steps
         status = {
@@ -458,6 +461,9 @@ class StepMetrics:
             "straggler_rank": record.get("straggler_rank"),
             "updated_at": _iso(time.time()),
         }
+        write_atomically(self.config.output_dir / STATUS_NAME, json.dumps(status).encode())
+        if self.mirror is None or not to_store:
+            return
         self.status_published = time.perf_counter()
         try:
             self.mirror.put_status(status)

@@ -71,6 +71,9 @@ def run(
     out = out or sys.stdout
     say = workspace.printer(out)
     name = workspace.stack_name(args)
+    machine = targets.without_pulumi(name)
+    if machine is not None:
+        return _down_machine(machine, args, say=say, ask=ask, sleep=sleep)
     stack = workspace.open_stack(name)
     values = stack.outputs()
     if not values:
@@ -158,6 +161,30 @@ def run(
         "delete them (EC2 console, or the AWS CLI) or find why the destroy kept them",
     ]
     return Outcome("\n".join(lines), EXIT_LEFTOVERS)
+
+
+def _down_machine(
+    target: targets.MachineTarget, args: argparse.Namespace, *, say, ask, sleep
+) -> str:
+    """A stack no Pulumi program makes (this machine): its jobs stop with a checkpoint;
+    nothing was rented, so nothing is left billing; the data goes only with --delete-data."""
+    name = target.stack.name
+    fate = "DELETE" if args.delete_data else "keep"
+    question = f"Stop every job on stack {name} ({target.describe()}) and {fate} their data?"
+    if not workspace.confirm(question, yes=args.yes, ask=ask, what=f"down {name}"):
+        return "nothing was stopped"
+    target.before_destroy(say=say, sleep=sleep)
+    lines = [f"stack {name}: no job runs; nothing was rented, so nothing bills"]
+    if args.delete_data:
+        return "\n".join([*lines, target.delete_data()])
+    kept = target.kept_after_destroy()
+    if kept:
+        lines += [
+            "kept (it takes disk space only):",
+            *kept,
+            f"delete it with `python -m infra down {name} --delete-data`",
+        ]
+    return "\n".join(lines)
 
 
 def _unexpected(cost_tag: str | None, region: str) -> list[leftovers.Leftover]:

@@ -28,7 +28,7 @@ from infra.jobs.code_check import check_code, code_files
 from infra.jobs.spool import JobSpec
 from infra.knowledge.resolver import Plan
 from infra.planning import check_plan, resolve_plan
-from training.spec.config import add_overrides_argument, load_config
+from training.spec.config import add_overrides_argument, load_config, validate
 
 # A spool object, not user data, carries the code; still, a folder this large is a data
 # set or a virtual environment by mistake.
@@ -93,8 +93,9 @@ def run(args: argparse.Namespace) -> str:
             raise ConfigError(
                 f"--code {args.code}: not a folder (give the folder holding your package)"
             )
-        if plan is not None:  # a trainer job: its builder and requirements, checked here
-            check_code(args.code, load_config(args.config, args.overrides), plan.variant)
+        if args.config is not None:  # a trainer job: its builder and requirements, checked here
+            variant = plan.variant if plan is not None else None
+            check_code(args.code, load_config(args.config, args.overrides), variant)
         archive = code_archive(args.code)
     target = targets.target(stack_name)
     spec = JobSpec(
@@ -110,17 +111,30 @@ def run(args: argparse.Namespace) -> str:
     return (f"{stored}\n" if stored else "") + target.submit(spec, archive)
 
 
-def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> Plan:
+def check_job(stack_name: str, config: Path, overrides: Sequence[str] = ()) -> Plan | None:
     """The trainer's start-up checks on `config` against the stack's GPUs, as `preview`
-    runs them on gpu:trainConfig (infra.planning.check_plan); the stack's plan."""
+    runs them on gpu:trainConfig (infra.planning.check_plan); the stack's plan. A stack
+    without a stack file (this machine) has no plan: the job's settings are checked, and the
+    trainer checks the rest against the machine at its start."""
     if not config.is_file():
         raise ConfigError(f"--config {config}: not a file (give the path of a training TOML)")
+    # The error names the job as typed here, not the stack key it is checked through.
+    sets = "".join(f" --set {item}" for item in overrides)
+    machine = targets.without_pulumi(stack_name)
+    if machine is not None:
+        ranks = machine.ranks()
+        try:
+            validate(load_config(config, overrides), world_size=ranks, gpus_per_node=ranks)
+        except ConfigError as exc:
+            raise ConfigError(
+                f"--config {config}{sets}: the trainer would refuse it on {machine.describe()} "
+                f"({ranks} rank(s)): {exc}"
+            ) from None
+        return None
     path = stack_file_path(stack_name)
     stack_config = load_stack_file(path)
     plan = resolve_plan(stack_config, stack_region(stack_file_region(path)))
     job = stack_config.model_copy(update={"train_config": config.resolve()})
-    # The error names the job as typed here, not the stack key it is checked through.
-    sets = "".join(f" --set {item}" for item in overrides)
     check_plan(job, plan, overrides, named=f"--config {config}{sets}")
     return plan
 

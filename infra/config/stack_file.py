@@ -17,6 +17,7 @@ import yaml
 
 from infra.config.schema import StackConfig, load_stack_config
 from infra.errors import ConfigError
+from infra.outputs import LOCAL
 from infra.project import find_project_root
 
 REPO_ROOT = find_project_root()
@@ -85,6 +86,11 @@ _Yaml12Loader.add_constructor(
 
 def stack_file_path(stack: str) -> Path:
     """Where the Pulumi CLI looks for stack `stack`'s config: next to Pulumi.yaml."""
+    if stack == LOCAL:
+        raise ConfigError(
+            f"stack {LOCAL} is this machine: it has no stack file and nothing to plan or "
+            f"create; `python -m infra run {LOCAL} --config JOB.toml` starts a job on it"
+        )
     return REPO_ROOT / f"Pulumi.{stack}.yaml"
 
 

@@ -9,6 +9,7 @@ node with a SyntaxError or a version conflict is refused here in one line.
 from __future__ import annotations
 
 import ast
+import importlib.metadata
 from pathlib import Path
 
 from images.locks import lock_path, normalize, read_lock
@@ -32,22 +33,35 @@ def code_files(folder: Path) -> list[Path]:
     ]
 
 
-def check_code(folder: Path, job: Config, variant: Variant) -> None:
-    """ConfigError, naming the file and line, for code the node would refuse or crash on."""
+def check_code(folder: Path, job: Config, variant: Variant | None) -> None:
+    """ConfigError, naming the file and line, for code the node would refuse or crash on.
+    Its requirements are checked against the image of `variant`, or against this Python
+    environment's packages when None (the local stack runs the job here)."""
     trees = {path: _compiled(folder, path) for path in code_files(folder) if path.suffix == ".py"}
-    lock = read_lock(lock_path(variant))
+    if variant is None:
+        version_of, whose = _installed, "this environment's"
+    else:
+        lock = read_lock(lock_path(variant))
 
-    def locked(name: str) -> str | None:
-        pin = lock.pins.get(normalize(name))
-        return pin.version if pin is not None else None
+        def version_of(name: str) -> str | None:
+            pin = lock.pins.get(normalize(name))
+            return pin.version if pin is not None else None
 
+        whose = f"the {variant.name} image's"
     try:
-        requirements_against(folder / REQUIREMENTS, locked, f"the {variant.name} image's")
+        requirements_against(folder / REQUIREMENTS, version_of, whose)
     except ConfigError as exc:
         raise ConfigError(f"--code {folder}: {exc}") from None
     for key, builder in (("model.builder", job.model.builder), ("data.builder", job.data.builder)):
         if builder is not None:
             _check_builder(folder, trees, key, builder)
+
+
+def _installed(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _compiled(folder: Path, path: Path) -> ast.Module:

@@ -10,6 +10,9 @@ one file per kind:
   the node is stopped and started through EC2, the job reached through SSM.
 - infra/targets/slurm.py: the ParallelCluster stack (gpu:cluster: slurm). Jobs are sbatch
   jobs submitted on the head node through SSM; `stop` holds the queue.
+- infra/targets/local.py: the local stack (stack name `local`): this machine, outside
+  Pulumi and AWS. Its jobs run here, each under a runner of its own; `down` stops them and
+  there is nothing to destroy (`without_pulumi`).
 
 Each kind's file also holds its `Deployment`: what `preview` and `up` do around Pulumi for
 that kind (a Slurm cluster's update may need its compute fleet stopped). A new kind of stack
@@ -24,12 +27,13 @@ from collections.abc import Callable
 
 from infra.config.schema import StackConfig
 from infra.deployed import workspace
-from infra.outputs import CLUSTER, SINGLE_NODE
+from infra.outputs import CLUSTER, LOCAL, SINGLE_NODE
 from infra.targets.target import (
     FOLLOW_POLL_S,
     Deployment,
     JobList,
     ListedJob,
+    MachineTarget,
     Say,
     Sleep,
     Target,
@@ -40,19 +44,22 @@ __all__ = [
     "Deployment",
     "JobList",
     "ListedJob",
+    "MachineTarget",
     "Say",
     "Sleep",
     "Target",
     "deployment",
     "open_target",
+    "without_pulumi",
 ]
 
 
 def _kinds() -> dict[str, Callable[[workspace.Deployed], Target]]:
     from infra.targets.ec2_spool import SpoolTarget
+    from infra.targets.local import LocalTarget
     from infra.targets.slurm import SlurmTarget
 
-    return {SINGLE_NODE: SpoolTarget, CLUSTER: SlurmTarget}
+    return {SINGLE_NODE: SpoolTarget, CLUSTER: SlurmTarget, LOCAL: LocalTarget}
 
 
 def _deployments() -> dict[str, Callable[[str], Deployment]]:
@@ -73,6 +80,16 @@ def open_target(stack: workspace.Deployed) -> Target:
     return _kinds()[stack.outputs.kind](stack)
 
 
+def without_pulumi(name: str) -> MachineTarget | None:
+    """The target of stack `name` when no Pulumi program makes it (the local stack: this
+    machine, always up), else None."""
+    if name != LOCAL:
+        return None
+    from infra.targets import local
+
+    return local.LocalTarget(local.deployed())
+
+
 def target(name: str) -> Target:
     """The target of stack `name`; ConfigError when it is not up."""
-    return open_target(workspace.deployed(name))
+    return without_pulumi(name) or open_target(workspace.deployed(name))

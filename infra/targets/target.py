@@ -124,6 +124,17 @@ class Target(Protocol):
         beyond the stack's own bucket, repository and log groups."""
 
 
+class MachineTarget(Target, Protocol):
+    """A stack that no Pulumi program makes (the local stack: this machine). `down` stops its
+    jobs (before_destroy); nothing is rented, so there is nothing to destroy."""
+
+    def delete_data(self) -> str:
+        """Delete the jobs' checkpoints and logs (`down --delete-data`); what, in words."""
+
+    def ranks(self) -> int:
+        """How many ranks a trainer job starts with here."""
+
+
 class Deployment(Protocol):
     """How `preview` and `up` change a stack of one kind: the Pulumi program makes the
     resources; this says what the change means for the kind and does what must happen around

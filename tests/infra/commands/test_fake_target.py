@@ -87,6 +87,7 @@ def test_targets_hold_one_file_per_kind():
     assert sorted(p.name for p in TARGETS.glob("*.py")) == [
         "__init__.py",
         "ec2_spool.py",
+        "local.py",
         "slurm.py",
         "target.py",  # the protocol
     ]

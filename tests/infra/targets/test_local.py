@@ -1,0 +1,243 @@
+"""The local stack (infra/targets/local.py): the daily loop on this machine, through the
+commands themselves, with real jobs run by the real runner (infra/node/local_job.py).
+
+A command job (`run local -- COMMAND`, a small script that saves on SIGTERM) shows the
+loop's mechanics in seconds; one trainer job shows the bar: `run` starts it here, `jobs`
+lists it, `cancel` stops it with a checkpoint, and `run` again resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from infra.commands import cancel, down, jobs, logs, start, status, stop, up
+from infra.commands import run as run_job
+from infra.errors import ConfigError
+from infra.jobs.spool import JobState
+from infra.node import local_job
+from infra.targets.local import ROOT_ENV
+from training.contract import ExitCode
+
+STACK = "local"
+# Saves on SIGTERM as a user's script should: it writes its step, says so and exits 75.
+SCRIPT = """\
+import os, signal, sys, time
+folder = os.environ["CHECKPOINT_DIR"]
+saved = os.path.join(folder, "step")
+step = int(open(saved).read()) if os.path.exists(saved) else 0
+print(f"resumed at {step}" if step else "fresh start", flush=True)
+def save(*_):
+    open(saved, "w").write(str(step))
+    print(f"saved step {step}", flush=True)
+    sys.exit(75)
+signal.signal(signal.SIGTERM, save)
+while step < int(sys.argv[1]):
+    step += 1
+    time.sleep(0.05)
+print("done", flush=True)
+"""
+
+
+@pytest.fixture
+def stack_home(tmp_path, monkeypatch):
+    monkeypatch.setenv(ROOT_ENV, str(tmp_path / "stack"))
+    yield tmp_path / "stack" / "jobs"
+    # A failed test leaves no job running: each runner leads a session of its own.
+    for pid in (tmp_path / "stack").glob(f"jobs/*/{local_job.PID}"):
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.killpg(int(pid.read_text()), signal.SIGKILL)
+
+
+def command_job(tmp_path: Path, name: str, steps: int, *command: str) -> argparse.Namespace:
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    job = command or (sys.executable, str(script), str(steps))
+    return argparse.Namespace(
+        stack=STACK, config=None, code=None, name=name, overrides=[], job_command=job
+    )
+
+
+def wait_for(predicate, seconds: float = 60, what: str = ""):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.2)
+    raise AssertionError(f"not within {seconds} s: {what}")
+
+
+def state(stack_home: Path, job: str) -> str:
+    return (stack_home / job / local_job.STATE).read_text().split("\n")[0]
+
+
+def log_text(stack_home: Path, job: str) -> str:
+    return (stack_home / job / local_job.LOG).read_text()
+
+
+@pytest.mark.multiprocess
+def test_a_command_job_is_cancelled_with_its_save_and_resumes_from_it(tmp_path, stack_home):
+    said = run_job.run(command_job(tmp_path, "sweep", 100_000))
+    assert said.startswith("job sweep started on local.")
+    wait_for(lambda: "fresh start" in log_text(stack_home, "sweep"), what="the job's first line")
+    listed = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert listed[1].split()[:2] == ["sweep", "running"]
+    # One job at a time, as on a single node: a second is refused and names the one to cancel.
+    with pytest.raises(ConfigError, match=r"job sweep is running on local.*cancel local sweep"):
+        run_job.run(command_job(tmp_path, "other", 10))
+
+    said = cancel.run(argparse.Namespace(stack=STACK, job="sweep"))
+    saved = int((stack_home / "sweep" / local_job.CHECKPOINTS / "step").read_text())
+    assert saved > 0
+    kept = stack_home / "sweep" / local_job.CHECKPOINTS
+    assert said == f"job sweep cancelled: stopped; its saves stay in {kept}"
+    assert state(stack_home, "sweep") == JobState.CANCELLED
+
+    said = run_job.run(command_job(tmp_path, "sweep", saved + 20))
+    assert said.startswith("job sweep was cancelled: it resumes from its last checkpoint on local")
+    wait_for(lambda: state(stack_home, "sweep") == JobState.DONE, what="the resumed job's end")
+    assert f"resumed at {saved}" in log_text(stack_home, "sweep")
+
+    out = io.StringIO()
+    asked = argparse.Namespace(stack=STACK, job="sweep", node=None, since=5, follow=False)
+    logs.run(asked, out=out)
+    lines = out.getvalue().splitlines()
+    # Each line as a rented stack prints it: the job's stream, the time, the line.
+    assert [line.split("  ", 2)[2] for line in lines if "saved step" in line] == [
+        f"saved step {saved}"
+    ]
+    assert all(line.startswith("job-sweep  ") for line in lines)
+    assert lines[-1].endswith(f"gpu-stack: job sweep: exit {ExitCode.DONE}")
+
+
+@pytest.mark.multiprocess
+def test_stop_checkpoints_the_running_job_and_start_resumes_it(tmp_path, stack_home):
+    run_job.run(command_job(tmp_path, "sweep", 100_000))
+    wait_for(lambda: "fresh start" in log_text(stack_home, "sweep"), what="the job's first line")
+    said = stop.run(argparse.Namespace(stack=STACK), out=io.StringIO())
+    assert said == "stopped sweep on local, checkpointed; `python -m infra start local` resumes it"
+    assert state(stack_home, "sweep") == JobState.YIELDED
+    assert stop.run(argparse.Namespace(stack=STACK), out=io.StringIO()) == (
+        "no job is running on local: nothing to stop"
+    )
+    said = start.run(argparse.Namespace(stack=STACK), out=io.StringIO())
+    assert said.startswith("job sweep resumes on local")
+    wait_for(lambda: "resumed at" in log_text(stack_home, "sweep"), what="the resumed start")
+    report = status.run(argparse.Namespace(stack=STACK, watch=None))
+    assert report.splitlines()[0].endswith("nothing rented ($0.00/h)")
+    assert report.splitlines()[4].split()[:2] == ["sweep", "running"]
+
+    # down: the running job saves, nothing bills; its data stays unless asked.
+    out = io.StringIO()
+    said = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=False), out=out)
+    assert said.splitlines()[0] == "stack local: no job runs; nothing was rented, so nothing bills"
+    assert "saved step" in log_text(stack_home, "sweep").split("resumed at")[1]
+    assert state(stack_home, "sweep") == JobState.YIELDED
+    said = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=True), out=out)
+    assert said.splitlines()[1] == f"deleted 1 job(s) and their checkpoints from {stack_home}"
+    assert not stack_home.exists()
+
+
+@pytest.mark.multiprocess
+def test_a_job_the_trainer_refuses_fails_with_its_reason_and_is_not_started_again(
+    tmp_path, stack_home
+):
+    reason = "error: train.steps = 0: give a number of steps above 0"
+    failing = (sys.executable, "-c", f"print({reason!r}); raise SystemExit({ExitCode.BAD_CONFIG})")
+    run_job.run(command_job(tmp_path, "bad", 0, *failing))
+    wait_for(lambda: state(stack_home, "bad") == JobState.FAILED, what="the job's failure")
+    listed = jobs.run(argparse.Namespace(stack=STACK))
+    assert listed.splitlines()[-1] == f"job bad failed: {reason.removeprefix('error: ')}"
+    assert log_text(stack_home, "bad").count("gpu-stack: job bad: exit") == 1
+
+
+@pytest.mark.multiprocess
+def test_a_crash_starts_the_job_again_until_the_crash_bound(tmp_path, stack_home):
+    crashing = (sys.executable, "-c", "print('failed: rank 1 out of memory'); raise SystemExit(1)")
+    run_job.run(command_job(tmp_path, "crash", 0, *crashing))
+    wait_for(lambda: state(stack_home, "crash") == JobState.FAILED, what="the last crash")
+    starts = log_text(stack_home, "crash").count("gpu-stack: job crash: exit 1")
+    assert starts == 4  # the first start and CRASH_RESTARTS (3) more, as on a node
+    reason = (stack_home / "crash" / local_job.STATE).read_text().split("\n")[1]
+    assert reason == "rank 1 out of memory (exit 1, 4 starts within 6 h)"
+
+
+def test_the_local_stack_has_nothing_to_create_and_refuses_bad_names(stack_home):
+    with pytest.raises(ConfigError, match="stack local is this machine: it has no stack file"):
+        up.run(argparse.Namespace(stack=STACK, yes=True, policy_pack=False))
+    with pytest.raises(ConfigError, match="no job 'nope' on local"):
+        cancel.run(argparse.Namespace(stack=STACK, job="nope"))
+    with pytest.raises(ConfigError, match="stack local is one node, node 0"):
+        logs.run(argparse.Namespace(stack=STACK, job=None, node=1, since=5, follow=False))
+    assert jobs.run(argparse.Namespace(stack=STACK)).startswith("no job on local: start one")
+
+
+TRAINER_JOB = """\
+[model]
+preset = "tiny"
+[data]
+kind = "synthetic"
+seq_len = 32
+vocab_size = 64
+[train]
+steps = {steps}
+micro_batch_size = 4
+[scheduler]
+kind = "constant"
+[zero]
+stage = 1
+[checkpoint]
+every_steps = 100000
+[logging]
+every_steps = 1
+progress_bar = false
+"""
+
+
+@pytest.mark.multiprocess
+@pytest.mark.slow(reason="two starts of a real trainer job on this machine", seconds=150)
+def test_a_trainer_job_cancelled_with_a_checkpoint_resumes_when_run_again(
+    tmp_path, stack_home, monkeypatch
+):
+    monkeypatch.setenv("TRAIN_NPROC_PER_NODE", "1")
+    config = tmp_path / "tiny.toml"
+    config.write_text(TRAINER_JOB.format(steps=100_000))
+    args = argparse.Namespace(
+        stack=STACK, config=config, code=None, name=None, overrides=[], job_command=()
+    )
+    assert run_job.run(args).startswith("job tiny started on local.")
+    status_file = stack_home / "tiny" / local_job.OUTPUT / "status.json"
+    wait_for(status_file.is_file, seconds=120, what="the trainer's first status")
+    listed = jobs.run(argparse.Namespace(stack=STACK)).splitlines()
+    assert listed[1].split()[:2] == ["tiny", "running"]
+
+    said = cancel.run(argparse.Namespace(stack=STACK, job="tiny"))
+    stopped = json.loads(status_file.read_text())
+    assert stopped["state"] == "interrupted"
+    tag = (stack_home / "tiny" / local_job.CHECKPOINTS / "latest_committed").read_text().strip()
+    assert tag == f"step_{stopped['step']:08d}"
+    assert said == f"job tiny cancelled: stopped at step {stopped['step']:,}; checkpoint {tag}"
+
+    # Run again, to a few steps past the checkpoint: it resumes there, and ends done.
+    config.write_text(TRAINER_JOB.format(steps=stopped["step"] + 3))
+    assert "it resumes from its last checkpoint" in run_job.run(args)
+    wait_for(lambda: state(stack_home, "tiny") != JobState.RUNNING, seconds=120, what="the end")
+    assert state(stack_home, "tiny") == JobState.DONE
+    metrics = stack_home / "tiny" / local_job.OUTPUT / "metrics.jsonl"
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records if "loss" in r][-3:] == [
+        stopped["step"] + 1,
+        stopped["step"] + 2,
+        stopped["step"] + 3,
+    ]
+    assert json.loads(status_file.read_text())["state"] == "done"
