@@ -8,6 +8,12 @@ holds the job as the target wrote it (job.json, train.toml, code/); this runs
 timestamps its output into FOLDER/output.log, passes a SIGTERM on (the job checkpoints and
 exits 75), starts a crashed job again from its checkpoint as the node does (CRASH_RESTARTS
 within CRASH_WINDOW_S), and writes the job's end into FOLDER/state.
+
+The job runs in this project's environment, or, when $GPU_STACK_LOCAL_IMAGE names an image
+and docker is on PATH, in that image as a node runs it: `docker run --gpus all` when this
+machine has a GPU, FOLDER mounted at its own path, as this user. A SIGTERM reaches the
+container's process through `docker run`, which passes the signals it receives on to it
+(--sig-proxy, true by default: docs.docker.com/reference/cli/docker/container/run).
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -29,6 +36,8 @@ from training.contract import (
     CRASH_WINDOW_S,
     ERROR_PREFIX,
     FAILURE_PREFIX,
+    HF_HOME_ENV,
+    HF_TOKEN_ENV,
     ExitCode,
 )
 
@@ -46,6 +55,8 @@ STOP = "stop"
 # A stop the job answered as asked (exit 75): the state it ends in.
 STOPPED_FOR = {CANCEL: JobState.CANCELLED, STOP: JobState.YIELDED}
 REASONS = (ERROR_PREFIX, FAILURE_PREFIX)
+IMAGE_ENV = "GPU_STACK_LOCAL_IMAGE"  # the image jobs run in, when docker is here
+ENV_FILE = "job.env"  # the container's environment (docker run --env-file)
 
 
 def stamp(line: str, when: float | None = None) -> str:
@@ -67,10 +78,10 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def job_environment(folder: Path, spec: JobSpec) -> dict[str, str]:
-    """The trainer's environment for the job in `folder` (names from training/contract.py)."""
+def job_variables(folder: Path, spec: JobSpec) -> dict[str, str]:
+    """What the job in `folder` is told beyond the environment it inherits (names from
+    training/contract.py): its paths, price and rendezvous port."""
     env = {
-        **os.environ,
         "TRAIN_CHECKPOINT_DIR": str(folder / CHECKPOINTS),
         "TRAIN_OUTPUT_DIR": str(folder / OUTPUT),
         "TRAIN_USD_PER_HOUR": f"{spec.usd_per_hour:.4f}",
@@ -82,6 +93,48 @@ def job_environment(folder: Path, spec: JobSpec) -> dict[str, str]:
     if spec.has_code:
         env[CODE_URI_ENV] = str(folder / CODE)
     return env
+
+
+def gpus() -> int:
+    """This machine's GPUs, as nvidia-smi lists them (none without the driver)."""
+    if not shutil.which("nvidia-smi"):
+        return 0
+    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
+    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
+
+
+def image() -> str | None:
+    """The image jobs run in: $GPU_STACK_LOCAL_IMAGE where docker is on PATH, else None."""
+    named = os.environ.get(IMAGE_ENV, "").strip()
+    return named if named and shutil.which("docker") else None
+
+
+def job_command(folder: Path, spec: JobSpec, variables: dict[str, str]) -> list[str]:
+    """The job's command line: the trainer here, or in the image as a node runs it."""
+    trainer = ["python", "-m", "training", *spec.trainer_arguments()]
+    named = image()
+    if named is None:
+        return [sys.executable, *trainer[1:]]
+    # Inside, the job writes only under its folder: caches too (the image's HOME may be
+    # another user's), and HF_TOKEN passes by name, never on a command line.
+    inside = {
+        **{key: value for key, value in os.environ.items() if key.startswith("TRAIN_")},
+        **variables,
+        "TRAIN_CACHE_DIR": str(folder / "cache"),
+        HF_HOME_ENV: str(folder / "hf"),
+    }
+    (folder / ENV_FILE).write_text("".join(f"{key}={value}\n" for key, value in inside.items()))
+    options = ["--rm", "--ipc=host", "--network=host", f"--user={os.getuid()}:{os.getgid()}"]
+    if gpus():
+        options.append("--gpus=all")
+    if os.environ.get(HF_TOKEN_ENV):
+        options += ["--env", HF_TOKEN_ENV]
+    options += [
+        f"--env-file={folder / ENV_FILE}",
+        f"--volume={folder}:{folder}",
+        f"--workdir={folder}",
+    ]
+    return ["docker", "run", *options, named, *trainer]
 
 
 class Run:
@@ -101,10 +154,10 @@ class Run:
 
     def once(self, spec: JobSpec, log) -> tuple[int, str]:
         """Run the job once: its exit status, and the last line that said why it failed."""
-        command = [sys.executable, "-m", "training", *spec.trainer_arguments()]
+        variables = job_variables(self.folder, spec)
         self.process = subprocess.Popen(
-            command,
-            env=job_environment(self.folder, spec),
+            job_command(self.folder, spec, variables),
+            env={**os.environ, **variables},
             cwd=self.folder,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,

@@ -61,15 +61,8 @@ def root() -> Path:
     return Path(os.environ.get(ROOT_ENV) or REPO_ROOT / ".local-stack")
 
 
-def _gpus() -> int:
-    if not shutil.which("nvidia-smi"):
-        return 0
-    listed = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-    return sum(line.startswith("GPU ") for line in listed.stdout.splitlines())
-
-
 def _machine() -> str:
-    gpus = _gpus()
+    gpus = local_job.gpus()
     return (
         f"this machine ({os.cpu_count()} CPU cores, {gpus or 'no'} GPU{'s' if gpus != 1 else ''})"
     )
@@ -104,7 +97,7 @@ class LocalTarget:
     def ranks(self) -> int:
         """The ranks a trainer job starts here, counted as the launcher counts them."""
         # A bad TRAIN_* value is the trainer's ConfigError, naming the variable.
-        return TrainerEnv.from_environ(os.environ).nproc_per_node or _gpus() or CPU_WORKERS
+        return TrainerEnv.from_environ(os.environ).nproc_per_node or local_job.gpus() or CPU_WORKERS
 
     def store_hf_token(self, environ) -> str:
         return ""  # the job inherits this shell's environment, HF_TOKEN with it
@@ -311,6 +304,7 @@ class LocalTarget:
         lines = [
             f"stack       {self.stack.name}: {self.describe()}, nothing rented ($0.00/h)",
             f"jobs in     {self.jobs_root}",
+            f"runs in     {_runs_in()}",
             "",
         ]
         if not found:
@@ -363,6 +357,13 @@ class LocalTarget:
         count = len(self._all())
         shutil.rmtree(self.jobs_root, ignore_errors=True)
         return f"deleted {count} job(s) and their checkpoints from {self.jobs_root}"
+
+
+def _runs_in() -> str:
+    named = local_job.image()
+    if named is not None:
+        return f"the image {named} (docker{', --gpus=all' if local_job.gpus() else ''})"
+    return f"this project's environment ({sys.prefix}; ${local_job.IMAGE_ENV} names an image)"
 
 
 def _pid(folder: Path) -> int:

@@ -59,11 +59,15 @@ def stack_home(tmp_path, monkeypatch):
 
 
 def command_job(tmp_path: Path, name: str, steps: int, *command: str) -> argparse.Namespace:
-    script = tmp_path / "job.py"
-    script.write_text(SCRIPT)
-    job = command or (sys.executable, str(script), str(steps))
+    """`run local [--code lab] --name NAME -- COMMAND`: SCRIPT shipped in --code by default."""
+    code = None
+    if not command:  # the script travels as the job's code, and runs from its folder
+        code = tmp_path / "lab"
+        code.mkdir(exist_ok=True)
+        (code / "job.py").write_text(SCRIPT)
+        command = (sys.executable, "job.py", str(steps))
     return argparse.Namespace(
-        stack=STACK, config=None, code=None, name=name, overrides=[], job_command=job
+        stack=STACK, config=None, code=code, name=name, overrides=[], job_command=command
     )
 
 
@@ -135,7 +139,7 @@ def test_stop_checkpoints_the_running_job_and_start_resumes_it(tmp_path, stack_h
     wait_for(lambda: "resumed at" in log_text(stack_home, "sweep"), what="the resumed start")
     report = status.run(argparse.Namespace(stack=STACK, watch=None))
     assert report.splitlines()[0].endswith("nothing rented ($0.00/h)")
-    assert report.splitlines()[4].split()[:2] == ["sweep", "running"]
+    assert report.splitlines()[5].split()[:2] == ["sweep", "running"]
 
     # down: the running job saves, nothing bills; its data stays unless asked.
     out = io.StringIO()
@@ -146,6 +150,71 @@ def test_stop_checkpoints_the_running_job_and_start_resumes_it(tmp_path, stack_h
     said = down.run(argparse.Namespace(stack=STACK, yes=True, delete_data=True), out=out)
     assert said.splitlines()[1] == f"deleted 1 job(s) and their checkpoints from {stack_home}"
     assert not stack_home.exists()
+
+
+# `docker run` as the image would run the job, played by this interpreter: only the
+# environment the container gets (its --env-file and --env names), in its --workdir.
+DOCKER = """\
+#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["DOCKER_CALLS"], "a") as calls:
+    calls.write(json.dumps(args) + "\\n")
+env, options, at = {{}}, {{}}, 1
+while args[at].startswith("-"):
+    if args[at] == "--env":
+        env[args[at + 1]] = os.environ[args[at + 1]]
+        at += 2
+        continue
+    key, _, value = args[at].partition("=")
+    options[key], at = value, at + 1
+for line in open(options["--env-file"]):
+    key, _, value = line.rstrip("\\n").partition("=")
+    env[key] = value
+os.chdir(options["--workdir"])
+env.update(PATH=os.environ["PATH"], PYTHONPATH={repo!r})
+os.execve(sys.executable, [sys.executable, *args[at + 2 :]], env)
+"""
+
+
+@pytest.mark.multiprocess
+def test_with_an_image_named_the_job_runs_in_it_with_the_gpus(tmp_path, stack_home, monkeypatch):
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    repo = str(Path(__file__).resolve().parents[3])
+    (tools / "docker").write_text(DOCKER.format(python=sys.executable, repo=repo))
+    (tools / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n"
+    )
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_CALLS", str(tmp_path / "calls"))
+    monkeypatch.setenv("GPU_STACK_LOCAL_IMAGE", "gpu-training:cu130-test")
+    monkeypatch.setenv("HF_TOKEN", "hf_secret")
+    probe = (
+        "import os; print('cache', os.environ['TRAIN_CACHE_DIR'], 'token', os.environ['HF_TOKEN'])"
+    )
+    run_job.run(command_job(tmp_path, "boxed", 0, sys.executable, "-c", probe))
+    wait_for(lambda: state(stack_home, "boxed") == JobState.DONE, what="the job's end")
+
+    folder = stack_home / "boxed"
+    assert f"cache {folder}/cache token hf_secret" in log_text(stack_home, "boxed")
+    (args,) = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
+    assert args[0] == "run" and "--gpus=all" in args and f"--volume={folder}:{folder}" in args
+    image_at = args.index("gpu-training:cu130-test")
+    assert args[image_at + 1 :] == [
+        "python",
+        "-m",
+        "training",
+        "exec",
+        "--",
+        sys.executable,
+        "-c",
+        probe,
+    ]
+    # The token passes by name: no command line carries it.
+    assert args[args.index("--env") + 1] == "HF_TOKEN" and "hf_secret" not in " ".join(args)
 
 
 @pytest.mark.multiprocess
