@@ -145,13 +145,19 @@ class LocalTarget:
                 "checkpoints; `run` with its name resumes it) or wait for it to end"
             )
         folder = self.jobs_root / spec.name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / local_job.SPEC).write_text(spec.model_dump_json(indent=2))
-        (folder / local_job.CONFIG).write_text(spec.config_toml)
-        shutil.rmtree(folder / local_job.CODE, ignore_errors=True)
-        if code is not None:
-            with tarfile.open(fileobj=io.BytesIO(code), mode="r:gz") as archive:
-                archive.extractall(folder / local_job.CODE, filter="data")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / local_job.SPEC).write_text(spec.model_dump_json(indent=2))
+            (folder / local_job.CONFIG).write_text(spec.config_toml)
+            shutil.rmtree(folder / local_job.CODE, ignore_errors=True)
+            if code is not None:
+                with tarfile.open(fileobj=io.BytesIO(code), mode="r:gz") as archive:
+                    archive.extractall(folder / local_job.CODE, filter="data")
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write the job's folder {folder} ({exc.strerror}): give the local "
+                f"stack a folder you can write with {ROOT_ENV}=FOLDER"
+            ) from None
         self._launch(folder)
         said = (
             f"job {spec.name} was {found.state}: it resumes from its last checkpoint"

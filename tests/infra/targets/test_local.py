@@ -241,7 +241,9 @@ def test_a_crash_starts_the_job_again_until_the_crash_bound(tmp_path, stack_home
     assert reason == "rank 1 out of memory (exit 1, 4 starts within 6 h)"
 
 
-def test_the_local_stack_has_nothing_to_create_and_refuses_bad_names(stack_home):
+def test_the_local_stack_has_nothing_to_create_and_refuses_bad_names(
+    stack_home, tmp_path, monkeypatch
+):
     with pytest.raises(ConfigError, match="stack local is this machine: it has no stack file"):
         up.run(argparse.Namespace(stack=STACK, yes=True, policy_pack=False))
     with pytest.raises(ConfigError, match="no job 'nope' on local"):
@@ -249,6 +251,12 @@ def test_the_local_stack_has_nothing_to_create_and_refuses_bad_names(stack_home)
     with pytest.raises(ConfigError, match="stack local is one node, node 0"):
         logs.run(argparse.Namespace(stack=STACK, job=None, node=1, since=5, follow=False))
     assert jobs.run(argparse.Namespace(stack=STACK)).startswith("no job on local: start one")
+    # A folder that cannot be written is one line naming it and the fix; nothing starts.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(ROOT_ENV, str(blocker))
+    with pytest.raises(ConfigError, match=f"cannot write the job's folder {blocker}/jobs/x"):
+        run_job.run(command_job(tmp_path, "x", 0, "true"))
 
 
 TRAINER_JOB = """\
@@ -274,7 +282,7 @@ progress_bar = false
 
 
 @pytest.mark.multiprocess
-@pytest.mark.slow(reason="two starts of a real trainer job on this machine", seconds=150)
+@pytest.mark.slow(reason="two starts of a real trainer job on this machine", seconds=90)
 def test_a_trainer_job_cancelled_with_a_checkpoint_resumes_when_run_again(
     tmp_path, stack_home, monkeypatch
 ):
