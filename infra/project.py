@@ -12,6 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 PROJECT_FILE = "Pulumi.yaml"
+# Set by `up` for the program it runs: build the stack without its GPU nodes (their image is
+# not pushed yet), so nothing is billed by the hour before a job can start.
+WITHOUT_NODES_ENV = "GPU_STACK_WITHOUT_NODES"
 # The checkout this package was imported from: a clone run with `python -m infra`.
 _SOURCE_CHECKOUT = Path(__file__).resolve().parents[1]
 

@@ -63,7 +63,7 @@ def _checked(name: str) -> tuple[StackConfig, Plan]:
     plan = resolve_plan(config, stack_region(stack_file_region(path)))
     try:
         check_plan(config, plan)
-        targets.deployment(name, config).check()
+        targets.deployment(name, config, plan).check()
     except ConfigError as exc:
         raise ConfigError(f"{path.name}: {exc}") from None
     return config, plan
@@ -90,7 +90,7 @@ def run_preview(args: argparse.Namespace, *, out=None) -> str:
     config, plan = _checked(name)
     out.write(describe(name, config, plan) + "\n\n")
     stack = workspace.open_stack(name, create=True)
-    result, note = targets.deployment(name, config).preview(
+    result, note = targets.deployment(name, config, plan).preview(
         stack, say=workspace.printer(out), policy_packs=_policy_packs(args)
     )
     # change_summary maps Pulumi's OpType (a str enum: "create", "update", ...) to counts.
@@ -135,7 +135,7 @@ def run(
     config, plan = _checked(name)
     _ready_to_rent(name, config, plan, probes or Probes(), out)
     out.write(describe(name, config, plan) + "\n\n")
-    deployment = targets.deployment(name, config)
+    deployment = targets.deployment(name, config, plan)
     stack = deployment.prepare(
         lambda: workspace.open_stack(name, create=True), say=say, policy_packs=_policy_packs(args)
     )
@@ -159,6 +159,14 @@ def run(
 
     result = deployment.up(stack, pulumi_up, say=say, sleep=sleep)
     outputs = workspace.stack_outputs(name, result.outputs)
+    if not outputs.has_compute:  # its kind makes the nodes once their image is pushed
+        return "\n".join(
+            [
+                f"stack {name} is ready for its image, and rents no GPU yet: push "
+                f"{outputs.image_uri} (README, Running on AWS: `python -m images build`), then",
+                f"`python -m infra up {name}` again creates the nodes",
+            ]
+        )
     region = stack_region(stack_file_region(stack_file_path(name)))
     nodes = targets.open_target(workspace.Deployed(name, region, outputs)).up_summary()
     return "\n".join(

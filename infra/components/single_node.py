@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pulumi
 
 from common.market import Market
@@ -17,6 +19,7 @@ from infra.knowledge.resolver import Plan
 from infra.node.boot import NodeBoot, render_user_data
 from infra.outputs import SingleNodeOutputs
 from infra.planning import train_config_text
+from infra.project import WITHOUT_NODES_ENV
 
 
 class SingleNodeStack(pulumi.ComponentResource):
@@ -48,29 +51,38 @@ class SingleNodeStack(pulumi.ComponentResource):
                 hourly_usd(plan, config.market),
                 opts=base.child,
             )
-        compute = Compute(
-            name,
-            ComputeArgs(
-                instance_type=plan.instance.type,
-                image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
-                root_device_name=plan.ami.root_device_name,
-                description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-                market=config.market,
-                root_volume_gib=config.root_volume_gib,
-                availability_zone=base.network.availability_zone,
-                subnet_id=base.network.subnet_id,
-                security_group_id=base.network.security_group_id,
-                instance_profile_arn=role.instance_profile_arn,
-                user_data=_user_data(name, base, config, plan),
-                wait_for=base.watchers,
-                region=base.region,
-                aws_profile=args.aws_settings.get("profile"),
-                capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
-                cost_tags=dict([base.tag]),
-            ),
-            opts=base.child,
+        # Without its nodes when `up` still has to push their image: nothing bills by the
+        # hour before a job can start; the next `up` adds them.
+        compute = (
+            None
+            if os.environ.get(WITHOUT_NODES_ENV)
+            else Compute(
+                name,
+                ComputeArgs(
+                    instance_type=plan.instance.type,
+                    image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
+                    root_device_name=plan.ami.root_device_name,
+                    description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
+                    market=config.market,
+                    root_volume_gib=config.root_volume_gib,
+                    availability_zone=base.network.availability_zone,
+                    subnet_id=base.network.subnet_id,
+                    security_group_id=base.network.security_group_id,
+                    instance_profile_arn=role.instance_profile_arn,
+                    user_data=_user_data(name, base, config, plan),
+                    wait_for=base.watchers,
+                    region=base.region,
+                    aws_profile=args.aws_settings.get("profile"),
+                    capacity_reservation_id=config.capacity_reservation_id
+                    or config.capacity_block_id,
+                    cost_tags=dict([base.tag]),
+                ),
+                opts=base.child,
+            )
         )
-        base.guardrails.watch(compute.instance_ids)
+        instance_ids = compute.instance_ids if compute is not None else []
+        if compute is not None:  # the budget's stop action and alarms, per instance
+            base.guardrails.watch(instance_ids)
         self.outputs = SingleNodeOutputs(
             **base.shared_outputs(config, plan),
             market=config.market,
@@ -81,18 +93,18 @@ class SingleNodeStack(pulumi.ComponentResource):
                 capacity_block_id=config.capacity_block_id,
             ),
             availability_zone=base.network.availability_zone,
-            instance_ids=compute.instance_ids,
-            private_ips=compute.private_ips,
+            instance_ids=instance_ids,
+            private_ips=compute.private_ips if compute is not None else [],
             ssm_sessions=[
                 pulumi.Output.concat("aws ssm start-session --target ", instance_id)
-                for instance_id in compute.instance_ids
+                for instance_id in instance_ids
             ],
             log_group=storage.log_group_name,
             kept_on_destroy=base.kept_on_destroy(config),
             runway_hours=base.costs.runway_hours,
             cancel_spot_requests=(
                 _cancel_spot_requests(base.region, compute)
-                if config.market is Market.SPOT
+                if config.market is Market.SPOT and compute is not None
                 else None
             ),
         )

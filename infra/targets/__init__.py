@@ -27,6 +27,7 @@ from collections.abc import Callable
 
 from infra.config.schema import StackConfig
 from infra.deployed import workspace
+from infra.knowledge.resolver import Plan
 from infra.outputs import CLUSTER, LOCAL, SINGLE_NODE
 from infra.targets.target import (
     FOLLOW_POLL_S,
@@ -62,17 +63,17 @@ def _kinds() -> dict[str, Callable[[workspace.Deployed], Target]]:
     return {SINGLE_NODE: SpoolTarget, CLUSTER: SlurmTarget, LOCAL: LocalTarget}
 
 
-def _deployments() -> dict[str, Callable[[str], Deployment]]:
+def _deployments() -> dict[str, Callable[[str, Plan], Deployment]]:
     from infra.targets.ec2_spool import SpoolDeployment
     from infra.targets.slurm import SlurmDeployment
 
     return {SINGLE_NODE: SpoolDeployment, CLUSTER: SlurmDeployment}
 
 
-def deployment(name: str, config: StackConfig) -> Deployment:
+def deployment(name: str, config: StackConfig, plan: Plan) -> Deployment:
     """How `preview` and `up` change stack `name`, of the kind its stack file asks for
-    (gpu:cluster; unset: the single-node stack)."""
-    return _deployments()[config.cluster or SINGLE_NODE](name)
+    (gpu:cluster; unset: the single-node stack), resolved to `plan`."""
+    return _deployments()[config.cluster or SINGLE_NODE](name, plan)
 
 
 def open_target(stack: workspace.Deployed) -> Target:

@@ -13,16 +13,21 @@ FilterLogEvents returns the events of several streams a page at a time (`nextTok
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
+import os
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from infra.deployed import ledger_spend, nodes, progress
+from infra.deployed import ledger_spend, nodes, progress, stack_image, workspace
 from infra.deployed.checkpoints import job_status, last_checkpoint, stop_report
 from infra.deployed.leftovers import Leftover
+from infra.deployed.stack_image import ImageRef
 from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec, JobState, current_run_uri
+from infra.knowledge.resolver import Plan
+from infra.project import WITHOUT_NODES_ENV
 from infra.report import format_table
 from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, StackTarget
 from training.contract import RUN_SPANS_FIELD
@@ -253,13 +258,21 @@ class SpoolTarget(StackTarget):
 
 
 class SpoolDeployment:
-    """`preview` and `up` of a single-node stack: Pulumi's own, nothing around them."""
+    """`preview` and `up` of a single-node stack. Its first `up` creates the nodes only once
+    their image is in the stack's repository: Pulumi's up without them (the repository, bucket,
+    network and guardrails), then the image built and pushed here when docker is (else `up`
+    stops and says how to push it), then Pulumi's up again with the nodes. An update of a
+    stack that has nodes is Pulumi's up alone: they wait for a new image themselves."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+    def __init__(self, name: str, plan: Plan) -> None:
+        self.name, self.plan = name, plan
 
     def check(self) -> None:
         pass
+
+    def _builds_here(self, image: ImageRef) -> bool:
+        """The image is the variant's own (its tag, no digest) and docker is here."""
+        return stack_image.can_build() and image.digest is None and image.tag == self.plan.image_tag
 
     def preview(self, stack: Any, *, say: Say, policy_packs: list[str]) -> tuple[Any, str]:
         result = stack.preview(on_output=say, color="never", policy_packs=policy_packs)
@@ -270,10 +283,44 @@ class SpoolDeployment:
     def prepare(
         self, open_stack: Callable[[], Any], *, say: Say, policy_packs: list[str]
     ) -> Any | None:
-        return None  # nothing to learn before the yes: Pulumi starts after it
+        # Said before the yes without opening the stack (Pulumi starts after it).
+        how = (
+            f"`up` builds {self.plan.variant.name} here with docker and pushes it first"
+            if stack_image.can_build()
+            else "with no docker here `up` stops after the repository for you to push it"
+        )
+        say(f"image       a new stack's nodes come once their image is in its repository: {how}")
+        return None
 
     def up(self, stack: Any, pulumi_up: Callable[[], Any], *, say: Say, sleep: Sleep) -> Any:
+        if _has_nodes(stack):
+            return pulumi_up()
+        with _without_nodes():
+            first = pulumi_up()
+        image = ImageRef.parse(first.outputs["image_uri"].value)
+        ecr = workspace.aws("ecr", workspace.stack_region(stack, self.name))
+        if not stack_image.is_pushed(ecr, image):
+            if not self._builds_here(image):
+                return first  # `up` says how to push it; the next `up` adds the nodes
+            stack_image.build_and_push(ecr, image, self.plan.variant.name, say=say)
+        say(f"{image} is in the stack's repository: creating the nodes")
         return pulumi_up()
+
+
+def _has_nodes(stack: Any) -> bool:
+    """Whether the stack has its instances (an update), from its last outputs."""
+    found = stack.outputs().get("instance_ids")
+    return bool(found and found.value)
+
+
+@contextlib.contextmanager
+def _without_nodes():
+    """The program that Pulumi's up runs leaves the nodes out (infra/components/single_node.py)."""
+    os.environ[WITHOUT_NODES_ENV] = "1"
+    try:
+        yield
+    finally:
+        del os.environ[WITHOUT_NODES_ENV]
 
 
 def _events(logs, group: str, streams: list[str] | None, start: int):

@@ -34,6 +34,7 @@ from infra.deployed.cluster_fleet import start_fleet
 from infra.errors import ConfigError
 from infra.jobs import spool
 from infra.jobs.spool import JobSpec
+from infra.knowledge.resolver import Plan
 from infra.report import format_table
 from infra.targets.target import FOLLOW_POLL_S, JobList, ListedJob, Say, Sleep, StackTarget
 
@@ -275,7 +276,9 @@ class SlurmDeployment:
     """`preview` and `up` of a cluster stack: what ParallelCluster's update needs, said
     before the question, and done around Pulumi's up (infra/deployed/cluster_update.py)."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, plan: Plan) -> None:
+        # The plan is not needed: the cluster's nodes start with a job, which waits for its
+        # image (Pyxis pulls it then), so none bills before the image is pushed.
         self.name = name
         self.change: cluster_update.PlannedChange | None = None
 

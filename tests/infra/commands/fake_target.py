@@ -80,7 +80,7 @@ class FakeTarget:
 class FakeDeployment:
     calls: ClassVar[list[str]] = []
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, plan) -> None:
         self.name = name
 
     def check(self) -> None:

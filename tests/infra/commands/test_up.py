@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import io
+import json
+import os
 import tomllib
 
 import pytest
@@ -16,16 +18,21 @@ from infra import cli
 from infra.commands import up
 from infra.commands.doctor import ProbeError, Probes
 from infra.config.schema import load_stack_config
-from infra.config.stack_file import REPO_ROOT
-from infra.deployed import workspace
+from infra.config.stack_file import REPO_ROOT, load_stack_file
+from infra.deployed import stack_image, workspace
+from infra.deployed.stack_image import ImageRef
 from infra.errors import ConfigError
 from infra.knowledge.catalog import CATALOG_DIR
 from infra.planning import resolve_plan
+from infra.project import WITHOUT_NODES_ENV
+from infra.targets.ec2_spool import SpoolDeployment
 from tests.infra.commands.conftest import cluster_outputs, stack_outputs
 
 STACK_FILE = yaml.safe_load((REPO_ROOT / "Pulumi.l4x1.yaml").read_text())["config"]
 PRICES = tomllib.loads((CATALOG_DIR / "prices.toml").read_text())["region"]
 NODE = PRICES[STACK_FILE["aws:region"]]["g6.2xlarge"]
+# l4x1's plan, as `up` resolves it: the image tag and variant its nodes pull.
+PLAN = resolve_plan(load_stack_file(REPO_ROOT / "Pulumi.l4x1.yaml"), STACK_FILE["aws:region"])
 
 
 # What renting needs, all there: the Pulumi CLI, credentials, quota to spare.
@@ -93,7 +100,9 @@ def test_a_yes_runs_pulumi_up_on_the_stack_and_streams_its_output(stub_stack):
     assert "stack l4x1 is up: i-0abc" in result and "r/repo:tag" in result
 
 
-def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
+def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack, monkeypatch):
+    # l4x1's stack file with a cluster's outputs: only the message after Pulumi's up is tested.
+    monkeypatch.setattr(SpoolDeployment, "up", lambda self, stack, pulumi_up, **_: pulumi_up())
     stub_stack.outputs_ = cluster_outputs(
         head_node="i-0head",
         submit_command="aws ssm start-session --target i-0head, then: sbatch ...",
@@ -107,7 +116,8 @@ def test_up_on_a_cluster_names_the_head_node_and_how_to_submit(stub_stack):
 def test_yes_flag_skips_the_question(stub_stack):
     stub_stack.outputs_ = stack_outputs(["i-0abc"], spot=False)
     up.run(_args(yes=True), out=io.StringIO(), ask=lambda q: pytest.fail("asked"), probes=READY)
-    assert [c[0] for c in stub_stack.calls] == ["up", "outputs"]
+    # The deployment reads the outputs first: the stack has its nodes, so this is an update.
+    assert [c[0] for c in stub_stack.calls] == ["outputs", "up", "outputs"]
 
 
 def test_without_a_terminal_up_wants_yes_in_one_line(stub_stack, capsys, monkeypatch):
@@ -216,3 +226,80 @@ def test_up_stores_hf_token_before_pulumi_creates_the_nodes(stub_stack, aws, mon
     said = out.getvalue()
     assert f"HF_TOKEN stored for the stack's jobs (Secrets Manager secret {name})" in said
     assert "hf_upSecretValue" not in said + result
+
+
+def _first_up(stub_stack, aws, monkeypatch, *, docker: bool):
+    """A new l4x1 stack: no outputs before its up; each Pulumi up answers with what the program
+    would write, without nodes when `up` asks for that (infra/project.py, WITHOUT_NODES_ENV)."""
+    repository = aws.client("ecr").create_repository(repositoryName="stack-repo")["repository"]
+    image_uri = f"{repository['repositoryUri']}:{PLAN.image_tag}"
+    asked = []
+
+    def pulumi_up(options):
+        asked.append("without nodes" if os.environ.get(WITHOUT_NODES_ENV) else "with nodes")
+        nodes = [] if os.environ.get(WITHOUT_NODES_ENV) else ["i-0abc"]
+        stub_stack.outputs_ = stack_outputs(nodes, spot=True, image_uri=image_uri)
+
+    stub_stack.on_up = pulumi_up
+    monkeypatch.setattr(stack_image, "can_build", lambda: docker)
+    return image_uri, asked
+
+
+def _push(aws, image_uri: str) -> None:
+    """The image as `images build --push` leaves it: a manifest under the variant's tag."""
+    tag = image_uri.rsplit(":", 1)[1]
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/json", "layers": []})
+    aws.client("ecr").put_image(repositoryName="stack-repo", imageManifest=manifest, imageTag=tag)
+
+
+def test_a_new_stack_without_docker_stops_before_its_nodes_until_the_image_is_pushed(
+    stub_stack, aws, monkeypatch
+):
+    image_uri, asked = _first_up(stub_stack, aws, monkeypatch, docker=False)
+    out = io.StringIO()
+    said = up.run(_args(yes=True), out=out, probes=READY)
+    assert asked == ["without nodes"]
+    assert "no docker here `up` stops after the repository" in out.getvalue()
+    assert said.splitlines() == [
+        f"stack l4x1 is ready for its image, and rents no GPU yet: push {image_uri} (README, "
+        "Running on AWS: `python -m images build`), then",
+        "`python -m infra up l4x1` again creates the nodes",
+    ]
+    # Pushed: the next `up` finds it and creates the nodes.
+    _push(aws, image_uri)
+    said = up.run(_args(yes=True), out=out, probes=READY)
+    assert asked == ["without nodes", "without nodes", "with nodes"]
+    assert said.startswith("stack l4x1 is up: i-0abc")
+
+
+def test_a_new_stack_with_docker_pushes_its_image_before_it_creates_the_nodes(
+    stub_stack, aws, monkeypatch
+):
+    image_uri, asked = _first_up(stub_stack, aws, monkeypatch, docker=True)
+    built = []
+
+    def build_and_push(ecr, image, variant, *, say):
+        built.append((str(image), variant, list(asked)))
+        _push(aws, str(image))
+
+    monkeypatch.setattr(stack_image, "build_and_push", build_and_push)
+    said = up.run(_args(yes=True), out=io.StringIO(), probes=READY)
+    # Built and pushed once the repository exists, before any node.
+    assert built == [(image_uri, PLAN.variant.name, ["without nodes"])]
+    assert asked == ["without nodes", "with nodes"]
+    assert said.startswith("stack l4x1 is up: i-0abc")
+
+
+def test_the_image_reference_is_read_as_ecr_names_it():
+    image = ImageRef.parse(
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com/team/stack:0.1-cu130@sha256:ab"
+    )
+    assert (image.registry, image.repository, image.tag, image.digest) == (
+        "123456789012.dkr.ecr.us-east-1.amazonaws.com",
+        "team/stack",
+        "0.1-cu130",
+        "sha256:ab",
+    )
+    assert (
+        str(image) == "123456789012.dkr.ecr.us-east-1.amazonaws.com/team/stack:0.1-cu130@sha256:ab"
+    )

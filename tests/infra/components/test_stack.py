@@ -14,11 +14,14 @@ from infra.dryrun.mocks import RecordingMocks
 from infra.dryrun.runner import PROJECT, run_program
 from infra.jobs import hf_token
 from infra.knowledge.profiles import load_profiles
+from infra.outputs import read_outputs
+from infra.project import WITHOUT_NODES_ENV
 from policy import rules
 from tests.support.infra import data_file_prices
 from tests.support.mock_runs import of_type, one
 from tests.support.stack_runs import (
     BASE_CONFIG,
+    INSTANCE,
     LAUNCH_TEMPLATE,
     PLACEMENT_GROUP,
     SECURITY_GROUP,
@@ -352,3 +355,21 @@ def test_more_than_one_node_without_the_cluster_fails_preview_creating_nothing(n
     assert "\n" not in message
     assert f"gpu:nodes is {nodes}" in message and "set gpu:cluster: slurm" in message
     assert mocks.resources == []
+
+
+def test_without_its_nodes_the_stack_has_everything_they_need_and_no_instance(monkeypatch):
+    """`up` builds a new stack without its nodes until their image is pushed: the repository
+    it is pushed to, the bucket, the network and the guardrails exist; nothing that bills by
+    the hour does, and the outputs say so (no instance: the commands call it not up)."""
+    complete = {(r.type, r.name) for r in run_stack(spot=True).resources}
+    monkeypatch.setenv(WITHOUT_NODES_ENV, "1")
+    run = run_stack(spot=True)
+    made = {(r.type, r.name) for r in run.resources}
+    left_out = {kind for kind, _ in complete - made}
+    assert made < complete
+    assert INSTANCE in left_out and LAUNCH_TEMPLATE in left_out
+    assert not of_type(run, INSTANCE) and not of_type(run, LAUNCH_TEMPLATE)
+    for kept in ("aws:ecr/repository:Repository", "aws:s3/bucket:Bucket", SECURITY_GROUP):
+        assert of_type(run, kept), kept
+    assert run.outputs["instance_ids"] == [] and "cancel_spot_requests" not in run.outputs
+    assert read_outputs("test", run.outputs).has_compute is False
