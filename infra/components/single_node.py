@@ -53,33 +53,7 @@ class SingleNodeStack(pulumi.ComponentResource):
             )
         # Without its nodes when `up` still has to push their image: nothing bills by the
         # hour before a job can start; the next `up` adds them.
-        compute = (
-            None
-            if os.environ.get(WITHOUT_NODES_ENV)
-            else Compute(
-                name,
-                ComputeArgs(
-                    instance_type=plan.instance.type,
-                    image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
-                    root_device_name=plan.ami.root_device_name,
-                    description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
-                    market=config.market,
-                    root_volume_gib=config.root_volume_gib,
-                    availability_zone=base.network.availability_zone,
-                    subnet_id=base.network.subnet_id,
-                    security_group_id=base.network.security_group_id,
-                    instance_profile_arn=role.instance_profile_arn,
-                    user_data=_user_data(name, base, config, plan),
-                    wait_for=base.watchers,
-                    region=base.region,
-                    aws_profile=args.aws_settings.get("profile"),
-                    capacity_reservation_id=config.capacity_reservation_id
-                    or config.capacity_block_id,
-                    cost_tags=dict([base.tag]),
-                ),
-                opts=base.child,
-            )
-        )
+        compute = None if os.environ.get(WITHOUT_NODES_ENV) else _nodes(name, args, base, role)
         instance_ids = compute.instance_ids if compute is not None else []
         if compute is not None:  # the budget's stop action and alarms, per instance
             base.guardrails.watch(instance_ids)
@@ -109,6 +83,33 @@ class SingleNodeStack(pulumi.ComponentResource):
             ),
         )
         self.register_outputs(self.outputs.present())
+
+
+def _nodes(name: str, args: StackArgs, base: Foundation, role: InstanceRole) -> Compute:
+    """The stack's EC2 nodes, booting into its training image."""
+    config, plan = args.config, args.plan
+    return Compute(
+        name,
+        ComputeArgs(
+            instance_type=plan.instance.type,
+            image_id=f"resolve:ssm:{plan.ami.ssm_parameter}",
+            root_device_name=plan.ami.root_device_name,
+            description=f"{plan.instance.type} x{plan.nodes}, {plan.ami.name}",
+            market=config.market,
+            root_volume_gib=config.root_volume_gib,
+            availability_zone=base.network.availability_zone,
+            subnet_id=base.network.subnet_id,
+            security_group_id=base.network.security_group_id,
+            instance_profile_arn=role.instance_profile_arn,
+            user_data=_user_data(name, base, config, plan),
+            wait_for=base.watchers,
+            region=base.region,
+            aws_profile=args.aws_settings.get("profile"),
+            capacity_reservation_id=config.capacity_reservation_id or config.capacity_block_id,
+            cost_tags=dict([base.tag]),
+        ),
+        opts=base.child,
+    )
 
 
 def _user_data(name: str, base: Foundation, config: StackConfig, plan: Plan) -> pulumi.Output[str]:
