@@ -11,6 +11,7 @@ tested with a fake answer.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from common.market import Market
 from common.setup_errors import problem_and_fix
 from common.versions import version_key
 from images.matrix import Matrix, load_matrix
+from infra import targets
 from infra.commands.outcome import Outcome
 from infra.config.stack_file import load_stack_file, stack_file_path, stack_file_region
 from infra.deployed.workspace import HOW_TO_INSTALL_PULUMI
@@ -30,6 +32,7 @@ from infra.knowledge.catalog import load_catalog
 from infra.knowledge.profiles import load_profiles, resolve_profile
 from infra.knowledge.quotas import QuotaNeed, quota_need
 from infra.knowledge.resolver import DEFAULT_PLAN_REGION, Plan
+from infra.node.local_job import IMAGE_ENV
 from infra.planning import resolve_plan
 from infra.report import format_table
 
@@ -217,6 +220,11 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     """Check GPUs, container runtime, shared memory, disk, AWS access and quotas here."""
     probes = probes or Probes()
     name = args.profile or load_profiles().default
+    machine = targets.without_pulumi(name)
+    if machine is not None:  # this machine is the stack: nothing is rented, no AWS to check
+        jobs = Path(machine.stack.outputs.checkpoint_uri)
+        checks = machine_checks(probes, load_matrix(), jobs, args.min_free_gib)
+        return _report([_without_image(check) for check in checks], name)
     path = stack_file_path(name)
     region = args.region or (stack_file_region(path) if path.is_file() else None)
     # The plan gives the quota's instance type and vCPUs; its prices play no part here (the
@@ -236,6 +244,19 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
         checkpoint_dir=args.checkpoint_dir,
         min_free_gib=args.min_free_gib,
     )
+    return _report(checks, name)
+
+
+def _without_image(check: Check) -> Check:
+    """On the local stack a container runtime serves only jobs run in an image (its
+    runner's IMAGE_ENV); without one named, a missing runtime stops nothing."""
+    if check.name != "container" or check.status != "FAIL" or os.environ.get(IMAGE_ENV):
+        return check
+    finding = f"{check.finding} (jobs here run in this environment until {IMAGE_ENV} is set)"
+    return dataclasses.replace(check, status="warn", finding=finding)
+
+
+def _report(checks: list[Check], name: str) -> Outcome:
     failed = sum(check.status == "FAIL" for check in checks)
     table = format_table(
         ("", "CHECK", "FINDING"),
@@ -243,6 +264,18 @@ def run(args: argparse.Namespace, probes: Probes | None = None) -> Outcome:
     )
     summary = f"{failed} check(s) failed" if failed else "every check passed"
     return Outcome(f"{table}\n{summary} (profile {name})", 1 if failed else 0)
+
+
+def machine_checks(
+    probes: Probes, matrix: Matrix, checkpoint_dir: Path, min_free_gib: float
+) -> list[Check]:
+    """This machine's own checks: what a job run here (or a node) needs."""
+    return [
+        gpu_check(probes.gpus(), matrix),
+        runtime_check(probes.container_runtime()),
+        shm_check(probes.shm_bytes()),
+        disk_check(probes.free_bytes(checkpoint_dir), checkpoint_dir, min_free_gib),
+    ]
 
 
 def run_checks(
@@ -255,12 +288,7 @@ def run_checks(
     checkpoint_dir: Path,
     min_free_gib: float,
 ) -> list[Check]:
-    checks = [
-        gpu_check(probes.gpus(), matrix),
-        runtime_check(probes.container_runtime()),
-        shm_check(probes.shm_bytes()),
-        disk_check(probes.free_bytes(checkpoint_dir), checkpoint_dir, min_free_gib),
-    ]
+    checks = machine_checks(probes, matrix, checkpoint_dir, min_free_gib)
     return checks + renting_checks(probes, plan=plan, market=market, region=region)
 
 

@@ -169,3 +169,20 @@ def test_run_prints_one_line_per_check_and_exits_1_on_a_failure():
     assert lines[-1] == "1 check(s) failed (profile l4x1)"
     assert next(line for line in lines if " shm " in line).startswith("FAIL")
     assert doctor.run(args, good_probes()).exit_code == 0
+
+
+def test_the_local_stack_checks_this_machine_only_and_needs_docker_only_for_an_image(
+    monkeypatch, tmp_path
+):
+    monkeypatch.setenv("GPU_STACK_LOCAL_DIR", str(tmp_path))
+    monkeypatch.delenv("GPU_STACK_LOCAL_IMAGE", raising=False)
+    probes = good_probes(container_runtime=lambda: None)
+    args = argparse.Namespace(profile="local", region=None, checkpoint_dir=None, min_free_gib=50)
+    outcome = doctor.run(args, probes=probes)
+    rows = {line.split()[1]: line.split()[0] for line in outcome.text.splitlines()[1:-1]}
+    # Nothing is rented: no Pulumi, AWS or quota check; no runtime stops a job run here.
+    assert rows == {"gpu": "ok", "container": "warn", "shm": "ok", "disk": "ok"}
+    assert outcome.exit_code == 0
+    monkeypatch.setenv("GPU_STACK_LOCAL_IMAGE", "gpu-training:cu130")
+    outcome = doctor.run(args, probes=probes)
+    assert "FAIL  container" in outcome.text and outcome.exit_code == 1
