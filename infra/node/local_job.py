@@ -47,6 +47,7 @@ CODE = "code"
 LOG = "output.log"
 STATE = "state"
 PID = "pid"
+WORKDIR = "workdir"  # where `run` was typed: the job's relative paths start there
 CHECKPOINTS = "checkpoints"
 OUTPUT = "output"
 # Why the job was sent SIGTERM, written before the signal: `cancel` or `stop`.
@@ -158,7 +159,7 @@ class Run:
         self.process = subprocess.Popen(
             job_command(self.folder, spec, variables),
             env={**os.environ, **variables},
-            cwd=self.folder,
+            cwd=_workdir(self.folder),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -174,6 +175,14 @@ class Run:
             if line.startswith(REASONS):
                 reason = line.strip().split(" ", 1)[-1]
         return self.process.wait(), reason
+
+
+def _workdir(folder: Path) -> Path:
+    """Where `run` was typed (a TOML's relative data path means the same as there), while
+    it exists; else the job's folder. In an image the job sees its folder only."""
+    typed = folder / WORKDIR
+    where = Path(typed.read_text().strip()) if typed.is_file() else folder
+    return where if where.is_dir() and image() is None else folder
 
 
 def outcome(folder: Path, status: int, reason: str, crashes: list[float]) -> tuple | None:

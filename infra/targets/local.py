@@ -84,6 +84,8 @@ class LocalJob:
 
 
 class LocalTarget:
+    """The local stack's jobs, each a folder under the stack's folder (the module says how)."""
+
     def __init__(self, stack: workspace.Deployed) -> None:
         self.stack = stack
         self.jobs_root = Path(stack.outputs.checkpoint_uri)
@@ -114,7 +116,10 @@ class LocalTarget:
             since = datetime.datetime.fromtimestamp(state_file.stat().st_mtime, datetime.UTC)
         except FileNotFoundError:
             return LocalJob(name, folder, JobState.QUEUED, "", None)
-        state = JobState(word.strip())
+        try:
+            state = JobState(word.strip())
+        except ValueError:  # not a word the runner writes: never started again by itself
+            return LocalJob(name, folder, JobState.FAILED, f"unknown state {word!r}", since)
         if state == JobState.RUNNING and not _alive(folder):
             reason = "its runner is gone (the machine restarted, or it was killed): run it again"
             state = JobState.FAILED
@@ -149,6 +154,7 @@ class LocalTarget:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / local_job.SPEC).write_text(spec.model_dump_json(indent=2))
             (folder / local_job.CONFIG).write_text(spec.config_toml)
+            (folder / local_job.WORKDIR).write_text(f"{Path.cwd()}\n")
             shutil.rmtree(folder / local_job.CODE, ignore_errors=True)
             if code is not None:
                 with tarfile.open(fileobj=io.BytesIO(code), mode="r:gz") as archive:

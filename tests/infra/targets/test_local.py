@@ -219,14 +219,15 @@ def test_with_an_image_named_the_job_runs_in_it_with_the_gpus(tmp_path, stack_ho
 
 @pytest.mark.multiprocess
 def test_a_job_the_trainer_refuses_fails_with_its_reason_and_is_not_started_again(
-    tmp_path, stack_home
+    tmp_path, stack_home, monkeypatch
 ):
-    reason = "error: train.steps = 0: give a number of steps above 0"
-    failing = (sys.executable, "-c", f"print({reason!r}); raise SystemExit({ExitCode.BAD_CONFIG})")
-    run_job.run(command_job(tmp_path, "bad", 0, *failing))
+    # Typed in a folder of the user's: the job's relative paths start there, as they would.
+    monkeypatch.chdir(tmp_path)
+    refuse = "import os; print('error: data.path not found from', os.getcwd()); raise SystemExit(2)"
+    run_job.run(command_job(tmp_path, "bad", 0, sys.executable, "-c", refuse))
     wait_for(lambda: state(stack_home, "bad") == JobState.FAILED, what="the job's failure")
     listed = jobs.run(argparse.Namespace(stack=STACK))
-    assert listed.splitlines()[-1] == f"job bad failed: {reason.removeprefix('error: ')}"
+    assert listed.splitlines()[-1] == f"job bad failed: data.path not found from {tmp_path}"
     assert log_text(stack_home, "bad").count("gpu-stack: job bad: exit") == 1
 
 
