@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+from infra.errors import ConfigError
 from infra.jobs.spool import JobSpec, JobState
 from training.contract import (
     CODE_URI_ENV,
@@ -105,9 +106,15 @@ def gpus() -> int:
 
 
 def image() -> str | None:
-    """The image jobs run in: $GPU_STACK_LOCAL_IMAGE where docker is on PATH, else None."""
+    """The image jobs run in ($GPU_STACK_LOCAL_IMAGE), None for this project's environment;
+    ConfigError when one is named and docker is not on PATH to run it."""
     named = os.environ.get(IMAGE_ENV, "").strip()
-    return named if named and shutil.which("docker") else None
+    if named and not shutil.which("docker"):
+        raise ConfigError(
+            f"{IMAGE_ENV}={named} names an image, and docker is not on PATH to run it: "
+            f"install Docker, or unset {IMAGE_ENV} to run jobs in this environment"
+        )
+    return named or None
 
 
 def job_command(folder: Path, spec: JobSpec, variables: dict[str, str]) -> list[str]:

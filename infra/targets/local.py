@@ -149,6 +149,7 @@ class LocalTarget:
                 f"cancel it first (`python -m infra cancel {name} {busy[0].name}`, it "
                 "checkpoints; `run` with its name resumes it) or wait for it to end"
             )
+        local_job.image()  # an image named that cannot run is refused before anything starts
         folder = self.jobs_root / spec.name
         try:
             folder.mkdir(parents=True, exist_ok=True)

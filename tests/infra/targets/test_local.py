@@ -258,6 +258,11 @@ def test_the_local_stack_has_nothing_to_create_and_refuses_bad_names(
     monkeypatch.setenv(ROOT_ENV, str(blocker))
     with pytest.raises(ConfigError, match=f"cannot write the job's folder {blocker}/jobs/x"):
         run_job.run(command_job(tmp_path, "x", 0, "true"))
+    # An image named with no docker to run it is refused, not quietly run without it.
+    monkeypatch.setenv("GPU_STACK_LOCAL_IMAGE", "gpu-training:cu130")
+    monkeypatch.setenv("PATH", str(tmp_path / "no-tools"))
+    with pytest.raises(ConfigError, match="docker is not on PATH to run it: install Docker, or"):
+        run_job.run(command_job(tmp_path, "x", 0, "true"))
 
 
 TRAINER_JOB = """\
