@@ -221,6 +221,8 @@ def main(folder: Path) -> int:
             status, reason = run.once(spec, log)
             log.write(stamp(f"gpu-stack: job {spec.name}: exit {status}"))
             ended = outcome(folder, status, reason, crashes)
+            if ended is None and run.stopping:  # the runner itself was told to stop
+                ended = JobState.YIELDED, "its runner was stopped: `start` or `run` resumes it"
             if ended is not None:
                 write_state(folder, *ended)
                 return 0

@@ -152,6 +152,17 @@ def test_stop_checkpoints_the_running_job_and_start_resumes_it(tmp_path, stack_h
     assert not stack_home.exists()
 
 
+@pytest.mark.multiprocess
+def test_a_stop_sent_to_the_runner_itself_is_not_taken_for_a_crash(tmp_path, stack_home):
+    run_job.run(command_job(tmp_path, "sweep", 100_000))
+    wait_for(lambda: "fresh start" in log_text(stack_home, "sweep"), what="the job's first line")
+    os.kill(int((stack_home / "sweep" / local_job.PID).read_text()), signal.SIGTERM)
+    wait_for(lambda: state(stack_home, "sweep") != JobState.RUNNING, what="the stop")
+    assert state(stack_home, "sweep") == JobState.YIELDED
+    log = log_text(stack_home, "sweep")
+    assert "saved step" in log and log.count("fresh start") == 1  # saved, not started again
+
+
 # `docker run` as the image would run the job, played by this interpreter: only the
 # environment the container gets (its --env-file and --env names), in its --workdir.
 DOCKER = """\
