@@ -35,6 +35,7 @@ from infra import targets
 from infra.commands.outcome import Outcome
 from infra.deployed import leftovers, workspace
 from infra.deployed.checkpoints import last_checkpoint
+from infra.deployed.stack_image import ImageRef
 from infra.jobs import hf_token
 from infra.jobs.spool import current_run_uri
 from training.contract import HF_TOKEN_ENV
@@ -56,7 +57,7 @@ def repository_name(image_uri: str | None) -> str | None:
     """`<account>.dkr.ecr.<region>.amazonaws.com/<name>:<tag>[@sha256:...]` -> `<name>`."""
     if not image_uri or "/" not in image_uri:
         return None
-    return image_uri.split("@", 1)[0].split("/", 1)[1].rsplit(":", 1)[0]
+    return ImageRef.parse(image_uri).repository
 
 
 def run(

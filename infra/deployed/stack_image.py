@@ -33,7 +33,7 @@ class ImageRef:
     def parse(cls, uri: str) -> ImageRef:
         name, _, digest = uri.partition("@")
         registry, _, rest = name.partition("/")
-        repository, _, tag = rest.rpartition(":")
+        repository, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "")
         return cls(registry, repository, tag, digest or None)
 
     def __str__(self) -> str:

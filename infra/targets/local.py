@@ -37,7 +37,7 @@ from typing import TextIO
 
 from infra.config.stack_file import REPO_ROOT
 from infra.deployed import progress, workspace
-from infra.deployed.checkpoints import STATUS_NAME
+from infra.deployed.checkpoints import POINTER_NAME, STATUS_NAME
 from infra.deployed.leftovers import Leftover
 from infra.errors import ConfigError
 from infra.jobs import spool
@@ -50,7 +50,6 @@ from training.contract import CPU_WORKERS
 from training.environment import TrainerEnv
 
 ROOT_ENV = "GPU_STACK_LOCAL_DIR"  # where the local stack keeps its jobs
-POINTER = "latest_committed"  # the trainer's newest committed step (training/checkpoint/layout.py)
 # A job checkpoints and exits within seconds of SIGTERM on this machine; a big model's save
 # may take minutes.
 STOP_WAIT_S = 600
@@ -218,7 +217,7 @@ class LocalTarget:
 
     def _checkpoint(self, job: str) -> str:
         """The job's newest committed checkpoint, by the trainer's own pointer."""
-        pointer = self.jobs_root / job / local_job.CHECKPOINTS / POINTER
+        pointer = self.jobs_root / job / local_job.CHECKPOINTS / POINTER_NAME
         return pointer.read_text().strip() if pointer.is_file() else "no checkpoint yet"
 
     def _stopped_at(self, job: str) -> str:
