@@ -57,6 +57,10 @@ def build_ds_config(config: Config, batch: BatchSizes, *, on_gpu: bool) -> dict[
         ds["tensor_parallel"] = {"autotp_size": tensor}
         if config.parallel.partition_config is not None:
             ds["tensor_parallel"]["partition_config"] = config.parallel.partition_config
+    if config.parallel.sequence > 1:
+        # Ulysses (https://www.deepspeed.ai/tutorials/ulysses-alst-sequence-parallelism/):
+        # DeepSpeed counts train_batch_size over world / sequence ranks (runtime/config.py).
+        ds["sequence_parallel_size"] = config.parallel.sequence
     if not precision.fp16:
         del ds["fp16"]
     if not precision.bf16:

@@ -70,8 +70,17 @@ def initialize(
     model = make_model()
     if "tensor_parallel" in ds_config:
         ds_config = {**ds_config, "tensor_parallel": autotp_settings(ds_config, model)}
+    groups = None
+    if ds_config.get("sequence_parallel_size", 1) > 1:
+        # Ulysses: the model installs its attention and its slicing (training/hf/model.py).
+        groups = model.split_sequences(
+            ds_config["sequence_parallel_size"], ds_config["train_micro_batch_size_per_gpu"]
+        )
     engine, *_ = deepspeed.initialize(
-        model=model, model_parameters=param_groups(model, weight_decay), config=ds_config
+        model=model,
+        model_parameters=param_groups(model, weight_decay),
+        config=ds_config,
+        mpu=groups,
     )
     return engine
 

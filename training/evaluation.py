@@ -3,7 +3,9 @@
 Each rank scores every world_size-th sample of the split, in order; the counts are summed
 over the ranks, so the figures cover the whole split whatever the world size (at ZeRO-3,
 where each forward gathers parameters with the other ranks, every rank scores the same
-number: the last len % world_size samples are left out). The model needs a
+number: the last len % world_size samples are left out; under Ulysses sequence parallelism,
+whose attention is built for whole micro-batches, a last partial batch is left out too).
+The model needs a
 `score(*batch)` method giving [summed loss, correct, predictions] (the vision presets and
 Hugging Face models have one: an image is one prediction, a language model's target
 token is one).
@@ -34,6 +36,7 @@ class Evaluator:
         num_workers: int,
         device: torch.device,
         same_count_per_rank: bool = False,
+        whole_batches: bool = False,
     ):
         end = len(dataset) - len(dataset) % world_size if same_count_per_rank else len(dataset)
         indices = list(range(rank, end, world_size))
@@ -41,6 +44,7 @@ class Evaluator:
             dataset,
             batch_size=batch_size,
             sampler=indices,
+            drop_last=whole_batches,
             **worker_processes(num_workers),
             pin_memory=device.type == "cuda",
         )

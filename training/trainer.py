@@ -165,7 +165,10 @@ class Trainer:
         startup.begin("checkpoint load", f"looking for checkpoints in {config.checkpoint_dir}")
         grid = layout(config, placement.world_size)
         resume_point = checkpointer.choose_resume(
-            dp_world_size=grid.data, tensor=grid.tensor, zero_stage=config.zero.stage
+            dp_world_size=grid.data,
+            tensor=grid.tensor,
+            sequence=grid.sequence,
+            zero_stage=config.zero.stage,
         )
         startup.begin("engine build", "model, data and the DeepSpeed engine")
         batch = resolve_batch_sizes(config.train, grid.data)
@@ -180,10 +183,12 @@ class Trainer:
         model_flops = flops_per_token(
             engine.module, config.data.image_size if config.is_image else config.data.seq_len
         )
-        # The ranks of a tensor group read the same batches (DeepSpeed asserts it): data is
-        # split over the data-parallel ranks only. DeepSpeed's mesh is (data, tensor), so a
-        # tensor group is `tensor` neighbouring ranks (groups._init_tp_mesh_device).
-        data_rank = placement.rank // grid.tensor
+        # The ranks of a tensor group read the same batches (DeepSpeed asserts it), and so do
+        # those of a sequence group, each keeping its slice: data is split over the
+        # data-parallel ranks only. Either group is neighbouring ranks: DeepSpeed's mesh is
+        # (data, tensor) (groups._init_tp_mesh_device), Ulysses' groups are ranks
+        # i*sequence.. (parallel_state_sp.py).
+        data_rank = placement.rank // (grid.tensor * grid.sequence)
         dataset = build_dataset(config, files, rank=data_rank, world_size=grid.data)
         sampler, batches = self._batches(dataset, batch.micro_batch_size, data_rank, grid.data)
         # Dropout and other randomness differ per rank from here on.
@@ -201,6 +206,8 @@ class Trainer:
                 device=device,
                 # At ZeRO-3 every forward gathers parameters with the other ranks.
                 same_count_per_rank=config.zero.stage == 3,
+                # Ulysses' attention is built for the micro-batch's size (ulysses_sp.py).
+                whole_batches=grid.sequence > 1,
             )
         job = Job(
             engine,

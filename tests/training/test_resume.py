@@ -91,8 +91,9 @@ def test_resume_at_zero_1_continues_a_zero_2_run(tmp_path, tmp_path_factory):
     resumed = run_job(tmp_path, *NO_DROPOUT, "zero.stage=1")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert (
-        "step_00000006 was saved by tensor 1 x data 2 at ZeRO stage 2, this run is tensor 1 x "
-        "data 2 at ZeRO stage 1: converted to a universal checkpoint" in resumed.stderr
+        "step_00000006 was saved by tensor 1 x sequence 1 x data 2 at ZeRO stage 2, this run "
+        "is tensor 1 x sequence 1 x data 2 at ZeRO stage 1: converted to a universal "
+        "checkpoint" in resumed.stderr
     )
     got, want = resumed.metrics, baseline.metrics[6:]
     assert [r["step"] for r in got] == list(range(7, 13))

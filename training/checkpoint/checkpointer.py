@@ -180,8 +180,9 @@ class Checkpointer:
         record = {
             "tag": tag,
             "step": step,
-            "dp_world_size": engine.dp_world_size,
+            "dp_world_size": data_parallel_ranks(engine),
             "tensor": engine.autotp_size() or 1,
+            "sequence": sequence_ranks(engine),
             "zero_stage": engine.zero_optimization_stage(),
             "precision": engine_precision(engine),
         }
@@ -311,11 +312,16 @@ class Checkpointer:
     # --------------------------------------------------------------- resume
 
     def choose_resume(
-        self, dp_world_size: int, tensor: int = 1, zero_stage: int | None = None
+        self,
+        dp_world_size: int,
+        tensor: int = 1,
+        zero_stage: int | None = None,
+        sequence: int = 1,
     ) -> ResumePoint | None:
         """The newest committed checkpoint, local or in the mirror, made ready to load on
-        ``dp_world_size`` data-parallel ranks of ``tensor``-way tensor groups at ZeRO stage
-        ``zero_stage`` (None: the saving run's); None when none was ever committed.
+        ``dp_world_size`` data-parallel ranks of ``tensor``-way tensor groups or
+        ``sequence``-way sequence groups at ZeRO stage ``zero_stage`` (None: the saving
+        run's); None when none was ever committed.
 
         Every rank calls it, before building the engine: a point saved by another number
         of ranks or at another ZeRO stage (``universal``) needs an engine built with
@@ -324,7 +330,9 @@ class Checkpointer:
         """
         self.wait()
         self._prepare()
-        point = choose(dp_world_size, self.root, self.mirror, self._ranks, tensor, zero_stage)
+        point = choose(
+            dp_world_size, self.root, self.mirror, self._ranks, tensor, zero_stage, sequence
+        )
         self._chosen = (point,)
         return point
 
@@ -338,7 +346,10 @@ class Checkpointer:
         """
         if self._chosen is None:
             self.choose_resume(
-                engine.dp_world_size, engine.autotp_size() or 1, engine.zero_optimization_stage()
+                data_parallel_ranks(engine),
+                engine.autotp_size() or 1,
+                engine.zero_optimization_stage(),
+                sequence_ranks(engine),
             )
         (point,), self._chosen = self._chosen, None
         if point is None:
@@ -409,3 +420,17 @@ def _bytes(count: int) -> str:
     return (
         f"{count:,} bytes" if count < 1 << 20 else f"{count:,} bytes ({count / (1 << 20):.1f} MiB)"
     )
+
+
+def sequence_ranks(engine) -> int:
+    """The ranks of the engine's Ulysses sequence groups (1: none)."""
+    return getattr(engine, "sequence_parallel_size", 1) or 1
+
+
+def data_parallel_ranks(engine) -> int:
+    """The engine's data-parallel ranks. Under Ulysses DeepSpeed leaves dp_world_size None
+    and counts sequence x data ranks in seq_dp_world_size (engine.py,
+    _configure_distributed_model; utils/groups.py)."""
+    if engine.dp_world_size is not None:
+        return engine.dp_world_size
+    return engine.seq_dp_world_size // sequence_ranks(engine)

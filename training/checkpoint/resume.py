@@ -79,10 +79,11 @@ def choose(
     ranks: Ranks,
     tensor: int = 1,
     zero_stage: int | None = None,
+    sequence: int = 1,
 ) -> ResumePoint | None:
     """The newest loadable committed checkpoint, made complete here (and converted when
-    ``dp_world_size``, the ``tensor`` degree or the ZeRO stage, ``zero_stage``, differs
-    from the saving run's); every rank calls it.
+    ``dp_world_size``, the ``tensor`` or ``sequence`` degree or the ZeRO stage,
+    ``zero_stage``, differs from the saving run's); every rank calls it.
 
     None when no checkpoint was ever committed.
     """
@@ -122,25 +123,27 @@ def choose(
     record = read_manifest(root / tag)
 
     load_root = root
-    saved_tensor = record.get("tensor", 1)  # manifests before the field: no tensor groups
-    new_data = record["zero_stage"] > 0 and record["dp_world_size"] != dp_world_size
+    # Manifests before a field had no such groups.
+    saved = (record.get("tensor", 1), record.get("sequence", 1), record["dp_world_size"])
+    wanted = (tensor, sequence, dp_world_size)
+    # ZeRO partitions over the sequence x data ranks of each tensor slice; stage 0 keeps
+    # whole copies, which load on any number of them.
+    new_partitions = record["zero_stage"] > 0 and saved[1:] != wanted[1:]
     # Between ZeRO stages 1 and 2 through the same conversion (DeepSpeed 0.19.8:
     # ds_to_universal reads either, stage_1_and_2.py's _load_universal_checkpoint loads into
     # either); resume_check refuses the changes that cannot convert before here.
     stage = record["zero_stage"] if zero_stage is None else zero_stage
-    if new_data or saved_tensor != tensor or stage != record["zero_stage"]:
+    if new_partitions or saved[0] != tensor or stage != record["zero_stage"]:
         log_on_rank0(
             log,
             logging.INFO,
-            "%s was saved by tensor %d x data %d at ZeRO stage %d, this run is tensor %d x "
-            "data %d at ZeRO stage %d: converted to a universal checkpoint (weights and Adam "
-            "moments) and loaded",
+            "%s was saved by tensor %d x sequence %d x data %d at ZeRO stage %d, this run is "
+            "tensor %d x sequence %d x data %d at ZeRO stage %d: converted to a universal "
+            "checkpoint (weights and Adam moments) and loaded",
             tag,
-            saved_tensor,
-            record["dp_world_size"],
+            *saved,
             record["zero_stage"],
-            tensor,
-            dp_world_size,
+            *wanted,
             stage,
         )
         ranks.on_writers(lambda: convert_to_universal(root, tag))

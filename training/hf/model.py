@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from training.hf.sequence_parallel import SequenceGroup, register_ulysses
 from training.spec.config import Config, ConfigError
 
 log = logging.getLogger(__name__)
@@ -206,6 +207,21 @@ class HfTask(nn.Module):
         self._tp_plan = getattr(type(model), "_tp_plan", None)
         # Counted before tensor parallelism leaves each rank a slice of the weights.
         self._matmul_params = _matmul_params(model)
+        # Set by split_sequences: this rank's slice of every sequence (Ulysses).
+        self.sequence: SequenceGroup | None = None
+
+    def split_sequences(self, sequence: int, micro_batch: int):
+        """Ulysses over `sequence` ranks (training/hf/sequence_parallel.py): returns the
+        groups object deepspeed.initialize takes (``mpu``)."""
+        if not self._takes_positions:
+            raise ConfigError(
+                f"parallel.sequence = {sequence}: {type(self.model).__name__}.forward takes no "
+                "position_ids, which Ulysses gathers to mask each sequence; use "
+                "parallel.sequence = 1"
+            )
+        attention = self.model.config._attn_implementation
+        groups, self.sequence = register_ulysses(self.model, attention, sequence, micro_batch)
+        return groups
 
     @property
     def config(self):
@@ -222,15 +238,37 @@ class HfTask(nn.Module):
     def forward(
         self, inputs: torch.Tensor, targets: torch.Tensor, extra: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.sequence is not None:
+            inputs, targets, extra = self._my_slice(inputs, targets, extra)
+            logits = self.logits(inputs, extra).float()
+            wanted = targets.reshape(-1)
+            summed = F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]),
+                wanted,
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
+            return self.sequence.share_of_loss(summed, (wanted != IGNORE_INDEX).sum())
         logits = self.logits(inputs, extra).float()
         return F.cross_entropy(
             logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=IGNORE_INDEX
         )
 
+    def _my_slice(self, inputs, targets, positions):
+        """This rank's slice of a batch's sequences; positions count from 0 when the data
+        has none, since Ulysses gathers them to mask the whole sequence."""
+        if positions is None:
+            positions = torch.arange(inputs.shape[1], device=inputs.device).expand_as(inputs)
+        part = self.sequence
+        return part.slice(inputs), part.slice(targets), part.slice(positions)
+
     def score(
         self, inputs: torch.Tensor, targets: torch.Tensor, extra: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """[summed loss, correct top-1 predictions, predictions] over the batch's targets."""
+        """[summed loss, correct top-1 predictions, predictions] over the batch's targets
+        (under Ulysses, over this rank's slice of them: the evaluator sums every rank's)."""
+        if self.sequence is not None:
+            inputs, targets, extra = self._my_slice(inputs, targets, extra)
         logits = self.logits(inputs, extra).float()
         flat, wanted = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
         counted = wanted != IGNORE_INDEX

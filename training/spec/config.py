@@ -437,15 +437,11 @@ def check_layout(config: Config, world_size: int, gpus_per_node: int | None = No
             f"parallel.sequence = {sequence} needs a Hugging Face model (model.hf): Ulysses "
             "replaces a transformers model's attention"
         )
-    if sequence > 1:
-        # DeepSpeed's Ulysses needs its attention adapter registered before the model is
-        # built, its data loader adapter and a token-weighted loss across the sequence group
-        # (https://www.deepspeed.ai/tutorials/ulysses-alst-sequence-parallelism/): not
-        # wired here yet, so a run would silently train on duplicated batches.
+    if sequence > 1 and config.model.task != "causal-lm":
         raise ConfigError(
-            f"parallel.sequence = {sequence}: this trainer does not run DeepSpeed Ulysses "
-            "sequence parallelism yet; use parallel.sequence = 1 (parallel.tensor splits "
-            "activations too)"
+            f"parallel.sequence = {sequence} needs model.task = 'causal-lm', not "
+            f"{config.model.task!r}: Ulysses attends causally over the gathered sequence and "
+            "sums a loss per token; use parallel.sequence = 1"
         )
     if config.parallel.partition_config is not None and config.parallel.tensor == 1:
         raise ConfigError(

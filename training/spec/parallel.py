@@ -75,6 +75,7 @@ def split_source(config: Config | None, hf_config) -> str | None:
 def check_model_layout(config: Config, hf_config) -> list[str]:
     """The layout's checks against the model's config.json: a refusal (ConfigError), or
     warnings to print (one line each)."""
+    check_sequence_heads(config.parallel.sequence, hf_config)
     tensor = tensor_degree(config)
     if tensor == 1:
         return []
@@ -98,3 +99,26 @@ def check_model_layout(config: Config, hf_config) -> list[str]:
             f"heads: {idle}, so attention does not speed up past that; use a divisor of {heads}"
         ]
     return []
+
+
+def check_sequence_heads(sequence: int, hf_config) -> None:
+    """Ulysses gives each rank of a sequence group an equal share of the attention heads,
+    and of the key/value heads or copies of them (UlyssesSPAttentionHF's checks,
+    deepspeed/runtime/sequence_parallel/ulysses_sp.py)."""
+    if sequence == 1:
+        return
+    text = hf_config.get_text_config()
+    heads = text.num_attention_heads
+    kv = getattr(text, "num_key_value_heads", None) or heads
+    if heads % sequence:
+        raise ConfigError(
+            f"parallel.sequence = {sequence} does not divide model.hf's {heads} attention "
+            "heads: each rank of a sequence group computes attention for an equal share of "
+            f"them; use a divisor of {heads}"
+        )
+    if kv % sequence and sequence % kv:
+        raise ConfigError(
+            f"parallel.sequence = {sequence} and model.hf's {kv} key/value heads: neither "
+            "divides the other, so they cannot be shared or copied evenly over the group; use "
+            f"a divisor or a multiple of {kv}"
+        )

@@ -82,9 +82,10 @@ def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
 
 
+# 103 to 119 s in full fresh-clone runs on 2 cores (measured).
 @pytest.mark.slow(
     reason="a job story on the loopback Slurm cluster: NODE_FAIL, a requeue and a second start",
-    seconds=350,
+    seconds=250,
 )
 def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, reference_losses, say):
     job = Submitted(slurm)

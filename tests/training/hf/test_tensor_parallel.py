@@ -9,20 +9,21 @@ losses and, at tensor 1, its Adam moments; both runs export the same weights.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.training.jobs import job_env, run_job
+from tests.training.hf import layout_jobs
+from tests.training.hf.layout_jobs import adam_moments, losses
 from training.checkpoint.export import export
 
+# 121 to 151 s in full fresh-clone runs on 2 cores (measured).
 pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.slow(
         reason="four tiny-Llama jobs of 1, 2 and 4 ranks (DeepSpeed AutoTP on gloo)",
-        seconds=300,
+        seconds=250,
     ),
 ]
 
@@ -43,65 +44,14 @@ DATA_PARALLEL_LOSS_TOLERANCE = 2e-3
 MOMENT_RTOL, MOMENT_ATOL = 1e-3, 1e-7
 
 
-def write_job(folder: Path, tiny_hf) -> Path:
-    job = folder / "job.toml"
-    job.write_text(
-        f"""
-[run]
-seed = 1234
-[model]
-hf = "{tiny_hf.model}"
-[data]
-kind = "jsonl"
-path = "{tiny_hf.corpus}"
-seq_len = 32
-[train]
-steps = {STEPS}
-global_batch_size = 8
-gradient_clipping = 0.0
-[optimizer]
-lr = 3e-3
-[scheduler]
-kind = "constant"
-warmup_steps = 2
-[zero]
-stage = 1
-[checkpoint]
-every_steps = {CHECKPOINT}
-[logging]
-every_steps = 1
-progress_bar = false
-tensorboard = false
-"""
-    )
-    return job
-
-
 def train(out: Path, job: Path, ranks: int, tensor: int, resume_from: Path | None = None):
-    if resume_from is not None:
-        (out / "checkpoints").mkdir(parents=True)
-        tag = f"step_{CHECKPOINT:08d}"
-        shutil.copytree(resume_from / "checkpoints" / tag, out / "checkpoints" / tag)
-    env = job_env(out, TRAIN_NPROC_PER_NODE=str(ranks), TRAIN_CACHE_DIR=str(out.parent / "cache"))
-    done = run_job(out, f"parallel.tensor={tensor}", config=job, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done
-
-
-def losses(done) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in done.metrics}
-
-
-def adam_moments(out: Path) -> list[torch.Tensor]:
-    """exp_avg and exp_avg_sq of the last checkpoint of a 1-rank ZeRO-1 run, in order."""
-    path = out / "checkpoints" / f"step_{STEPS:08d}" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
-    saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
-    state = saved["base_optimizer_state"]["state"]
-    return [group[key] for _, group in sorted(state.items()) for key in ("exp_avg", "exp_avg_sq")]
+    return layout_jobs.train(
+        out, job, ranks, f"parallel.tensor={tensor}", resume_from, resume_step=CHECKPOINT
+    )
 
 
 def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_path, tiny_hf):
-    job = write_job(tmp_path, tiny_hf)
+    job = layout_jobs.write_job(tmp_path, tiny_hf, steps=STEPS, checkpoint_every=CHECKPOINT)
     split = train(tmp_path / "tensor2", job, ranks=2, tensor=2)
     whole = train(tmp_path / "tensor1", job, ranks=1, tensor=1)
     expected = losses(whole)
@@ -113,20 +63,22 @@ def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_pa
     # tensor 2's checkpoint on 1 rank at tensor 1: converted, said in one line.
     back = train(tmp_path / "back", job, ranks=1, tensor=1, resume_from=tmp_path / "tensor2")
     assert (
-        f"step_{CHECKPOINT:08d} was saved by tensor 2 x data 1 at ZeRO stage 1, this run is "
-        "tensor 1 x data 1 at ZeRO stage 1: converted to a universal checkpoint (weights and "
-        "Adam moments) and loaded"
+        f"step_{CHECKPOINT:08d} was saved by tensor 2 x sequence 1 x data 1 at ZeRO stage 1, "
+        "this run is tensor 1 x sequence 1 x data 1 at ZeRO stage 1: converted to a universal "
+        "checkpoint (weights and Adam moments) and loaded"
     ) in back.stderr
     assert list(losses(back)) == list(range(CHECKPOINT + 1, STEPS + 1))
     assert losses(back) == pytest.approx({s: expected[s] for s in losses(back)}, rel=LOSS_TOLERANCE)
     for mine, theirs in zip(
-        adam_moments(tmp_path / "back"), adam_moments(tmp_path / "tensor1"), strict=True
+        adam_moments(tmp_path / "back", STEPS),
+        adam_moments(tmp_path / "tensor1", STEPS),
+        strict=True,
     ):
         torch.testing.assert_close(mine, theirs, rtol=MOMENT_RTOL, atol=MOMENT_ATOL)
 
     # tensor 1's checkpoint on 4 ranks at tensor 2 x data 2, mid-epoch, same global batch.
     wider = train(tmp_path / "wider", job, ranks=4, tensor=2, resume_from=tmp_path / "tensor1")
-    assert "this run is tensor 2 x data 2" in wider.stderr
+    assert "this run is tensor 2 x sequence 1 x data 2" in wider.stderr
     assert list(losses(wider)) == list(range(CHECKPOINT + 1, STEPS + 1))
     assert losses(wider) == pytest.approx(
         {s: expected[s] for s in losses(wider)}, rel=DATA_PARALLEL_LOSS_TOLERANCE

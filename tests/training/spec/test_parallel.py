@@ -59,11 +59,12 @@ def _config(tmp_path: Path, overrides: list[str]):
             "equal slice of every sequence",
         ),
         (
-            ["parallel.sequence=2"],
+            ["parallel.sequence=2", "model.task=masked-lm"],
             2,
             None,
-            "parallel.sequence = 2: this trainer does not run DeepSpeed Ulysses sequence "
-            "parallelism yet; use parallel.sequence = 1 (parallel.tensor splits activations too)",
+            "parallel.sequence = 2 needs model.task = 'causal-lm', not 'masked-lm': Ulysses "
+            "attends causally over the gathered sequence and sums a loss per token; use "
+            "parallel.sequence = 1",
         ),
         (
             ["parallel.partition_config={use_default_specs = false}"],
@@ -73,7 +74,7 @@ def _config(tmp_path: Path, overrides: list[str]):
             "tensor-parallel ranks split the layers (set parallel.tensor)",
         ),
     ],
-    ids=["divides-world", "one-node", "tensor-and-sequence", "seq-len", "ulysses", "partition"],
+    ids=["divides-world", "one-node", "tensor-and-sequence", "seq-len", "task", "partition"],
 )
 def test_each_bad_layout_is_refused_in_one_line(tmp_path, overrides, world, per_node, line):
     config = _config(tmp_path, [*HF_JOB, *overrides])
@@ -96,6 +97,54 @@ def test_batch_sizes_count_data_parallel_ranks_and_deepspeed_gets_autotp(tmp_pat
     assert ds["tensor_parallel"] == {"autotp_size": 4}
     # DeepSpeed would check it against micro x accumulation x all 8 ranks.
     assert "train_batch_size" not in ds
+
+
+def test_sequence_parallelism_gets_deepspeed_ulysses_and_keeps_the_global_batch(tmp_path):
+    """8 ranks, sequence 2: 4 data-parallel ranks share a global batch of 16."""
+    config = _config(tmp_path, [*HF_JOB, "parallel.sequence=2", "train.global_batch_size=16"])
+    batch = validate(config, 8)
+    assert (batch.micro_batch_size, batch.gradient_accumulation_steps) == (4, 1)
+    ds = build_ds_config(config, batch, on_gpu=False)
+    assert ds["sequence_parallel_size"] == 2
+    # DeepSpeed counts it over world / sequence ranks: 4 x 1 x 4.
+    assert ds["train_batch_size"] == 16
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "sequence", "line"),
+    [
+        (
+            14,
+            2,
+            4,
+            "parallel.sequence = 4 does not divide model.hf's 14 attention heads: each rank of "
+            "a sequence group computes attention for an equal share of them; use a divisor of 14",
+        ),
+        (
+            12,
+            4,
+            6,
+            "parallel.sequence = 6 and model.hf's 4 key/value heads: neither divides the other, "
+            "so they cannot be shared or copied evenly over the group; use a divisor or a "
+            "multiple of 4",
+        ),
+        (32, 8, 16, None),  # 2 heads and a copy of 1 key/value head per rank
+    ],
+    ids=["heads", "kv-heads", "fits"],
+)
+def test_a_sequence_degree_must_share_the_heads_evenly(tmp_path, heads, kv_heads, sequence, line):
+    from transformers import LlamaConfig
+
+    config = _config(tmp_path, [*HF_JOB, f"parallel.sequence={sequence}"])
+    shape = LlamaConfig(
+        num_attention_heads=heads, num_key_value_heads=kv_heads, hidden_size=heads * 8
+    )
+    if line is None:
+        assert check_model_layout(config, shape) == []
+        return
+    with pytest.raises(ConfigError) as refused:
+        check_model_layout(config, shape)
+    assert str(refused.value) == line
 
 
 def _hf_config(name: str):
