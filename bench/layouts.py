@@ -1,8 +1,9 @@
 """Model-parallel layouts side by side: ZeRO-3 alone against tensor 2 and tensor 4 with
-ZeRO-1, the same model, the same global batch, the same ranks.
+ZeRO-1, and sequence 2 and 4 (Ulysses) with ZeRO-1, the same model, the same global batch,
+the same ranks.
 
-Each layout runs on 4 ranks (bench/layouts_ranks.py, the trainer's engine; --quick: ZeRO-3
-and tensor 2 on 2 ranks, the suite's end-to-end test's budget); the figures
+Each layout runs on 4 ranks (bench/layouts_ranks.py, the trainer's engine; --quick: the
+layouts of 2 ranks on 2, the suite's end-to-end test's budget); the figures
 are ratios against ZeRO-3 in one run, so the machine's speed cancels. On a CPU the ranks
 share the cores and gloo carries the all-reduces, so the ratio says what the layout costs
 in communication and memory, not what it gains on NVLink: there a tensor group's
@@ -22,21 +23,27 @@ from bench.hf import save_llama
 from bench.launch import run_ranks
 from bench.measure import metric
 
-TITLE = "Model-parallel layouts (tensor parallelism vs ZeRO-3)"
+TITLE = "Model-parallel layouts (tensor and sequence parallelism vs ZeRO-3)"
 RANKS = 4
 SHAPE = {
     "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
     "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096,
 }  # fmt: skip
-# name: (tensor degree, ZeRO stage)
-LAYOUTS = {"ZeRO-3": (1, 3), "tensor 2 + ZeRO-1": (2, 1), "tensor 4 + ZeRO-1": (4, 1)}
+# name: (tensor degree, sequence degree, ZeRO stage)
+LAYOUTS = {
+    "ZeRO-3": (1, 1, 3),
+    "tensor 2 + ZeRO-1": (2, 1, 1),
+    "tensor 4 + ZeRO-1": (4, 1, 1),
+    "sequence 2 + ZeRO-1": (1, 2, 1),
+    "sequence 4 + ZeRO-1": (1, 4, 1),
+}
 
 
 def run(quick: bool) -> dict:
     ranks = 2 if quick else RANKS
     if torch.cuda.is_available() and torch.cuda.device_count() < ranks:
         return {"skipped": f"needs {ranks} GPUs or a CPU run"}
-    layouts = {name: shape for name, shape in LAYOUTS.items() if shape[0] <= ranks}
+    layouts = {name: shape for name, shape in LAYOUTS.items() if shape[0] * shape[1] <= ranks}
     seq, global_batch = 128, 8
     steps = 3 if quick else 8
     work = Path(tempfile.mkdtemp(prefix="bench-layouts-"))
@@ -49,9 +56,13 @@ def run(quick: bool) -> dict:
         '[scheduler]\nkind = "constant"\nwarmup_steps = 1\n'
     )
     measured = {}
-    for name, (tensor, stage) in layouts.items():
+    for name, (tensor, sequence, stage) in layouts.items():
         out = work / f"{name.replace(' ', '_')}.json"
-        options = ["--set", f"parallel.tensor={tensor}", "--set", f"zero.stage={stage}"]
+        options = [
+            *("--set", f"parallel.tensor={tensor}"),
+            *("--set", f"parallel.sequence={sequence}"),
+            *("--set", f"zero.stage={stage}"),
+        ]
         run_ranks(
             "bench.layouts_ranks",
             ranks,
@@ -98,6 +109,9 @@ def run(quick: bool) -> dict:
             "moments) the rank holds after its steps, the largest rank's; DeepSpeed's "
             "fixed-size buffers and activations are left out",
             "on CPU ranks sharing cores, gloo carries the all-reduces a tensor group makes "
-            "inside every layer: the tokens/s ratio is a lower bound of what NVLink gives",
+            "inside every layer, and the all-to-alls a sequence group makes inside every "
+            "attention: the tokens/s ratio is a lower bound of what NVLink gives",
+            "sequence parallelism keeps whole weights on every rank (its model states are "
+            "ZeRO-1's over all ranks); what it splits is the activations, left out here",
         ],
     }

@@ -1,7 +1,8 @@
 """Worker: one layout's throughput and memory per rank on N ranks, for bench/layouts.py.
 
 The engine is the trainer's (training.engine.build_engine, model.hf, synthetic tokens);
-the ranks of a tensor group feed the same batches, as the trainer's sampler does. After
+the ranks of a tensor or sequence group feed the same batches, as the trainer's sampler
+does. After
 warm-up steps, `steps` steps are timed; memory is the rank's model states once Adam's
 moments exist: its parameters (its tensor slices, or its ZeRO-3 partition) and optimizer
 state (fp32 master partitions and moments), counted as bench/memory_ranks.py counts them,
@@ -38,7 +39,8 @@ def main() -> None:
     engine = build_engine(
         config, batch, on_gpu=False, inputs=JobInputs(model_folder=Path(config.model.hf))
     )
-    generator = torch.Generator().manual_seed(rank // grid.tensor)  # one stream per tensor group
+    # One stream per tensor or sequence group, whose ranks read the same batches.
+    generator = torch.Generator().manual_seed(rank // (grid.tensor * grid.sequence))
     seq, micro = config.data.seq_len, batch.micro_batch_size
     tokens = [
         torch.randint(config.vocab_size, (micro, seq + 1), generator=generator)
