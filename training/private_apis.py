@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -81,12 +82,100 @@ def universal_conversion_arguments(input_folder: Path, output_folder: Path) -> a
     )
 
 
+# What a universal checkpoint holds depends on the ZeRO stage that saved it, and each kind of
+# engine reads its own form (DeepSpeed 0.19.8):
+# - The model states. A ZeRO-3 engine reads zero_pp_rank_<dp>_mp_rank_<mp>_model_states.pt,
+#   a ZeRO-0/1/2 engine mp_rank_<mp>_model_states.pt (runtime/engine.py `_get_ckpt_name`),
+#   and ds_to_universal copies the source's under the source's name. Loading a universal
+#   checkpoint an engine takes the first partition's (`_get_all_ckpt_names`, pp_placeholder
+#   "0") for its metadata only: the step counters, the LR scheduler, the client state; the
+#   weights come from the zero/ folder (`_load_checkpoint`: `if not
+#   self.load_universal_checkpoint(): self.load_module_state_dict(...)`).
+# - The optimizer's common state, zero/optimizer_state.pt. A ZeRO-1/2 engine asserts its
+#   ds_version (zero/stage_1_and_2.py `_load_global_state`) and reads Adam's step from each
+#   parameter's step.pt (checkpoint/universal_checkpoint.py `load_hp_checkpoint_state`); a
+#   ZeRO-3 engine reads the step from its optimizer_state_dict's state[0] and the group
+#   settings from its param_groups (zero/stage3.py
+#   `load_hp_checkpoint_state_from_checkpoint_dir_stage3`).
+#   A conversion from ZeRO-1/2 writes only the first form, one from ZeRO-3 only the second.
+# - Each parameter's fp32 weights and Adam moments, zero/<name>/<key>.pt. A ZeRO-1/2 engine
+#   reads a {"param": tensor of the parameter's shape, "cat_dim": ...} record
+#   (universal_checkpoint.py `load_hp_checkpoint_state`), a ZeRO-3 one either that or a bare
+#   tensor (stage3.py `load_hp_checkpoint_state`); a conversion from ZeRO-3 writes flat bare
+#   tensors, whose shapes its model states list under "param_shapes".
+PARTITIONED_MODEL_STATES = "zero_pp_rank_0_mp_rank_{mp}_model_states.pt"
+WHOLE_MODEL_STATES = "mp_rank_{mp}_model_states.pt"
+COMMON_OPTIMIZER_STATE = "zero/optimizer_state.pt"
+STEP_FILE = "step.pt"
+PARAMETER_STATES = ("fp32", "exp_avg", "exp_avg_sq")
+
+
 def convert_to_universal(input_folder: Path, output_folder: Path) -> None:
     """DeepSpeed's universal checkpoint of `input_folder`, written to `output_folder`
-    (https://www.deepspeed.ai/tutorials/universal-checkpointing/)."""
+    (https://www.deepspeed.ai/tutorials/universal-checkpointing/), in both stages' forms
+    (above): it loads at any ZeRO stage from 1 to 3 whatever the source's."""
     from deepspeed.checkpoint import ds_to_universal
 
     ds_to_universal.main(universal_conversion_arguments(input_folder, output_folder))
+    _model_states_under_both_names(output_folder)
+    _optimizer_state_in_both_forms(output_folder)
+    _parameter_states_as_records(output_folder)
+
+
+def _model_states_under_both_names(folder: Path) -> None:
+    for mp in range(100):
+        names = [
+            folder / pattern.format(mp=f"{mp:02d}")
+            for pattern in (PARTITIONED_MODEL_STATES, WHOLE_MODEL_STATES)
+        ]
+        present = [name for name in names if name.exists()]
+        if not present:
+            return
+        for name in names:
+            if not name.exists():
+                os.link(present[0], name)
+
+
+def _optimizer_state_in_both_forms(folder: Path) -> None:
+    import deepspeed
+    import torch
+    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
+
+    path = folder / COMMON_OPTIMIZER_STATE
+    common = torch.load(path, weights_only=False)
+    step_files = [p / STEP_FILE for p in path.parent.iterdir() if p.is_dir()]
+    if OPTIMIZER_STATE_DICT in common:  # saved at ZeRO-3
+        step = common[OPTIMIZER_STATE_DICT]["state"][0]["step"]
+    else:
+        step = torch.load(next(f for f in step_files if f.exists()), weights_only=False)
+        common[OPTIMIZER_STATE_DICT] = {
+            "state": {0: {"step": step}},
+            PARAM_GROUPS: common[PARAM_GROUPS],
+        }
+    common.setdefault(DS_VERSION, deepspeed.__version__)
+    torch.save(common, path)
+    for step_file in step_files:
+        if not step_file.exists():
+            torch.save(step, step_file)
+
+
+def _parameter_states_as_records(folder: Path) -> None:
+    import torch
+
+    files = [f for key in PARAMETER_STATES for f in folder.glob(f"zero/*/{key}.pt")]
+    bare = {f: torch.load(f, weights_only=False) for f in files}
+    bare = {f: tensor for f, tensor in bare.items() if isinstance(tensor, torch.Tensor)}
+    if not bare:
+        return
+    model_states = torch.load(
+        folder / PARTITIONED_MODEL_STATES.format(mp="00"), map_location="cpu", weights_only=False
+    )
+    shapes = {
+        name: shape for group in model_states["param_shapes"] for name, shape in group.items()
+    }
+    for path, tensor in bare.items():
+        shaped = tensor.view(shapes[path.parent.name])
+        torch.save({"param": shaped, "cat_dim": 0}, path)
 
 
 def empty_host_cache() -> None:

@@ -66,6 +66,37 @@ def test_op_builds_are_seen_through_jit_load(monkeypatch):
     assert seen == ["fused_adam", True]
 
 
+def test_each_kind_of_engine_reads_its_own_form_of_a_universal_checkpoint():
+    """The facts convert_to_universal writes both forms for, and the step sharing
+    training/checkpoint/resume.py undoes."""
+    from deepspeed.checkpoint import universal_checkpoint
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+
+    names = inspect.getsource(DeepSpeedEngine._get_ckpt_name)
+    assert '"zero_pp_rank_{}".format(pp_rank)' in names
+    assert '"mp_rank_" + mp_rank_str + "_model_states.pt"' in names
+    assert 'pp_placeholder="0" if self.load_universal_checkpoint()' in inspect.getsource(
+        DeepSpeedEngine._get_all_ckpt_names
+    )
+    assert "if not self.load_universal_checkpoint():\n            self.load_module_state_dict(" in (
+        inspect.getsource(DeepSpeedEngine._load_checkpoint)
+    )
+    zero3 = inspect.getsource(
+        DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3
+    )
+    assert "optim_sd[OPTIMIZER_STATE_DICT]['state'][0]['step']" in zero3
+    # One step tensor for every group, and group 0's settings for every group.
+    assert "self.optimizer.state[fp32_param]['step'] = state_step" in zero3
+    assert 'optim_sd[OPTIMIZER_STATE_DICT]["param_groups"][0].items()' in zero3
+    assert "ckpt_dict[PARAM]" in inspect.getsource(
+        DeepSpeedZeroOptimizer_Stage3.load_hp_checkpoint_state
+    )
+    assert "assert ckpt_version" in inspect.getsource(DeepSpeedZeroOptimizer._load_global_state)
+    zero12 = inspect.getsource(universal_checkpoint.load_hp_checkpoint_state)
+    assert 'if key == "step":' in zero12 and "full_hp_param = ckpt_dict[PARAM]" in zero12
+
+
 def test_the_universal_conversion_takes_exactly_the_arguments_its_parser_builds(monkeypatch):
     assert list(inspect.signature(ds_to_universal.main).parameters) == ["args"]
     monkeypatch.setattr(

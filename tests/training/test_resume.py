@@ -79,23 +79,46 @@ def test_resume_on_one_rank_continues_a_two_rank_run(tmp_path, tmp_path_factory)
         assert new["loss"] == pytest.approx(old["loss"], rel=1e-5), new["step"]
 
 
-@pytest.mark.slow(reason="a real 2-rank ZeRO-2 checkpoint resumed at ZeRO-1", seconds=80)
-def test_resume_at_zero_1_continues_a_zero_2_run(tmp_path, tmp_path_factory):
-    """ZeRO-2's step 6 resumed at ZeRO-1 through a universal checkpoint: weights and Adam
-    moments carry over, so the losses are the uninterrupted ZeRO-2 run's (fp32: the stages
-    differ only in how the same sums are split)."""
-    baseline = shared_run(tmp_path_factory, *NO_DROPOUT)
-    step_6 = baseline.output_dir / "checkpoints" / "step_00000006"
-    shutil.copytree(step_6, tmp_path / "checkpoints" / step_6.name)
+# Weight decay on the matrices only (training/engine.py param_groups): two parameter groups
+# whose settings differ, which a load that gave every group the first's would lose.
+DECAYING = (*NO_DROPOUT, "optimizer.weight_decay=0.1")
 
-    resumed = run_job(tmp_path, *NO_DROPOUT, "zero.stage=1")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+
+@pytest.mark.slow(
+    reason="three real jobs: ZeRO-2 on 2 ranks, its checkpoint at ZeRO-3, that one at ZeRO-1 "
+    "on 1 rank",
+    seconds=120,
+)
+def test_a_checkpoint_resumes_at_another_zero_stage(tmp_path):
+    """ZeRO-2's step 6 resumed at ZeRO-3, whose step 9 is resumed at ZeRO-1 on 1 rank, each
+    through a universal checkpoint: weights, Adam moments and steps carry over, so the
+    losses are the uninterrupted ZeRO-2 run's (fp32: the stages differ only in how the same
+    sums are split)."""
+    baseline = run_job(tmp_path / "zero2", *DECAYING)
+    assert baseline.returncode == 0, baseline.stderr[-3000:]
+
+    def resume(name, source, step, *overrides, ranks=2):
+        tag = f"step_{step:08d}"
+        shutil.copytree(source / "checkpoints" / tag, tmp_path / name / "checkpoints" / tag)
+        env = job_env(tmp_path / name, TRAIN_NPROC_PER_NODE=str(ranks))
+        done = run_job(tmp_path / name, *DECAYING, *overrides, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done
+
+    zero3 = resume(
+        "zero3", tmp_path / "zero2", 6, "zero.stage=3", "train.steps=9", "checkpoint.every_steps=3"
+    )
     assert (
         "step_00000006 was saved by tensor 1 x sequence 1 x data 2 at ZeRO stage 2, this run "
-        "is tensor 1 x sequence 1 x data 2 at ZeRO stage 1: converted to a universal "
-        "checkpoint" in resumed.stderr
+        "is tensor 1 x sequence 1 x data 2 at ZeRO stage 3: converted to a universal "
+        "checkpoint" in zero3.stderr
     )
-    got, want = resumed.metrics, baseline.metrics[6:]
+    zero1 = resume("zero1", tmp_path / "zero3", 9, "zero.stage=1", ranks=1)
+    assert (
+        "step_00000009 was saved by tensor 1 x sequence 1 x data 2 at ZeRO stage 3, this run "
+        "is tensor 1 x sequence 1 x data 1 at ZeRO stage 1" in zero1.stderr
+    )
+    got, want = zero3.metrics + zero1.metrics, baseline.metrics[6:]
     assert [r["step"] for r in got] == list(range(7, 13))
     for new, old in zip(got, want, strict=True):
         assert new["samples_seen_in_epoch"] == old["samples_seen_in_epoch"], new["step"]

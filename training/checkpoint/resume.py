@@ -129,9 +129,10 @@ def choose(
     # ZeRO partitions over the sequence x data ranks of each tensor slice; stage 0 keeps
     # whole copies, which load on any number of them.
     new_partitions = record["zero_stage"] > 0 and saved[1:] != wanted[1:]
-    # Between ZeRO stages 1 and 2 through the same conversion (DeepSpeed 0.19.8:
-    # ds_to_universal reads either, stage_1_and_2.py's _load_universal_checkpoint loads into
-    # either); resume_check refuses the changes that cannot convert before here.
+    # Among ZeRO stages 1, 2 and 3 through the same conversion (DeepSpeed 0.19.8:
+    # ds_to_universal reads any of them, stage_1_and_2.py's and stage3.py's
+    # _load_universal_checkpoint load into any); resume_check refuses the changes that
+    # cannot convert before here.
     stage = record["zero_stage"] if zero_stage is None else zero_stage
     if new_partitions or saved[0] != tensor or stage != record["zero_stage"]:
         log_on_rank0(
@@ -156,6 +157,23 @@ def choose(
         zero_stage=record["zero_stage"],
         precision=record.get("precision"),
     )
+
+
+def _undo_universal_load_sharing(engine, decays: list[float]) -> None:
+    """A ZeRO-3 engine loading a universal checkpoint (DeepSpeed 0.19.8, zero/stage3.py
+    load_hp_checkpoint_state_from_checkpoint_dir_stage3) gives every parameter group the
+    first group's settings, and every group's Adam state one and the same step tensor, which
+    Adam then advances once per group and step (measured: losses 5e-3 off the uninterrupted
+    run's 6 steps later). Each group gets back the job's weight decay (the norms and biases
+    would otherwise decay like the matrices) and a step of its own. tests/training/
+    test_private_apis.py checks DeepSpeed still does both."""
+    import torch
+
+    for group, decay in zip(engine.optimizer.param_groups, decays, strict=True):
+        group["weight_decay"] = decay
+    for state in engine.optimizer.optimizer.state.values():
+        if isinstance(state.get("step"), torch.Tensor):
+            state["step"] = state["step"].clone()
 
 
 def _nothing_loadable(root: Path, committed: list[str]) -> CheckpointError:
@@ -295,10 +313,13 @@ def load(engine, point: ResumePoint) -> dict:
             "before building the engine, and build it for that point"
         )
     load_root, tag = point.load_root, point.tag
+    decays = [group["weight_decay"] for group in engine.optimizer.param_groups]
     try:
         load_path, client_state = engine.load_checkpoint(str(load_root), tag=tag)
     except Exception as exc:
         raise CheckpointError(f"DeepSpeed could not load {load_root / tag}: {exc}") from exc
+    if point.universal:
+        _undo_universal_load_sharing(engine, decays)
     if load_path is None:
         raise CheckpointError(
             f"DeepSpeed loaded nothing from committed checkpoint {load_root / tag}"

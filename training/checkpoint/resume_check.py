@@ -4,9 +4,10 @@ DeepSpeed loads a checkpoint as it was saved only into an engine of the same ZeR
 and precision: a ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one
 also partitions the parameters, and the bf16 and fp16 optimizers keep different state.
 Asked otherwise, its load fails deep inside every rank with an empty reason. A changed
-data-parallel world size, tensor degree, or ZeRO stage between 1 and 2 is fine: the
-checkpointer loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py)
-then. Another change of stage (to or from 0 or 3) or of precision is refused. So the
+data-parallel world size, tensor or sequence degree, or ZeRO stage among 1, 2 and 3 is
+fine: the checkpointer loads through a universal checkpoint
+(deepspeed/checkpoint/ds_to_universal.py) then. A change to or from stage 0, or of
+precision, is refused. So the
 launcher compares the manifest of the checkpoint resume would take (local, or in S3 on a
 new node) with the run's config once, before any rank starts; the ranks compare it again
 with their engine before loading (the same sentence), should the launcher not have been
@@ -24,13 +25,10 @@ from training.spec.config import Config, ConfigError, PrecisionConfig
 
 log = logging.getLogger(__name__)
 
-# The ZeRO stages a checkpoint converts between (training/checkpoint/resume.py): stage 0
-# keeps no ZeRO partitions to convert, and DeepSpeed looks for a ZeRO-3 engine's model file
-# under another name than a ZeRO-1/2 one's, in a universal checkpoint too, so a change to or
-# from stage 3 finds no file to load (DeepSpeed 0.19.8, deepspeed/runtime/engine.py,
-# _get_ckpt_name: zero_pp_rank_0_mp_rank_00_model_states.pt against
-# mp_rank_00_model_states.pt; measured: both directions fail in SDLoaderFactory).
-CONVERTIBLE_STAGES = {1, 2}
+# The ZeRO stages a checkpoint converts between (training/checkpoint/resume.py, through a
+# universal checkpoint: training/private_apis.py convert_to_universal). Stage 0 keeps no
+# ZeRO partitions, which ds_to_universal reads (deepspeed/checkpoint/ds_to_universal.py).
+CONVERTIBLE_STAGES = {1, 2, 3}
 
 
 def config_precision(precision: PrecisionConfig) -> str:

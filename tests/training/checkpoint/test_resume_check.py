@@ -52,24 +52,22 @@ def trained(tmp_path_factory):
 
 @pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
 def test_another_zero_stage_stops_once_naming_the_change_and_the_ways_on(trained):
-    result = _train(trained, "train.steps=12", "zero.stage=3")
+    result = _train(trained, "train.steps=12", "zero.stage=0")
     assert result.returncode == 2
     assert result.stderr == (
-        f"error: {trained}/checkpoints/step_00000010 was saved with zero.stage 2 (this run: 3), "
+        f"error: {trained}/checkpoints/step_00000010 was saved with zero.stage 2 (this run: 0), "
         "which DeepSpeed cannot load into this run: resume it with --set zero.stage=2, start "
         "over with --fresh (the old run is kept aside), or give the new setup its own run.name "
         "(a run folder of its own)\n"
     )
 
 
-@pytest.mark.parametrize("stage", [0, 3])
 @pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
-def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(
-    trained, tmp_path, s3_uri, stage
-):
+def test_with_the_checkpoints_only_in_s3_another_zero_stage_stops_once(trained, tmp_path, s3_uri):
     """A new node: an empty checkpoint folder, the run's checkpoints in S3 (as its first node
-    uploaded them). Without reading S3's manifest, stage 3 failed on every rank inside
-    DeepSpeed's load."""
+    uploaded them). Without reading S3's manifest, a stage that cannot convert failed on
+    every rank inside DeepSpeed's load."""
+    stage = 0
     tag = "step_00000010"
     S3Mirror.from_uri(s3_uri).upload(trained / "checkpoints" / tag, tag)
     result = _train(tmp_path, "train.steps=12", f"zero.stage={stage}", TRAIN_S3_URI=s3_uri)
@@ -93,9 +91,9 @@ def test_an_engine_of_another_stage_is_refused_in_the_same_words_before_deepspee
     train_step(engine, 0)
     Checkpointer(tmp_path).save(engine, 1, {"step": 1})
     with pytest.raises(
-        ConfigError, match=r"step_00000001 was saved with zero\.stage 2 \(this run: 3\)"
+        ConfigError, match=r"step_00000001 was saved with zero\.stage 2 \(this run: 0\)"
     ):
-        Checkpointer(tmp_path).resume(build_engine(zero_stage=3))
+        Checkpointer(tmp_path).resume(build_engine(zero_stage=0))
 
 
 @pytest.mark.slow(reason="real DeepSpeed jobs resumed with another setup", seconds=80)
