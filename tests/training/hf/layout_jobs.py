@@ -77,3 +77,27 @@ def adam_moments(out: Path, step: int) -> list[torch.Tensor]:
     saved = torch.load(path, map_location="cpu", weights_only=False)["optimizer_state_dict"]
     state = saved["base_optimizer_state"]["state"]
     return [group[key] for _, group in sorted(state.items()) for key in ("exp_avg", "exp_avg_sq")]
+
+
+def assert_moments_equal(run: Path, uninterrupted: Path, step: int, rtol: float, atol: float):
+    """Two 1-rank ZeRO-1 runs' Adam moments at `step`, tensor by tensor."""
+    for mine, theirs in zip(
+        adam_moments(run, step), adam_moments(uninterrupted, step), strict=True
+    ):
+        torch.testing.assert_close(mine, theirs, rtol=rtol, atol=atol)
+
+
+def assert_same_exported_weights(split: Path, whole: Path) -> None:
+    """`python -m training export` of both runs' last checkpoints: the same full weights."""
+    from transformers import AutoModelForCausalLM
+
+    from training.checkpoint.export import export
+
+    exported = []
+    for run in (split, whole):
+        export(run / "checkpoints", run.parent / f"{run.name}-hf")
+        exported.append(AutoModelForCausalLM.from_pretrained(run.parent / f"{run.name}-hf"))
+    weights, expected = (model.state_dict() for model in exported)
+    assert weights.keys() == expected.keys()
+    for key, weight in expected.items():
+        torch.testing.assert_close(weights[key], weight, rtol=1e-5, atol=1e-6)

@@ -15,8 +15,11 @@ import pytest
 import torch
 
 from tests.training.hf import layout_jobs
-from tests.training.hf.layout_jobs import adam_moments, losses
-from training.checkpoint.export import export
+from tests.training.hf.layout_jobs import (
+    assert_moments_equal,
+    assert_same_exported_weights,
+    losses,
+)
 from training.hf.sequence_parallel import document_causal_mask
 
 STEPS, CHECKPOINT = 12, 6
@@ -63,12 +66,7 @@ def test_sequence_2_trains_as_sequence_1_and_resumes_across_layouts(tmp_path, ti
     ) in back.stderr
     assert list(losses(back)) == list(range(CHECKPOINT + 1, STEPS + 1))
     assert losses(back) == pytest.approx({s: expected[s] for s in losses(back)}, rel=LOSS_TOLERANCE)
-    for mine, theirs in zip(
-        adam_moments(tmp_path / "back", STEPS),
-        adam_moments(tmp_path / "sequence1", STEPS),
-        strict=True,
-    ):
-        torch.testing.assert_close(mine, theirs, rtol=MOMENT_RTOL, atol=MOMENT_ATOL)
+    assert_moments_equal(tmp_path / "back", tmp_path / "sequence1", STEPS, MOMENT_RTOL, MOMENT_ATOL)
 
     wider = train("wider", ranks=4, sequence=2, resume_from="sequence1")
     assert "this run is tensor 1 x sequence 2 x data 2" in wider.stderr
@@ -78,15 +76,7 @@ def test_sequence_2_trains_as_sequence_1_and_resumes_across_layouts(tmp_path, ti
     assert list(losses(wider)) == list(range(CHECKPOINT + 1, STEPS + 1))
 
     # Export: the same whole weights as the unsplit run's.
-    from transformers import AutoModelForCausalLM
-
-    exported = {}
-    for name in ("sequence2", "sequence1"):
-        export(tmp_path / name / "checkpoints", tmp_path / f"{name}-hf")
-        exported[name] = AutoModelForCausalLM.from_pretrained(tmp_path / f"{name}-hf").state_dict()
-    assert exported["sequence2"].keys() == exported["sequence1"].keys()
-    for key, weight in exported["sequence1"].items():
-        torch.testing.assert_close(exported["sequence2"][key], weight, rtol=1e-5, atol=1e-6)
+    assert_same_exported_weights(tmp_path / "sequence2", tmp_path / "sequence1")
 
 
 def test_the_gathered_sequence_attends_within_each_packed_document():

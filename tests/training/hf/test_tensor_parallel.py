@@ -12,11 +12,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from tests.training.hf import layout_jobs
-from tests.training.hf.layout_jobs import adam_moments, losses
-from training.checkpoint.export import export
+from tests.training.hf.layout_jobs import (
+    assert_moments_equal,
+    assert_same_exported_weights,
+    losses,
+)
 
 # 121 to 151 s in full fresh-clone runs on 2 cores (measured).
 pytestmark = [
@@ -69,12 +71,7 @@ def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_pa
     ) in back.stderr
     assert list(losses(back)) == list(range(CHECKPOINT + 1, STEPS + 1))
     assert losses(back) == pytest.approx({s: expected[s] for s in losses(back)}, rel=LOSS_TOLERANCE)
-    for mine, theirs in zip(
-        adam_moments(tmp_path / "back", STEPS),
-        adam_moments(tmp_path / "tensor1", STEPS),
-        strict=True,
-    ):
-        torch.testing.assert_close(mine, theirs, rtol=MOMENT_RTOL, atol=MOMENT_ATOL)
+    assert_moments_equal(tmp_path / "back", tmp_path / "tensor1", STEPS, MOMENT_RTOL, MOMENT_ATOL)
 
     # tensor 1's checkpoint on 4 ranks at tensor 2 x data 2, mid-epoch, same global batch.
     wider = train(tmp_path / "wider", job, ranks=4, tensor=2, resume_from=tmp_path / "tensor1")
@@ -86,12 +83,4 @@ def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_pa
     assert whole.metrics[-1]["epoch"] == 0  # the resumes were mid-epoch
 
     # Export joins the tensor slices: the same weights as the unsplit run's.
-    from transformers import AutoModelForCausalLM
-
-    exported = {}
-    for name in ("tensor2", "tensor1"):
-        export(tmp_path / name / "checkpoints", tmp_path / f"{name}-hf")
-        exported[name] = AutoModelForCausalLM.from_pretrained(tmp_path / f"{name}-hf").state_dict()
-    assert exported["tensor2"].keys() == exported["tensor1"].keys()
-    for key, weight in exported["tensor1"].items():
-        torch.testing.assert_close(exported["tensor2"][key], weight, rtol=1e-5, atol=1e-6)
+    assert_same_exported_weights(tmp_path / "tensor2", tmp_path / "tensor1")
