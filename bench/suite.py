@@ -12,6 +12,7 @@ import importlib
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -35,10 +36,19 @@ DEFAULT_OUT = REPO_ROOT / "bench" / "results"
 
 
 def run_one(name: str, *, quick: bool, out: Path) -> dict:
-    """Run one benchmark in this process and write out/<name>.json."""
+    """Run one benchmark in this process and write out/<name>.json. What it writes in
+    temporary folders (models, checkpoints, runs) goes with a scratch folder of its own,
+    removed when it ends."""
     module = importlib.import_module(f"bench.{name}")
     started = time.perf_counter()
-    result = {"name": name, "title": module.TITLE, **module.run(quick)}
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as scratch:
+        # tempfile's default folder for this process (its documented `tempdir`).
+        tempfile.tempdir = scratch
+        try:
+            measured = module.run(quick)
+        finally:
+            tempfile.tempdir = None
+    result = {"name": name, "title": module.TITLE, **measured}
     result["quick"] = quick
     result["seconds"] = round(time.perf_counter() - started, 1)
     out.mkdir(parents=True, exist_ok=True)
