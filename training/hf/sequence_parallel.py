@@ -60,8 +60,8 @@ class SequenceGroup:
 
 def register_ulysses(model: nn.Module, attention: str, sequence: int, micro_batch: int):
     """Install Ulysses for `model` (a transformers model loaded with `attention`): returns
-    DeepSpeed's group object (``mpu``) for ``deepspeed.initialize`` and this rank's
-    SequenceGroup. Once per process, after the process group is up."""
+    the groups object for ``deepspeed.initialize``'s ``mpu`` (UlyssesGroups, below) and this
+    rank's SequenceGroup. Once per process, after the process group is up."""
     from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
