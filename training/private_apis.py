@@ -114,68 +114,61 @@ def convert_to_universal(input_folder: Path, output_folder: Path) -> None:
     """DeepSpeed's universal checkpoint of `input_folder`, written to `output_folder`
     (https://www.deepspeed.ai/tutorials/universal-checkpointing/), in both stages' forms
     (above): it loads at any ZeRO stage from 1 to 3 whatever the source's."""
+    import torch
     from deepspeed.checkpoint import ds_to_universal
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
 
     ds_to_universal.main(universal_conversion_arguments(input_folder, output_folder))
-    _model_states_under_both_names(output_folder)
-    _optimizer_state_in_both_forms(output_folder)
-    _parameter_states_as_records(output_folder)
+    common_path = output_folder / COMMON_OPTIMIZER_STATE
+    common = torch.load(common_path, weights_only=False)
+    if OPTIMIZER_STATE_DICT in common:  # saved at ZeRO-3
+        _add_the_zero_1_2_form(output_folder, common)
+    else:
+        _add_the_zero_3_form(common, output_folder)
+    torch.save(common, common_path)
+    for name in list(output_folder.glob("*_model_states.pt")):
+        other = (
+            WHOLE_MODEL_STATES
+            if name.name.startswith("zero_pp_rank_")
+            else PARTITIONED_MODEL_STATES
+        )
+        mp = name.name.removesuffix("_model_states.pt").rsplit("_", 1)[1]
+        if not (output_folder / other.format(mp=mp)).exists():
+            os.link(name, output_folder / other.format(mp=mp))
 
 
-def _model_states_under_both_names(folder: Path) -> None:
-    for mp in range(100):
-        names = [
-            folder / pattern.format(mp=f"{mp:02d}")
-            for pattern in (PARTITIONED_MODEL_STATES, WHOLE_MODEL_STATES)
-        ]
-        present = [name for name in names if name.exists()]
-        if not present:
-            return
-        for name in names:
-            if not name.exists():
-                os.link(present[0], name)
+def _add_the_zero_3_form(common: dict, folder: Path) -> None:
+    """Adam's step and the group settings where a ZeRO-3 engine reads them."""
+    import torch
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT, PARAM_GROUPS
+
+    step_file = next((folder / "zero").glob(f"*/{STEP_FILE}"))
+    step = torch.load(step_file, weights_only=False)
+    common[OPTIMIZER_STATE_DICT] = {
+        "state": {0: {"step": step}},
+        PARAM_GROUPS: common[PARAM_GROUPS],
+    }
 
 
-def _optimizer_state_in_both_forms(folder: Path) -> None:
+def _add_the_zero_1_2_form(folder: Path, common: dict) -> None:
+    """The DeepSpeed version, each parameter's step, and its tensors shaped as records,
+    where a ZeRO-1/2 engine reads them; one file in memory at a time."""
     import deepspeed
     import torch
-    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
+    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT
 
-    path = folder / COMMON_OPTIMIZER_STATE
-    common = torch.load(path, weights_only=False)
-    step_files = [p / STEP_FILE for p in path.parent.iterdir() if p.is_dir()]
-    if OPTIMIZER_STATE_DICT in common:  # saved at ZeRO-3
-        step = common[OPTIMIZER_STATE_DICT]["state"][0]["step"]
-    else:
-        step = torch.load(next(f for f in step_files if f.exists()), weights_only=False)
-        common[OPTIMIZER_STATE_DICT] = {
-            "state": {0: {"step": step}},
-            PARAM_GROUPS: common[PARAM_GROUPS],
-        }
     common.setdefault(DS_VERSION, deepspeed.__version__)
-    torch.save(common, path)
-    for step_file in step_files:
-        if not step_file.exists():
-            torch.save(step, step_file)
-
-
-def _parameter_states_as_records(folder: Path) -> None:
-    import torch
-
-    files = [f for key in PARAMETER_STATES for f in folder.glob(f"zero/*/{key}.pt")]
-    bare = {f: torch.load(f, weights_only=False) for f in files}
-    bare = {f: tensor for f, tensor in bare.items() if isinstance(tensor, torch.Tensor)}
-    if not bare:
-        return
+    step = common[OPTIMIZER_STATE_DICT]["state"][0]["step"]
     model_states = torch.load(
         folder / PARTITIONED_MODEL_STATES.format(mp="00"), map_location="cpu", weights_only=False
     )
-    shapes = {
-        name: shape for group in model_states["param_shapes"] for name, shape in group.items()
-    }
-    for path, tensor in bare.items():
-        shaped = tensor.view(shapes[path.parent.name])
-        torch.save({"param": shaped, "cat_dim": 0}, path)
+    for group in model_states["param_shapes"]:
+        for name, shape in group.items():
+            torch.save(step, folder / "zero" / name / STEP_FILE)
+            for key in PARAMETER_STATES:
+                path = folder / "zero" / name / f"{key}.pt"
+                flat = torch.load(path, weights_only=False)
+                torch.save({"param": flat.view(shape), "cat_dim": 0}, path)
 
 
 def empty_host_cache() -> None:

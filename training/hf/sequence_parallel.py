@@ -91,7 +91,6 @@ class UlyssesGroups:
     also lacks the tensor-parallel names a universal checkpoint's load asks for."""
 
     def __init__(self, ulysses):
-        self._ulysses = ulysses
         # Every rank takes part in creating every group (torch.distributed.new_group).
         alone = [dist.new_group([rank]) for rank in range(dist.get_world_size())]
         self._alone = alone[dist.get_rank()]
