@@ -11,6 +11,7 @@ targets being inputs shifted by one token.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -21,6 +22,10 @@ from torch.utils.data import Dataset
 from training.watchdog import install_loader_stack_dump
 
 MAX_AUTO_WORKERS = 10
+# What this process's fork server imports before its first fork (worker_processes): the
+# worker's stack dump, and each dataset's module as loaders are made. One server per process,
+# started by the first loader that iterates; a module added after that is imported by workers.
+_FORK_SERVER_IMPORTS = {install_loader_stack_dump.__module__}
 
 
 def data_workers(num_workers: int | str, ranks_per_node: int, cpus: int | None = None) -> int:
@@ -32,7 +37,7 @@ def data_workers(num_workers: int | str, ranks_per_node: int, cpus: int | None =
     return max(0, min(MAX_AUTO_WORKERS, cpus // max(1, ranks_per_node) - 1))
 
 
-def worker_processes(num_workers: int) -> dict:
+def worker_processes(num_workers: int, dataset: Dataset) -> dict:
     """DataLoader arguments: `num_workers` workers started by a fork server, each of which
     shows its Python stack when the hang watchdog asks (training/watchdog.py).
 
@@ -40,9 +45,17 @@ def worker_processes(num_workers: int) -> dict:
     spot poller's threads, gloo's, boto3's), and a child that takes one waits forever
     (https://docs.python.org/3/library/os.html#os.fork, "forking a multi-threaded process").
     The fork server is a fresh single-threaded process; datasets reach it pickled.
+
+    The server imports `dataset`'s module (and with it torch) once, before its first fork
+    (multiprocessing.set_forkserver_preload): every worker, started anew at each epoch and
+    each evaluation, is then forked with them loaded instead of importing torch itself,
+    seconds of CPU per worker. Measured on 2 cores: the image job's 8 steps with 2 workers
+    per rank took 21 s, against 6 s without workers.
     """
     if num_workers == 0:  # DataLoader refuses a context without workers
         return {"num_workers": 0}
+    _FORK_SERVER_IMPORTS.add(type(dataset).__module__)
+    multiprocessing.set_forkserver_preload(sorted(_FORK_SERVER_IMPORTS))
     return {
         "num_workers": num_workers,
         "multiprocessing_context": "forkserver",

@@ -45,7 +45,7 @@ class Evaluator:
             batch_size=batch_size,
             sampler=indices,
             drop_last=whole_batches,
-            **worker_processes(num_workers),
+            **worker_processes(num_workers, dataset),
             pin_memory=device.type == "cuda",
         )
         self.device = device

@@ -251,7 +251,7 @@ class Trainer:
             batch_size=micro_batch,
             sampler=sampler,
             drop_last=True,
-            **worker_processes(self.data_workers),
+            **worker_processes(self.data_workers, dataset),
             pin_memory=self.on_gpu,
             # Its own generator: making an iterator then draws no number from the global one,
             # which dropout uses and a resumed run restores exactly.

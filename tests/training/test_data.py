@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from tests.training.multirank import REPO_ROOT
 from training.components import build_dataset
 from training.data import (
     MaskedTokens,
@@ -146,7 +149,9 @@ def test_workers_do_not_inherit_locks_other_threads_hold():
     holder.start()
     holding.wait()
     try:
-        loaded = [int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(2))]
+        loaded = [
+            int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(2, NeedsTheLock()))
+        ]
         with pytest.raises(RuntimeError, match="inherited a lock"):
             list(DataLoader(NeedsTheLock(), num_workers=1, multiprocessing_context="fork"))
     finally:
@@ -157,7 +162,32 @@ def test_workers_do_not_inherit_locks_other_threads_hold():
 
 def test_no_workers_loads_in_the_process_itself():
     # DataLoader raises ValueError for a start method without workers.
-    assert [int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(0))] == [0, 1, 2, 3]
+    assert [
+        int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(0, NeedsTheLock()))
+    ] == [0, 1, 2, 3]
+
+
+def test_workers_start_with_the_datasets_module_already_imported():
+    """The fork server imported it once: no worker imports torch and the dataset itself at
+    each epoch. In a fresh interpreter, whose fork server has not started yet."""
+    code = (
+        "import os\n"
+        "from torch.utils.data import DataLoader\n"
+        "from tests.training.forked_dataset import WhereImported\n"
+        "from training.data import worker_processes\n"
+        "workers = worker_processes(2, WhereImported())\n"
+        "loader = DataLoader(WhereImported(), batch_size=None, **workers)\n"
+        "print(os.getpid(), *[f'{int(a)}:{int(b)}' for a, b in loader])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    main, *items = done.stdout.split()
+    imported_in = {pair.split(":")[0] for pair in items}
+    workers = {pair.split(":")[1] for pair in items}
+    assert len(items) == 2 and len(workers) == 2 and main not in workers
+    # One process imported the module for both workers: neither of them, not this one.
+    assert len(imported_in) == 1 and imported_in.isdisjoint(workers | {main})
 
 
 @pytest.mark.parametrize(
