@@ -172,7 +172,7 @@ def load_ops(names: list[str]) -> list[str]:
     return problems
 
 
-# DWARF producer strings GCC records with -g (-grecord-gcc-switches is its default).
+# DWARF producer strings GCC records with -g or -g1 (-grecord-gcc-switches is its default).
 _PRODUCER = re.compile(rb"GNU C[^\x00]*")
 
 

@@ -14,7 +14,11 @@ from images.build_args import REPO_ROOT
 SCRIPT = REPO_ROOT / "images" / "portable_ops.py"
 # DeepSpeed's own op_builder package, laid out as in its sdist (<source>/op_builder).
 OP_BUILDER = Path(deepspeed.ops.op_builder.__file__).parent
-CXX_ARGS = "from op_builder.cpu import CPUAdamBuilder; print(' '.join(CPUAdamBuilder().cxx_args()))"
+# The flags its extension is compiled with, as the build's setup.py gets them.
+CXX_ARGS = (
+    "from op_builder.cpu import CPUAdamBuilder\n"
+    "print(' '.join(CPUAdamBuilder().builder().extra_compile_args['cxx']))"
+)
 
 
 def cpu_adam_flags(source: Path) -> list[str]:
@@ -39,7 +43,7 @@ def source(tmp_path):
 def test_unpinned_deepspeed_takes_the_build_machine_cpu(source):
     # The reason the script exists: without it the flags name this machine, not an ISA.
     flags = cpu_adam_flags(source)
-    assert "-march=native" in flags
+    assert "-march=native" in flags and "-g" in flags
 
 
 def test_pinned_ops_target_x86_64_v3_with_avx2_only(source):
@@ -49,6 +53,7 @@ def test_pinned_ops_target_x86_64_v3_with_avx2_only(source):
     flags = cpu_adam_flags(source)
     assert "-march=x86-64-v3" in flags and "-D__AVX256__" in flags
     assert "-march=native" not in flags and "-D__AVX512__" not in flags
+    assert "-g" not in flags and "-g1" in flags and "-O3" in flags
 
 
 def test_a_deepspeed_without_the_methods_fails_the_build(source):
