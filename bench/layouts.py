@@ -3,7 +3,7 @@ ZeRO-1, and sequence 2 and 4 (Ulysses) with ZeRO-1, the same model, the same glo
 the same ranks.
 
 Each layout runs on 4 ranks (bench/layouts_ranks.py, the trainer's engine; --quick: the
-layouts of 2 ranks on 2, the suite's end-to-end test's budget); the figures
+layouts of 2 ranks on 2, with a smaller model, the suite's end-to-end test's budget); the figures
 are ratios against ZeRO-3 in one run, so the machine's speed cancels. On a CPU the ranks
 share the cores and gloo carries the all-reduces, so the ratio says what the layout costs
 in communication and memory, not what it gains on NVLink: there a tensor group's
@@ -29,6 +29,12 @@ SHAPE = {
     "hidden_size": 256, "intermediate_size": 688, "num_hidden_layers": 4,
     "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096,
 }  # fmt: skip
+# --quick (the suite's end-to-end test): the same kinds of layers, small enough that a
+# layout's run is its start-up; the ratios then say nothing, the plumbing is what runs.
+QUICK_SHAPE = {
+    "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+}  # fmt: skip
 # name: (tensor degree, sequence degree, ZeRO stage)
 LAYOUTS = {
     "ZeRO-3": (1, 1, 3),
@@ -43,15 +49,15 @@ def run(quick: bool) -> dict:
     ranks = 2 if quick else RANKS
     if torch.cuda.is_available() and torch.cuda.device_count() < ranks:
         return {"skipped": f"needs {ranks} GPUs or a CPU run"}
-    layouts = {name: shape for name, shape in LAYOUTS.items() if shape[0] * shape[1] <= ranks}
-    seq, global_batch = 128, 8
+    layouts = {name: d for name, d in LAYOUTS.items() if d[0] * d[1] <= ranks}
+    shape, seq, global_batch = (QUICK_SHAPE, 32, 8) if quick else (SHAPE, 128, 8)
     steps = 3 if quick else 8
     work = Path(tempfile.mkdtemp(prefix="bench-layouts-"))
-    save_llama(work / "model", SHAPE, seq_len=seq, bf16=False)
+    save_llama(work / "model", shape, seq_len=seq, bf16=False)
     job = work / "job.toml"
     job.write_text(
         f'[model]\nhf = "{work / "model"}"\n'
-        f'[data]\nkind = "synthetic"\nseq_len = {seq}\nvocab_size = {SHAPE["vocab_size"]}\n'
+        f'[data]\nkind = "synthetic"\nseq_len = {seq}\nvocab_size = {shape["vocab_size"]}\n'
         f"[train]\nglobal_batch_size = {global_batch}\n"
         '[scheduler]\nkind = "constant"\nwarmup_steps = 1\n'
     )
@@ -97,8 +103,8 @@ def run(quick: bool) -> dict:
     return {
         "baseline": "ZeRO-3 alone on the same ranks, model and global batch",
         "setup": (
-            f"Llama (hidden {SHAPE['hidden_size']}, {SHAPE['num_hidden_layers']} layers, "
-            f"{SHAPE['num_key_value_heads']} key/value heads) fp32, {ranks} "
+            f"Llama (hidden {shape['hidden_size']}, {shape['num_hidden_layers']} layers, "
+            f"{shape['num_key_value_heads']} key/value heads) fp32, {ranks} "
             f"{'GPUs' if torch.cuda.is_available() else 'CPU ranks (gloo)'}, global batch "
             f"{global_batch} x {seq} tokens, {steps} timed steps after 2 warm-up steps"
         ),

@@ -96,18 +96,24 @@ def test_an_empty_queue_stops_and_releases_at_once(slurm):
     assert parse_queue(on_head_node(slurm, release_script())) == []
 
 
-@pytest.mark.multiprocess
-@pytest.mark.slow(reason="a Slurm job, its log read as it grows", seconds=120)
 def test_the_log_is_read_in_pieces_from_any_offset(slurm):
-    job = Submitted(slurm)
-    job.wait_until_done()
-    whole = (job.work / f"train-{job.id}.out").read_bytes()
-    assert len(whole) > 300
+    """Any job's output file: here a batch job that prints numbered lines, not a training."""
+    work = slurm.workspace()
+    job_id = slurm.command(
+        "sbatch", "--parsable", f"--chdir={work}", "--output=train-%j.out",
+        "--wrap=seq -f 'line %03g of a job log' 1 40", as_job_user=True,
+    ).strip().split(";")[0]  # fmt: skip
+    deadline = time.monotonic() + 60
+    while (state := slurm.job(job_id))["JobState"] != "COMPLETED":
+        assert time.monotonic() < deadline, state
+        time.sleep(0.2)
+    whole = (work / f"train-{job_id}.out").read_bytes()
+    assert whole.decode().splitlines() == [f"line {n:03d} of a job log" for n in range(1, 41)]
 
     pieces, offset = [], 0
     while True:
         start, piece = parse_log_piece(
-            on_head_node(slurm, log_script(job.id, offset, piece_bytes=100))
+            on_head_node(slurm, log_script(job_id, offset, piece_bytes=100))
         )
         assert start == offset
         if not piece:
@@ -116,7 +122,7 @@ def test_the_log_is_read_in_pieces_from_any_offset(slurm):
         offset += len(piece.encode())
     assert b"".join(pieces) == whole
 
-    start, last = parse_log_piece(on_head_node(slurm, log_script(job.id, -1, piece_bytes=100)))
+    start, last = parse_log_piece(on_head_node(slurm, log_script(job_id, -1, piece_bytes=100)))
     assert start == len(whole) - 100 and last.encode() == whole[-100:]
 
 
