@@ -149,9 +149,8 @@ def test_workers_do_not_inherit_locks_other_threads_hold():
     holder.start()
     holding.wait()
     try:
-        loaded = [
-            int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(2, NeedsTheLock()))
-        ]
+        dataset = NeedsTheLock()
+        loaded = [int(item) for item in DataLoader(dataset, **worker_processes(2, dataset))]
         with pytest.raises(RuntimeError, match="inherited a lock"):
             list(DataLoader(NeedsTheLock(), num_workers=1, multiprocessing_context="fork"))
     finally:
@@ -162,9 +161,9 @@ def test_workers_do_not_inherit_locks_other_threads_hold():
 
 def test_no_workers_loads_in_the_process_itself():
     # DataLoader raises ValueError for a start method without workers.
-    assert [
-        int(item) for item in DataLoader(NeedsTheLock(), **worker_processes(0, NeedsTheLock()))
-    ] == [0, 1, 2, 3]
+    dataset = NeedsTheLock()
+    loaded = [int(item) for item in DataLoader(dataset, **worker_processes(0, dataset))]
+    assert loaded == [0, 1, 2, 3]
 
 
 def test_workers_start_with_the_datasets_module_already_imported():
@@ -175,8 +174,8 @@ def test_workers_start_with_the_datasets_module_already_imported():
         "from torch.utils.data import DataLoader\n"
         "from tests.training.forked_dataset import WhereImported\n"
         "from training.data import worker_processes\n"
-        "workers = worker_processes(2, WhereImported())\n"
-        "loader = DataLoader(WhereImported(), batch_size=None, **workers)\n"
+        "dataset = WhereImported()\n"
+        "loader = DataLoader(dataset, batch_size=None, **worker_processes(2, dataset))\n"
         "print(os.getpid(), *[f'{int(a)}:{int(b)}' for a, b in loader])\n"
     )
     done = subprocess.run(
