@@ -19,6 +19,7 @@ from torch import nn
 from training.components import build_model
 from training.ds_config import build_ds_config
 from training.inputs import JobInputs
+from training.private_apis import compile_when_first_called
 from training.spec.config import BatchSizes, Config
 from training.spec.parallel import split_source
 
@@ -66,6 +67,7 @@ def initialize(
             **ds_config,
             "checkpoint": {**ds_config.get("checkpoint", {}), "load_universal": True},
         }
+    compile_when_first_called()  # before deepspeed.initialize imports the Muon optimizer
     seed_everything(seed)
     model = make_model()
     if "tensor_parallel" in ds_config:

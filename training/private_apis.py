@@ -1,6 +1,6 @@
 """Every use of a DeepSpeed or torch name outside their public APIs, in one place.
 
-The trainer uses DeepSpeed and torch through their public APIs, except for the four needs
+The trainer uses DeepSpeed and torch through their public APIs, except for the five needs
 below, which neither library offers a public way to meet. Each function names the version
 it was written against and the source lines it relies on; tests/training/test_private_apis.py
 checks each of those facts against the installed library, so a release that changes one
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -185,3 +186,44 @@ def empty_host_cache() -> None:
         public()
     else:
         torch._C._host_emptyCache()
+
+
+def compile_when_first_called() -> None:
+    """DeepSpeed's `@compiler.compile()` kernels are handed to torch.compile when first
+    called, not when their module is imported.
+
+    DeepSpeed 0.19.8 imports its Muon optimizer on every ZeRO run, Muon or not
+    (`is_zero_supported_optimizer`, deepspeed/runtime/zero/utils.py, line 72, whose comment
+    says "importing Muon compiles its kernels"). That module decorates three kernels with
+    `@compiler.compile()` (deepspeed/runtime/zero/muon/original_muon.py, lines 50, 81, 189),
+    which returns `torch.compile` (deepspeed/runtime/compiler.py, line 125), and torch.compile
+    builds its Inductor backend when it decorates: all of torch._inductor is imported, 1.1 s
+    of CPU and 43 MB on every rank (measured on torch 2.13), for kernels the trainer never
+    runs. DeepSpeed defers torch._disable_dynamo the same way (`compiler.lazy_disable`).
+    Installed once per process, before the optimizer is built.
+    """
+    from deepspeed.runtime import compiler
+
+    if getattr(compiler.compile, "compiles_when_first_called", False):
+        return
+
+    def deferred_compile():  # what `compiler.compile()` returns from now on
+        return _compile_when_first_called
+
+    deferred_compile.compiles_when_first_called = True
+    compiler.compile = deferred_compile
+
+
+def _compile_when_first_called(function: Callable) -> Callable:
+    import torch
+
+    compiled = None
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        nonlocal compiled
+        if compiled is None:
+            compiled = torch.compile(function)
+        return compiled(*args, **kwargs)
+
+    return call

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -148,6 +149,52 @@ def _private_uses(path: Path) -> list[str]:
             if isinstance(value, ast.Name) and value.id in aliases and private(".".join(parts)):
                 found.append(".".join([value.id, *reversed(parts)]))
     return found
+
+
+_IMPORT_MUON = """
+import sys
+from training import private_apis
+if sys.argv[1] == "deferred":
+    private_apis.compile_when_first_called()
+from deepspeed.runtime.zero.muon import original_muon
+print("torch._inductor.compile_fx" in sys.modules)
+"""
+
+
+def test_the_muon_kernels_no_longer_import_inductor_when_deepspeed_imports_them():
+    imports_inductor = {
+        way: subprocess.run(
+            [sys.executable, "-c", _IMPORT_MUON, way], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+        for way in ("as shipped", "deferred")
+    }
+    # The cost the adapter removes is real (DeepSpeed's own import), and it is removed.
+    assert imports_inductor == {"as shipped": "True", "deferred": "False"}
+    from deepspeed.runtime.zero import utils
+
+    assert "muon_optimizer import" in inspect.getsource(utils.is_zero_supported_optimizer)
+
+
+def test_a_deferred_kernel_is_compiled_once_at_its_first_call(monkeypatch):
+    from deepspeed.runtime import compiler
+
+    monkeypatch.setattr(compiler, "compile", compiler.compile)  # put back after the test
+    compiled = []
+
+    def record_compile(function):
+        compiled.append(function)
+        return lambda x: function(x) + 1  # tells the compiled path from the eager one
+
+    monkeypatch.setattr(torch, "compile", record_compile)
+    private_apis.compile_when_first_called()
+    private_apis.compile_when_first_called()  # a second install wraps nothing twice
+
+    def double(x):
+        return 2 * x
+
+    kernel = compiler.compile()(double)
+    assert compiled == [] and kernel.__name__ == "double"
+    assert [kernel(1), kernel(2)] == [3, 5] and compiled == [double]
 
 
 def test_no_module_but_the_adapter_uses_a_private_name_of_torch_or_deepspeed():
