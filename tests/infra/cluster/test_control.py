@@ -3,12 +3,13 @@ partition is named as the stack's queue.
 
 A stop must leave every job of the queue held, a running one only after its SIGTERM
 checkpoint, and keep it from starting again; a release must start it, resuming from that
-checkpoint; the queue and the log must read what Slurm and the job wrote.
+checkpoint; the queue and the log must read what Slurm and the job wrote. The story with a
+real training job runs them under the commands that use them (stop, start, logs):
+tests/infra/commands/test_cluster_stack.py.
 """
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 
@@ -22,7 +23,6 @@ from infra.cluster.control import (
     release_script,
     stop_script,
 )
-from tests.infra.cluster.jobs import STEPS, Submitted
 from tests.support.head_node import run_on_head_node
 from tests.support.tools import require_tool
 
@@ -54,40 +54,6 @@ def on_head_node(slurm, script: str) -> str:
     result = run_on_head_node(slurm, script)
     assert result.returncode == 0, result.stderr
     return result.stdout
-
-
-@pytest.mark.multiprocess
-@pytest.mark.slow(
-    reason="two jobs on the loopback Slurm cluster: a stop, 12 s held, a release and a resume",
-    seconds=300,
-)
-def test_stop_holds_the_queue_after_the_checkpoint_and_release_resumes(slurm):
-    running = Submitted(slurm, name="first")
-    running.wait_for_step(3)
-    waiting = Submitted(slurm, name="second")  # both nodes are taken
-    queue = {job.name: job for job in parse_queue(on_head_node(slurm, queue_script()))}
-    assert queue["first"].state == "RUNNING" and queue["first"].nodes == 2
-    assert queue["first"].id == running.id
-    assert queue["second"].state == "PENDING" and not queue["second"].held
-
-    held = parse_queue(on_head_node(slurm, stop_script()))
-    assert {job.id for job in held if job.held} == {running.id, waiting.id}, (held, running.log)
-    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", running.log)
-    assert len(stops) == 2 and stops[0] == stops[1], running.log[-3000:]  # both ranks
-    step = int(stops[0])
-    # Past the time a requeued job may start again (cred_expire + 1 s): still held.
-    time.sleep(12)
-    assert running.state()["JobState"] == "PENDING"
-    assert running.state()["Priority"] == "0"  # held
-
-    slurm.command("scancel", waiting.id)
-    released = parse_queue(on_head_node(slurm, release_script()))
-    assert [job.id for job in released] == [running.id]
-    assert not any(job.held for job in parse_queue(on_head_node(slurm, queue_script())))
-    state = running.wait_until_done()
-    assert state["JobState"] == "COMPLETED", running.log[-3000:]
-    assert f"/ckpt/first/step_{step:08d} at step {step}" in running.log
-    assert [record["step"] for record in running.metrics] == list(range(1, STEPS + 1))
 
 
 @pytest.mark.multiprocess

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 import time
 
 import pytest
@@ -126,22 +127,35 @@ def test_status_still_reports_when_the_head_node_does_not_answer_ssm(cluster):
     reason="stack commands against the loopback Slurm cluster with a real job in it", seconds=300
 )
 def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster, slurm):
+    """The head node's scripts (infra/cluster/control.py) at work under the commands: a stop
+    holds every job of the queue, a running one after its SIGTERM checkpoint, and keeps it
+    held; a start releases it and it resumes from that checkpoint."""
     job = Submitted(slurm, name="run1", s3_root=f"s3://{BUCKET}/checkpoints")
     job.wait_for_step(3)
+    waiting = Submitted(slurm, name="run2")  # both nodes are taken
 
     text = status.run(ARGS)
     ((name, state, nodes, *_),) = _rows(text, job.id)
     assert (name, state, nodes) == ("run1", "running", "2")
     assert f"of {STEPS} " in next(line for line in text.splitlines() if line.startswith("job run1"))
+    assert [row[:2] for row in _rows(text, waiting.id)] == [["run2", "waiting"]]
 
     said = io.StringIO()
     result = stop.run(ARGS, out=said, **NO_WAIT)
-    assert "held 1 job(s) of l40sx4" in result and "10 idle minutes" in result
-    stopped = next(line for line in said.getvalue().splitlines() if line.startswith("job "))
+    assert "held 2 job(s) of l40sx4" in result and "10 idle minutes" in result
+    stopped = next(
+        line for line in said.getvalue().splitlines() if line.startswith(f"job {job.id} ")
+    )
     assert "(interrupted)" in stopped and "step_" in stopped  # its checkpoint, read from S3
-    assert job.state()["JobState"] == "PENDING" and job.state()["Priority"] == "0"
+    stops = re.findall(r"stopped at step (\d+) \(SIGTERM\); checkpoint saved", job.log)
+    assert len(stops) == 2 and stops[0] == stops[1], job.log[-3000:]  # both ranks
+    # Past the time a requeued job may start again (cred_expire + 1 s): both still held.
+    time.sleep(12)
+    for held in (job, waiting):
+        assert held.state()["JobState"] == "PENDING" and held.state()["Priority"] == "0"
     ((_, state, *_),) = _rows(status.run(ARGS), job.id)
     assert state == "held"
+    slurm.command("scancel", waiting.id)
 
     # The spend guard stopped the head node; its SSM agent takes a moment to come back.
     cluster.ec2.stop_instances(InstanceIds=[cluster.head])
@@ -168,6 +182,10 @@ def test_a_job_is_shown_held_by_stop_released_by_start_and_its_log_read(cluster,
     # text from where it started, in order.
     printed = followed.getvalue().encode()
     assert printed in whole and b"resumed from" in printed
+
+    step = int(stops[0])
+    assert re.search(rf"resumed from \S+/step_{step:08d} at step {step}\b", job.log)
+    assert [record["step"] for record in job.metrics] == list(range(1, STEPS + 1))
 
     # Without --follow: the file's last piece, which ends with the run's summary.
     read = io.StringIO()
