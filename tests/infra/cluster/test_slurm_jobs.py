@@ -314,14 +314,14 @@ def test_a_job_near_its_time_limit_checkpoints_and_comes_back(slurm, say):
     """The batch shell's warning before --time ends the job: checkpoint, requeue, resume.
 
     The job is far too long to finish: the test stops it once it has come back. Slurm
-    looks at time limits every 30 s or so, and sends the warning (here 45 s ahead of a
-    2-minute limit) at the first look inside that lead. One node: the job trains all the
-    while it waits, and the batch shell's signal reaching both nodes is the `--batch` stop
-    of the story above.
+    looks at time limits every 30 s or so, and sends the warning (here 75 s ahead of a
+    2-minute limit) at the first look inside that lead: 45 to 75 s after the start, well
+    after the job has begun to train, a rank training all the while. One node: the batch
+    shell's signal reaching both nodes is the `--batch` stop of the story above.
     """
     job = Submitted(
         slurm,
-        sbatch_options=("--time=2", "--signal=B:TERM@45"),
+        sbatch_options=("--time=2", "--signal=B:TERM@75"),
         job=(*JOB, "train.steps=1000000"),
         nodes=1,
     )
