@@ -204,14 +204,12 @@ def compile_when_first_called() -> None:
     """
     from deepspeed.runtime import compiler
 
-    if getattr(compiler.compile, "compiles_when_first_called", False):
-        return
+    compiler.compile = _deferred_compile
 
-    def deferred_compile():  # what `compiler.compile()` returns from now on
-        return _compile_when_first_called
 
-    deferred_compile.compiles_when_first_called = True
-    compiler.compile = deferred_compile
+def _deferred_compile() -> Callable[[Callable], Callable]:
+    """`compiler.compile()` once installed: the decorator below instead of torch.compile."""
+    return _compile_when_first_called
 
 
 def _compile_when_first_called(function: Callable) -> Callable:
