@@ -13,4 +13,4 @@ from pathlib import Path
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
 
 # Fixtures every test folder may use (pytest reads this only in the root conftest).
-pytest_plugins = ["tests.support.ci_log", "tests.support.suite_time"]
+pytest_plugins = ["tests.support.aws", "tests.support.ci_log", "tests.support.suite_time"]

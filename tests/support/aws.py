@@ -5,10 +5,10 @@ from __future__ import annotations
 import logging
 import urllib.request
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import boto3
+import pytest
 from moto.server import ThreadedMotoServer
 
 REGION = "us-east-1"
@@ -16,17 +16,18 @@ ACCOUNT = "123456789012"  # the account moto answers for by default
 FAKE_CREDENTIALS = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing"}
 
 
-@contextmanager
-def moto_server() -> Iterator[str]:
-    """A ThreadedMotoServer on 127.0.0.1, port chosen by the OS; yields its URL, then stops."""
+@pytest.fixture(scope="session")
+def moto_endpoint() -> Iterator[str]:
+    """The URL of a ThreadedMotoServer on 127.0.0.1 (port chosen by the OS), one per test
+    process: a test empties it with `reset`. Stopping a server waits out werkzeug's
+    half-second poll, which a server per test paid every time; session scope, not module,
+    lets a module's tests run on any worker."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    try:
-        yield f"http://{host}:{port}"
-    finally:
-        server.stop()
+    yield f"http://{host}:{port}"
+    server.stop()
 
 
 def client(endpoint: str, service: str, region: str = REGION) -> Any:

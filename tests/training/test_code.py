@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import urllib.request
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from infra.commands.run import code_archive
 from infra.jobs.spool import CODE_NAME, job_key
+from tests.support.aws import reset
 from tests.training.jobs import job_env, read_metrics, start_job
 from tests.training.multirank import REPO_ROOT
 from training import code
@@ -52,16 +51,10 @@ progress_bar = false
 
 
 @pytest.fixture
-def s3(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    urllib.request.urlopen(
-        urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=10
-    ).close()
+def s3(monkeypatch, moto_endpoint):
+    reset(moto_endpoint)
     aws = {
-        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL": moto_endpoint,
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -70,8 +63,7 @@ def s3(monkeypatch):
         monkeypatch.setenv(key, value)
     client = boto3.client("s3", region_name="us-east-1")
     client.create_bucket(Bucket=BUCKET)
-    yield client, aws
-    server.stop()
+    return client, aws
 
 
 def lab_folder(tmp_path, requirements: str | None = None):

@@ -7,40 +7,31 @@ value types (OutputValue, ConfigValue) and records every call a command makes.
 from __future__ import annotations
 
 import argparse
-import urllib.request
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 from pulumi import automation as auto
 
 from infra.deployed import workspace
-from tests.support.aws import an_image
+from tests.support.aws import an_image, reset
 
 REGION = "us-east-1"
 
 
 @pytest.fixture
-def aws(monkeypatch):
-    """moto's server on a free loopback port; boto3 reaches it through AWS_ENDPOINT_URL."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    # moto's backends live in this process, shared by every server: start each test empty.
-    urllib.request.urlopen(
-        urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=10
-    ).close()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+def aws(monkeypatch, moto_endpoint):
+    """moto's server, emptied; boto3 reaches it through AWS_ENDPOINT_URL."""
+    reset(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
         monkeypatch.delenv(key, raising=False)
-    yield SimpleNamespace(client=lambda service: boto3.client(service, region_name=REGION))
-    server.stop()
+    return SimpleNamespace(client=lambda service: boto3.client(service, region_name=REGION))
 
 
 @dataclass

@@ -14,10 +14,9 @@ from pathlib import Path
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto.server import ThreadedMotoServer
 
 from infra.components.spot_request import SpotRequestProvider
-from tests.support.aws import an_image
+from tests.support.aws import an_image, reset
 from tests.support.mock_runs import of_type
 from tests.support.stack_runs import INSTANCE, run_stack
 
@@ -27,18 +26,13 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
-def ec2(monkeypatch):
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")
+def ec2(monkeypatch, moto_endpoint):
+    reset(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     monkeypatch.delenv("AWS_PROFILE", raising=False)
-    try:
-        yield boto3.client("ec2", region_name=REGION)
-    finally:
-        server.stop()
+    return boto3.client("ec2", region_name=REGION)
 
 
 def cancellers(run):

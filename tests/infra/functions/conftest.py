@@ -6,22 +6,14 @@ from __future__ import annotations
 import pytest
 
 from infra.functions.ledger import PERIOD_KEY
-from tests.support.aws import client, moto_server, reset
-
-
-@pytest.fixture(scope="session")
-def endpoint():
-    """One server per worker process: each test starts from `reset`, so tests of any module
-    run on any worker (a module-scoped fixture would keep a module's tests on one)."""
-    with moto_server() as url:
-        yield url
+from tests.support.aws import client, reset
 
 
 @pytest.fixture
-def aws(endpoint):
+def aws(moto_endpoint):
     """Fresh clients against an emptied server, with the guard's ledger table created."""
-    reset(endpoint)
-    clients = {name: client(endpoint, name) for name in ("ec2", "dynamodb", "sns", "sqs")}
+    reset(moto_endpoint)
+    clients = {name: client(moto_endpoint, name) for name in ("ec2", "dynamodb", "sns", "sqs")}
     clients["dynamodb"].create_table(
         TableName="ledger",
         KeySchema=[{"AttributeName": PERIOD_KEY, "KeyType": "HASH"}],

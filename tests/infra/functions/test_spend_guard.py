@@ -284,12 +284,12 @@ def test_market_follows_the_instance_lifecycle():
 
 
 def test_the_lambda_entry_point_reads_its_environment_and_runs_on_the_real_clock(
-    aws, topic, endpoint, monkeypatch
+    aws, topic, moto_endpoint, monkeypatch
 ):
     topic_arn, _ = topic
     for key, value in settings(topic_arn, 10_000.0).to_environment().items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")

@@ -20,7 +20,7 @@ from infra.knowledge.price_refresh import (
     refresh,
     render,
 )
-from tests.support.aws import FAKE_CREDENTIALS, client, moto_server
+from tests.support.aws import FAKE_CREDENTIALS, client, reset
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.UTC)
 
@@ -74,16 +74,19 @@ def test_the_file_renders_back_to_the_same_prices(catalog_copy):
     assert load_catalog(catalog_copy).prices == before
 
 
-def test_refresh_rewrites_one_region_from_the_price_list_and_the_spot_history(catalog_copy):
+def test_refresh_rewrites_one_region_from_the_price_list_and_the_spot_history(
+    catalog_copy, moto_endpoint
+):
     offered = {"p4d.24xlarge": "24.1500000000", "g5.xlarge": "1.1230000000"}
     pricing = boto3.client("pricing", region_name=PRICE_LIST_REGION, **FAKE_CREDENTIALS)
     before = load_catalog(catalog_copy)
-    with Stubber(pricing) as stub, moto_server() as endpoint:
+    reset(moto_endpoint)
+    with Stubber(pricing) as stub:
         for instance_type in before.instances:  # one query per catalog type, in catalog order
             usd = offered.get(instance_type)
             entries = [price_list_entry(instance_type, "eu-west-1", usd)] if usd else []
             stub.add_response("get_products", {"PriceList": entries, "FormatVersion": "aws_v1"})
-        ec2 = client(endpoint, "ec2", region="eu-west-1")
+        ec2 = client(moto_endpoint, "ec2", region="eu-west-1")
         report = refresh(
             catalog_copy, ["eu-west-1"], pricing=pricing, ec2_for=lambda r: ec2, now=NOW
         )
@@ -106,19 +109,20 @@ def test_refresh_rewrites_one_region_from_the_price_list_and_the_spot_history(ca
     ("region", "usd"), [("eu-west-1", "0.1130000000"), ("ap-south-1", "0.1010000000")]
 )
 def test_refresh_rewrites_or_adds_the_head_nodes_price_in_parallelcluster_toml(
-    catalog_copy, region, usd
+    catalog_copy, moto_endpoint, region, usd
 ):
     shutil.copy(CATALOG_DIR / "parallelcluster.toml", catalog_copy / "parallelcluster.toml")
     later = NOW + datetime.timedelta(days=40)  # after the file's own prices_checked
     before = load_parallelcluster(catalog_copy / "parallelcluster.toml")
     pricing = boto3.client("pricing", region_name=PRICE_LIST_REGION, **FAKE_CREDENTIALS)
-    with Stubber(pricing) as stub, moto_server() as endpoint:
+    reset(moto_endpoint)
+    with Stubber(pricing) as stub:
         for instance_type in load_catalog(catalog_copy).instances:
             entries = [price_list_entry(instance_type, region, "24.15")]
             stub.add_response("get_products", {"PriceList": entries, "FormatVersion": "aws_v1"})
         head = [price_list_entry("m5.large", region, usd)]
         stub.add_response("get_products", {"PriceList": head, "FormatVersion": "aws_v1"})
-        ec2 = client(endpoint, "ec2", region=region)
+        ec2 = client(moto_endpoint, "ec2", region=region)
         report = refresh(catalog_copy, [region], pricing=pricing, ec2_for=lambda r: ec2, now=later)
         stub.assert_no_pending_responses()
 

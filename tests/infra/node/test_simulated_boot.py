@@ -191,12 +191,13 @@ def simulated_host(
     *,
     drives: int = 0,
     default_job: bool = True,
-    idle_s: int = 2,
+    idle_s: float = 1,
+    poll_s: float = 0.2,
     on_moto: bool = False,
     **env: str,
 ) -> Host:
     """Write the node's files under tmp_path/root, with the node's paths moved there; its
-    watcher polls every second and stops the node after `idle_s` without a job. `on_moto`:
+    watcher polls every `poll_s` and stops the node after `idle_s` without a job. `on_moto`:
     the aws CLI reaches moto's server (tests/infra/node/aws_on_moto.py), not a folder."""
     root, bin_dir = tmp_path / "root", tmp_path / "bin"
     moved = (
@@ -211,7 +212,7 @@ def simulated_host(
             content = re.sub(rf"(?<![\w/]){re.escape(directory)}", f"{root}{directory}", content)
         content = content.replace("SYS_BLOCK=/sys/block", f"SYS_BLOCK={root}/sys/block")
         content = content.replace("PULL_RETRY_SECONDS=60", "PULL_RETRY_SECONDS=0")
-        content = content.replace(f'float("{POLL_S}")', 'float("1")')
+        content = content.replace(f'float("{POLL_S}")', f'float("{poll_s}")')
         content = content.replace(f'float("{userdata.IDLE_STOP_S}")', f'float("{idle_s}")')
         target = root / node_path.lstrip("/")
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -500,7 +501,7 @@ def test_each_job_gets_its_own_config_checkpoints_prefix_and_price(tmp_path):
 def test_the_watcher_rides_out_an_s3_outage_and_then_runs_the_job(tmp_path):
     # An outage shorter than the idle stop (a node that cannot read its spool for that long
     # stops, as an idle one does).
-    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False, idle_s=10)
+    host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False, idle_s=4)
     aws = Path(host.env["PATH"].split(":")[0]) / "aws"
     real = aws.read_text()
     # For its first three calls to S3, the aws CLI fails as it does without a network.
@@ -601,8 +602,8 @@ def test_malformed_spool_objects_are_skipped_and_the_good_job_runs(tmp_path):
 def test_jobs_submitted_together_run_newest_first_and_the_older_waits_its_turn(tmp_path):
     """The newest job takes the GPUs; an older one queued behind it never stops it."""
     host = simulated_host(tmp_path, p4d_node(), drives=8, default_job=False)
-    host.submit("alpha", seconds=3)
-    host.submit("beta", seconds=3)  # within the same second of S3's clock, most likely
+    host.submit("alpha", seconds=1)
+    host.submit("beta", seconds=1)  # within the same second of S3's clock, most likely
     result = start_unit(host)
     assert result.returncode == 0, result.stdout + result.stderr
     assert containers(host) == ["beta", "alpha"]

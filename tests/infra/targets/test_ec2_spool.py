@@ -35,7 +35,7 @@ from tests.infra.node.test_simulated_boot import (
     start_unit_in_background,
     wait_for,
 )
-from tests.support.aws import FAKE_CREDENTIALS, REGION, moto_server, reset
+from tests.support.aws import FAKE_CREDENTIALS, REGION, reset
 from tests.training.multirank import free_port
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,16 +45,15 @@ JOB = "sweep"
 
 
 @pytest.fixture
-def moto(monkeypatch):
-    with moto_server() as endpoint:
-        reset(endpoint)
-        monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_CREDENTIALS["aws_access_key_id"])
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_CREDENTIALS["aws_secret_access_key"])
-        monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
-            monkeypatch.delenv(key, raising=False)
-        yield endpoint
+def moto(monkeypatch, moto_endpoint):
+    reset(moto_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", moto_endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_CREDENTIALS["aws_access_key_id"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_CREDENTIALS["aws_secret_access_key"])
+    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
+    for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    return moto_endpoint
 
 
 def node(tmp_path: Path, name: str, endpoint: str, idle_s: int):
@@ -65,6 +64,7 @@ def node(tmp_path: Path, name: str, endpoint: str, idle_s: int):
         p4d_node(),
         default_job=False,
         idle_s=idle_s,
+        poll_s=1,  # each poll starts a Python aws CLI (aws_on_moto.py): a second of CPU
         on_moto=True,
         AWS_ENDPOINT_URL=endpoint,
         AWS_ACCESS_KEY_ID=FAKE_CREDENTIALS["aws_access_key_id"],
