@@ -36,9 +36,9 @@ def build_engine(
 
     Every rank seeds with run.seed before building the model, so all start from the same
     weights; the caller reseeds per rank afterwards if randomness should differ.
-    ``load_universal``: the checkpoint it will load was saved by another number of ranks
-    (training.checkpoint.resume.ResumePoint.universal). ``inputs``: a model.hf model's files
-    on this node (training/inputs.py)."""
+    ``load_universal``: DeepSpeed loads the checkpoint as a universal one
+    (training.checkpoint.resume.ResumePoint.deepspeed_loads_universal). ``inputs``: a
+    model.hf model's files on this node (training/inputs.py)."""
     ds_config = build_ds_config(config, batch, on_gpu=on_gpu)
     return initialize(
         lambda: build_model(config, ds_config, inputs),

@@ -107,7 +107,8 @@ def universal_conversion_arguments(input_folder: Path, output_folder: Path) -> a
 PARTITIONED_MODEL_STATES = "zero_pp_rank_0_mp_rank_{mp}_model_states.pt"
 WHOLE_MODEL_STATES = "mp_rank_{mp}_model_states.pt"
 COMMON_OPTIMIZER_STATE = "zero/optimizer_state.pt"
-STEP_FILE = "step.pt"
+STEP = "step"
+STEP_FILE = f"{STEP}.pt"
 PARAMETER_STATES = ("fp32", "exp_avg", "exp_avg_sq")
 
 
@@ -170,6 +171,145 @@ def _add_the_zero_1_2_form(folder: Path, common: dict) -> None:
                 path = folder / "zero" / name / f"{key}.pt"
                 flat = torch.load(path, weights_only=False)
                 torch.save({"param": flat.view(shape), "cat_dim": 0}, path)
+
+
+# ZeRO stage 0 saves no partitions. Its optimizer is the torch (or DeepSpeed FusedAdam)
+# optimizer itself, whose state_dict numbers the parameters in group order, or, in bf16 and
+# fp16, a DeepSpeed wrapper over it keeping fp32 copies (runtime/engine.py
+# `_configure_optimizer`, line 2360, `_do_optimizer_sanity_check`, line 2321): over FusedAdam
+# FP16_Optimizer, one flat copy per group, the group's parameters flattened in order and
+# unpadded (runtime/fp16/fused_optimizer.py, lines 89-103), over any other optimizer (torch's
+# Adam on a CPU) FP16_UnfusedOptimizer, one copy per parameter
+# (runtime/fp16/unfused_optimizer.py, lines 74-88; `_configure_fp16_optimizer`, engine.py,
+# line 2564); the optimizer's state is over the copies. All of it is saved under "optimizer"
+# in mp_rank_00_model_states.pt (runtime/engine.py `_common_checkpoint_state`, line 5020;
+# fused_optimizer.py `state_dict`, line 450; unfused_optimizer.py, line 335).
+# ds_to_universal reads only ZeRO's *_optim_states.pt files, so stage 0 converts here.
+FLAT_COPIES = "fp32_groups_flat"  # FP16_Optimizer: fused_optimizer.py, lines 100 and 471
+COPIES = "fp32_groups"  # FP16_UnfusedOptimizer: unfused_optimizer.py, lines 87 and 355
+LOW_PRECISION_GROUPS = "fp16_groups"  # both: fused_optimizer.py 92, unfused_optimizer.py 74
+
+
+def universal_from_stage_0(
+    input_folder: Path, output_folder: Path, parameter_groups: list[list[str]]
+) -> None:
+    """The universal checkpoint of a ZeRO stage 0 checkpoint, in both stages' forms (above).
+
+    `parameter_groups`: the names of the parameters in the order the optimizer held them,
+    group by group, as the saving run recorded them: stage 0's files number them only. An
+    fp16 run's loss scale is not carried: it starts again from the configured one."""
+    import deepspeed
+    import torch
+    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
+
+    states = torch.load(
+        input_folder / WHOLE_MODEL_STATES.format(mp="00"), map_location="cpu", weights_only=False
+    )
+    saved = states.pop("optimizer")
+    module = states["module"]
+    wrapped = OPTIMIZER_STATE_DICT in saved
+    basic = saved[OPTIMIZER_STATE_DICT] if wrapped else saved
+
+    def write(name: str, values: dict) -> None:
+        folder = output_folder / "zero" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(values[STEP], folder / STEP_FILE)
+        for key in PARAMETER_STATES:
+            record = {"param": values[key].reshape(module[name].shape).float(), "cat_dim": 0}
+            torch.save(record, folder / f"{key}.pt")
+
+    numbered = 0  # the optimizer's number of the group's first parameter
+    for index, names in enumerate(parameter_groups):
+        if FLAT_COPIES in saved:
+            state = basic["state"][index]
+            sizes = [module[name].numel() for name in names]
+            pieces = {
+                key: flat.split(sizes)
+                for key, flat in (
+                    ("fp32", saved[FLAT_COPIES][index]),
+                    ("exp_avg", state["exp_avg"]),
+                    ("exp_avg_sq", state["exp_avg_sq"]),
+                )
+            }
+            for i, name in enumerate(names):
+                write(name, {STEP: state[STEP], **{k: v[i] for k, v in pieces.items()}})
+            continue
+        for i, name in enumerate(names):
+            state = basic["state"][numbered + i]
+            fp32 = saved[COPIES][index][i] if wrapped else module[name]
+            write(name, {**state, "fp32": fp32})
+        numbered += len(names)
+    common = {DS_VERSION: deepspeed.__version__, PARAM_GROUPS: basic[PARAM_GROUPS]}
+    _add_the_zero_3_form(common, output_folder)
+    torch.save(common, output_folder / COMMON_OPTIMIZER_STATE)
+    whole = output_folder / WHOLE_MODEL_STATES.format(mp="00")
+    torch.save(states, whole)
+    os.link(whole, output_folder / PARTITIONED_MODEL_STATES.format(mp="00"))
+
+
+def stage_0_parameter_groups(engine) -> list[list]:
+    """The parameters of a ZeRO stage 0 engine's optimizer, group by group, in its order:
+    the model's own, which the bf16 and fp16 wrappers hold copies of."""
+    if hasattr(engine.optimizer, LOW_PRECISION_GROUPS):
+        return getattr(engine.optimizer, LOW_PRECISION_GROUPS)
+    return [group["params"] for group in engine.optimizer.param_groups]
+
+
+def load_universal_into_stage_0(engine, folder: Path) -> None:
+    """A universal checkpoint's weights and Adam state into a ZeRO stage 0 engine, built
+    without `checkpoint.load_universal`: DeepSpeed's universal loaders load into ZeRO's
+    partitions only (`_hp_mapping`, `ds_id`; `safe_set_full_fp32_param` does nothing
+    without them, utils/tensor_fragment.py, lines 154 and 190), and `load_checkpoint`
+    then calls `update_lp_params`, which no stage 0 optimizer has (engine.py, line 4488).
+
+    Names are DeepSpeed's for the engine's parameters (`engine.param_names`,
+    runtime/engine.py, line 628), which name the universal folders. The groups take the
+    saved settings but their parameters, as DeepSpeed's universal loader does
+    (runtime/base_optimizer.py, lines 377-380). Each parameter's step is the one saved, of
+    the type its optimizer keeps (a tensor for torch's Adam, a number for FusedAdam), one
+    per parameter: torch's Adam advances each in place."""
+    import torch
+    from deepspeed.checkpoint.constants import PARAM, PARAM_GROUPS
+
+    common = torch.load(folder / COMMON_OPTIMIZER_STATE, weights_only=False)
+    wrapper = engine.optimizer
+    flat_copies, copies = getattr(wrapper, FLAT_COPIES, None), getattr(wrapper, COPIES, None)
+    basic = wrapper if flat_copies is None and copies is None else wrapper.optimizer
+
+    def read(param, key: str):
+        saved = torch.load(
+            folder / "zero" / engine.param_names[param] / f"{key}.pt", weights_only=False
+        )
+        if key == STEP:
+            return saved.clone() if isinstance(saved, torch.Tensor) else saved
+        tensor = saved[PARAM] if isinstance(saved, dict) else saved
+        return tensor.reshape(param.shape).to(device=param.device, dtype=torch.float32)
+
+    groups = zip(
+        stage_0_parameter_groups(engine), basic.param_groups, common[PARAM_GROUPS], strict=True
+    )
+    with torch.no_grad():
+        for index, (params, group, saved_group) in enumerate(groups):
+            loaded = [{key: read(p, key) for key in (STEP, *PARAMETER_STATES)} for p in params]
+            for param, state in zip(params, loaded, strict=True):
+                param.copy_(state["fp32"])
+            if flat_copies is not None:
+                holders = [flat_copies[index]]
+                loaded = [
+                    {
+                        STEP: loaded[0][STEP],
+                        **{
+                            key: torch.cat([state[key].view(-1) for state in loaded])
+                            for key in PARAMETER_STATES
+                        },
+                    }
+                ]
+            else:
+                holders = copies[index] if copies is not None else params
+            for holder, state in zip(holders, loaded, strict=True):
+                holder.copy_(state.pop("fp32"))
+                basic.state[holder] = state
+            group.update({key: value for key, value in saved_group.items() if key != "params"})
 
 
 def empty_host_cache() -> None:

@@ -177,7 +177,7 @@ class Trainer:
             config,
             batch,
             on_gpu=self.on_gpu,
-            load_universal=resume_point is not None and resume_point.universal,
+            load_universal=resume_point is not None and resume_point.deepspeed_loads_universal,
             inputs=files,
         )
         model_flops = flops_per_token(

@@ -13,13 +13,19 @@ FEATURES = 8
 
 
 def build_engine(
-    *, zero_stage: int = 2, seed: int = 0, lr: float = 1e-2, load_universal: bool = False
+    *,
+    zero_stage: int = 2,
+    seed: int = 0,
+    lr: float = 1e-2,
+    load_universal: bool = False,
+    bf16: bool = False,
 ):
     config = {
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": 1,
         "optimizer": {"type": "Adam", "params": {"lr": lr, "torch_adam": True}},
         "zero_optimization": {"stage": zero_stage},
+        "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
     }
     return initialize(
@@ -42,7 +48,8 @@ def batch(step: int, rank: int | None = None) -> tuple[torch.Tensor, torch.Tenso
 
 def train_step(engine, step: int) -> float:
     inputs, targets = batch(step)
-    loss = torch.nn.functional.mse_loss(engine(inputs), targets)
+    dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
+    loss = torch.nn.functional.mse_loss(engine(inputs.to(dtype)).float(), targets)
     engine.backward(loss)
     engine.step()
     return loss.item()

@@ -99,6 +99,35 @@ def test_each_kind_of_engine_reads_its_own_form_of_a_universal_checkpoint():
     assert 'if key == "step":' in zero12 and "full_hp_param = ckpt_dict[PARAM]" in zero12
 
 
+def test_stage_0_keeps_its_optimizer_state_where_its_converters_read_and_write_it():
+    """The facts universal_from_stage_0 and load_universal_into_stage_0 rely on."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    save = inspect.getsource(DeepSpeedEngine._common_checkpoint_state)
+    assert "optimizer=self.optimizer.state_dict() if self.optimizer and not zero_optimizer" in (
+        save
+    )
+    fused, unfused = inspect.getsource(FP16_Optimizer), inspect.getsource(FP16_UnfusedOptimizer)
+    assert f"state_dict['{private_apis.FLAT_COPIES}'] = self.{private_apis.FLAT_COPIES}" in fused
+    assert f"state_dict['{private_apis.COPIES}'] = self.{private_apis.COPIES}" in unfused
+    # Flattened without padding, the group's parameters in order.
+    assert "_flatten_dense_tensors([p.clone().detach() for p in self.fp16_groups[i]])" in fused
+    for source in (fused, unfused):
+        assert f"self.{private_apis.LOW_PRECISION_GROUPS}.append(trainable)" in source
+        assert "state_dict[OPTIMIZER_STATE_DICT] = self.optimizer.state_dict()" in source
+    assert "self.param_names = {param: name for name, param in model.named_parameters()}" in (
+        inspect.getsource(DeepSpeedEngine.__init__)
+    )
+    # A universal load ends in update_lp_params, which no stage 0 optimizer has; its module
+    # state is skipped through the public custom_load_fn.
+    assert "self.optimizer.update_lp_params()" in inspect.getsource(DeepSpeedEngine.load_checkpoint)
+    assert not any(hasattr(o, "update_lp_params") for o in (FP16_Optimizer, FP16_UnfusedOptimizer))
+    assert "custom_load_fn(src=module_state_dict, dst=self.module)" in inspect.getsource(
+        DeepSpeedEngine.load_module_state_dict
+    )
+
+
 def test_the_universal_conversion_takes_exactly_the_arguments_its_parser_builds(monkeypatch):
     assert list(inspect.signature(ds_to_universal.main).parameters) == ["args"]
     monkeypatch.setattr(

@@ -85,15 +85,16 @@ DECAYING = (*NO_DROPOUT, "optimizer.weight_decay=0.1")
 
 
 @pytest.mark.slow(
-    reason="three real jobs: ZeRO-2 on 2 ranks, its checkpoint at ZeRO-3, that one at ZeRO-1 "
+    reason="three real jobs: ZeRO-2 on 2 ranks, its checkpoint at ZeRO-3, that one at stage 0 "
     "on 1 rank",
     seconds=120,
 )
 def test_a_checkpoint_resumes_at_another_zero_stage(tmp_path):
-    """ZeRO-2's step 6 resumed at ZeRO-3, whose step 9 is resumed at ZeRO-1 on 1 rank, each
-    through a universal checkpoint: weights, Adam moments and steps carry over, so the
-    losses are the uninterrupted ZeRO-2 run's (fp32: the stages differ only in how the same
-    sums are split)."""
+    """ZeRO-2's step 6 resumed at ZeRO-3, whose step 9 is resumed without ZeRO (stage 0) on
+    1 rank, each through a universal checkpoint: weights, Adam moments and steps carry over,
+    so the losses are the uninterrupted ZeRO-2 run's (fp32: the stages differ only in how
+    the same sums are split). Stage 0 to the others: tests/training/checkpoint/
+    test_checkpointer.py."""
     baseline = run_job(tmp_path / "zero2", *DECAYING)
     assert baseline.returncode == 0, baseline.stderr[-3000:]
 
@@ -113,12 +114,12 @@ def test_a_checkpoint_resumes_at_another_zero_stage(tmp_path):
         "is tensor 1 x sequence 1 x data 2 at ZeRO stage 3: converted to a universal "
         "checkpoint" in zero3.stderr
     )
-    zero1 = resume("zero1", tmp_path / "zero3", 9, "zero.stage=1", ranks=1)
+    zero0 = resume("zero0", tmp_path / "zero3", 9, "zero.stage=0", ranks=1)
     assert (
         "step_00000009 was saved by tensor 1 x sequence 1 x data 2 at ZeRO stage 3, this run "
-        "is tensor 1 x sequence 1 x data 1 at ZeRO stage 1" in zero1.stderr
+        "is tensor 1 x sequence 1 x data 1 at ZeRO stage 0" in zero0.stderr
     )
-    got, want = zero3.metrics + zero1.metrics, baseline.metrics[6:]
+    got, want = zero3.metrics + zero0.metrics, baseline.metrics[6:]
     assert [r["step"] for r in got] == list(range(7, 13))
     for new, old in zip(got, want, strict=True):
         assert new["samples_seen_in_epoch"] == old["samples_seen_in_epoch"], new["step"]

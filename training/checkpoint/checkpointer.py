@@ -46,6 +46,7 @@ from training.checkpoint.layout import (
     COMPLETE,
     DAMAGED,
     DEEPSPEED_RECOVERY_SCRIPTS,
+    PARAMETER_GROUPS_KEY,
     PARTIAL,
     UNIVERSAL_INFO,
     UNIVERSAL_INFO_KEY,
@@ -59,6 +60,7 @@ from training.checkpoint.resume import ResumePoint, choose, load
 from training.checkpoint.resume_check import engine_precision, refusal
 from training.checkpoint.store import CheckpointStore
 from training.checkpoint.writer import HostCopyWriter, StagingBuffers, writing_through
+from training.private_apis import stage_0_parameter_groups
 from training.spec.config import ConfigError
 
 __all__ = ["CheckpointError", "Checkpointer", "DiskFullError"]
@@ -186,6 +188,11 @@ class Checkpointer:
             "zero_stage": engine.zero_optimization_stage(),
             "precision": engine_precision(engine),
         }
+        if record["zero_stage"] == 0:
+            record[PARAMETER_GROUPS_KEY] = [
+                [engine.param_names[param] for param in group]
+                for group in stage_0_parameter_groups(engine)
+            ]
         if not in_background:
             self._finish(step_dir, record, files)
             return step_dir
@@ -354,14 +361,12 @@ class Checkpointer:
         (point,), self._chosen = self._chosen, None
         if point is None:
             return None
-        saved = {"zero_stage": point.zero_stage}
-        if point.precision is not None:
-            saved["precision"] = point.precision
         problem = refusal(
             str(self.root / point.tag),
-            saved,
+            point.manifest,
             zero_stage=engine.zero_optimization_stage(),
             precision=engine_precision(engine),
+            tensor=engine.autotp_size() or 1,
         )
         if problem is not None:
             raise ConfigError(problem)

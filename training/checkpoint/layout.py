@@ -38,6 +38,9 @@ CLIENT_STATE_KEY = "training_client_state"
 # ds_to_universal refuses checkpoints that lack this client_state entry.
 UNIVERSAL_INFO_KEY = "universal_checkpoint_info"
 UNIVERSAL_INFO = {UNIVERSAL_INFO_KEY: {"universal_checkpoint_version": 0.2}}
+# A ZeRO stage 0 checkpoint's manifest names its parameters in its optimizer's order, group
+# by group: DeepSpeed's files number them only, and converting to another stage needs names.
+PARAMETER_GROUPS_KEY = "parameter_groups"
 _TAG_RE = re.compile(r"^step_(\d{8,})$")
 
 # xxHash's XXH3 (64 bit): non-cryptographic, it detects accidental damage (a flipped

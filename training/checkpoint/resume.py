@@ -30,6 +30,7 @@ from training.checkpoint.layout import (
     COMPLETE,
     DAMAGED,
     DAMAGED_DIR,
+    PARAMETER_GROUPS_KEY,
     PARTIAL,
     UNCOMMITTED,
     UNIVERSAL_DIR,
@@ -63,13 +64,15 @@ class ResumePoint:
     tag: str
     step: int
     load_root: Path  # the checkpoint root, or its universal/ folder
-    # Saved by another number of data-parallel ranks: loaded through a universal checkpoint,
-    # into an engine built with DeepSpeed's checkpoint.load_universal.
+    # Saved by another number of data-parallel ranks, another tensor or sequence degree or
+    # at another ZeRO stage: loaded through a universal checkpoint (load_root: universal/),
     universal: bool
-    # What it was saved with, as its manifest records it (precision: None in manifests
-    # older than the field): an engine of another stage or precision cannot load it.
-    zero_stage: int
-    precision: str | None
+    # into an engine built with DeepSpeed's checkpoint.load_universal, unless that engine is
+    # at ZeRO stage 0, which DeepSpeed's universal loaders do not load (the trainer does).
+    deepspeed_loads_universal: bool
+    # Its commit manifest: what it was saved with (training.checkpoint.resume_check says
+    # which changes load).
+    manifest: dict
 
 
 def choose(
@@ -129,10 +132,10 @@ def choose(
     # ZeRO partitions over the sequence x data ranks of each tensor slice; stage 0 keeps
     # whole copies, which load on any number of them.
     new_partitions = record["zero_stage"] > 0 and saved[1:] != wanted[1:]
-    # Among ZeRO stages 1, 2 and 3 through the same conversion (DeepSpeed 0.19.8:
-    # ds_to_universal reads any of them, stage_1_and_2.py's and stage3.py's
-    # _load_universal_checkpoint load into any); resume_check refuses the changes that
-    # cannot convert before here.
+    # Among ZeRO stages through the same conversion (DeepSpeed 0.19.8: ds_to_universal reads
+    # stages 1, 2 and 3, stage_1_and_2.py's and stage3.py's _load_universal_checkpoint load
+    # into any; stage 0 converts and loads in training/private_apis.py); resume_check refuses
+    # the changes that cannot convert before here.
     stage = record["zero_stage"] if zero_stage is None else zero_stage
     if new_partitions or saved[0] != tensor or stage != record["zero_stage"]:
         log_on_rank0(
@@ -149,14 +152,20 @@ def choose(
         )
         ranks.on_writers(lambda: convert_to_universal(root, tag))
         load_root = root / UNIVERSAL_DIR
+    universal = load_root != root
     return ResumePoint(
         tag,
         record["step"],
         load_root,
-        universal=load_root != root,
-        zero_stage=record["zero_stage"],
-        precision=record.get("precision"),
+        universal=universal,
+        deepspeed_loads_universal=universal and stage != 0,
+        manifest=record,
     )
+
+
+def _weights_loaded_after(src, dst) -> None:
+    """DeepSpeed's hook for loading the module state (load_checkpoint's custom_load_fn):
+    nothing, the weights come from the universal folder."""
 
 
 def _undo_universal_load_sharing(engine, decays: list[float]) -> None:
@@ -281,10 +290,11 @@ def convert_to_universal(root: Path, tag: str) -> None:
     manifest names the source's) and its checksums verify; a damaged one is set aside.
     https://www.deepspeed.ai/tutorials/universal-checkpointing/
     """
-    from training.private_apis import convert_to_universal
+    from training.private_apis import convert_to_universal, universal_from_stage_0
 
     out = root / UNIVERSAL_DIR / tag
-    source = manifest_checksum(read_manifest(root / tag))
+    record = read_manifest(root / tag)
+    source = manifest_checksum(record)
     if out.exists():
         state, reason = examine(out, verify=True)
         if state == COMPLETE and read_manifest(out).get(_CONVERTED_FROM) == source:
@@ -295,8 +305,11 @@ def convert_to_universal(root: Path, tag: str) -> None:
         else:  # unfinished, or converted from an earlier checkpoint of the same step
             shutil.rmtree(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    convert_to_universal(root / tag, out)
-    record = read_manifest(root / tag)
+    if record["zero_stage"] == 0:
+        out.mkdir()
+        universal_from_stage_0(root / tag, out, record[PARAMETER_GROUPS_KEY])
+    else:
+        convert_to_universal(root / tag, out)
     record["files"] = make_durable(out, {})
     record[_CONVERTED_FROM] = source
     write_atomically(out / COMMIT_MARKER, manifest_bytes(record))
@@ -305,20 +318,33 @@ def convert_to_universal(root: Path, tag: str) -> None:
 def load(engine, point: ResumePoint) -> dict:
     """DeepSpeed's public ``engine.load_checkpoint`` of the chosen tag, named explicitly;
     the saved client_state. The engine must have been built for ``point`` (see above)."""
-    if engine.load_universal_checkpoint() != point.universal:
-        needed = "with" if point.universal else "without"
+    if engine.load_universal_checkpoint() != point.deepspeed_loads_universal:
+        needed = "with" if point.deepspeed_loads_universal else "without"
         raise CheckpointError(
             f"{point.tag} loads into an engine built {needed} DeepSpeed's "
             "checkpoint.load_universal: choose the checkpoint (Checkpointer.choose_resume) "
             "before building the engine, and build it for that point"
         )
+    from training.private_apis import load_universal_into_stage_0
+
     load_root, tag = point.load_root, point.tag
     decays = [group["weight_decay"] for group in engine.optimizer.param_groups]
+    # DeepSpeed loads a universal checkpoint's weights and optimizer state into ZeRO's
+    # partitions only: into stage 0 they are loaded here, and DeepSpeed's load brings the
+    # rest (its module state, the saving run's, is left: custom_load_fn).
+    by_hand = point.universal and not point.deepspeed_loads_universal
     try:
-        load_path, client_state = engine.load_checkpoint(str(load_root), tag=tag)
+        load_path, client_state = engine.load_checkpoint(
+            str(load_root),
+            tag=tag,
+            load_optimizer_states=not by_hand,
+            custom_load_fn=_weights_loaded_after if by_hand else None,
+        )
+        if by_hand:
+            load_universal_into_stage_0(engine, load_root / tag)
     except Exception as exc:
         raise CheckpointError(f"DeepSpeed could not load {load_root / tag}: {exc}") from exc
-    if point.universal:
+    if point.deepspeed_loads_universal:
         _undo_universal_load_sharing(engine, decays)
     if load_path is None:
         raise CheckpointError(

@@ -1,17 +1,17 @@
 """Whether a run can resume from its newest checkpoint with the settings it now has.
 
-DeepSpeed loads a checkpoint as it was saved only into an engine of the same ZeRO stage
-and precision: a ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one
-also partitions the parameters, and the bf16 and fp16 optimizers keep different state.
-Asked otherwise, its load fails deep inside every rank with an empty reason. A changed
-data-parallel world size, tensor or sequence degree, or ZeRO stage among 1, 2 and 3 is
-fine: the checkpointer loads through a universal checkpoint
-(deepspeed/checkpoint/ds_to_universal.py) then. A change to or from stage 0, or of
-precision, is refused. So the
-launcher compares the manifest of the checkpoint resume would take (local, or in S3 on a
-new node) with the run's config once, before any rank starts; the ranks compare it again
-with their engine before loading (the same sentence), should the launcher not have been
-able to read it.
+DeepSpeed loads a checkpoint as it was saved only into an engine of the same ZeRO stage and
+precision: a ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one also
+partitions the parameters, and the bf16 and fp16 optimizers keep different state. Asked
+otherwise, its load fails deep inside every rank with an empty reason. A changed
+data-parallel world size, tensor or sequence degree, or ZeRO stage is fine: the checkpointer
+loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py, and
+training/private_apis.py for stage 0) then. A change of precision is refused, and one to or
+from stage 0 with tensor parallelism on either side, or from a stage 0 checkpoint whose
+manifest does not name its parameters (saved before it did). So the launcher compares the
+manifest of the checkpoint resume would take (local, or in S3 on a new node) with the run's
+config once, before any rank starts; the ranks compare it again with their engine before
+loading (the same sentence), should the launcher not have been able to read it.
 """
 
 from __future__ import annotations
@@ -19,16 +19,17 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from training.checkpoint.layout import committed_tags, parse_step, read_manifest
+from training.checkpoint.layout import (
+    PARAMETER_GROUPS_KEY,
+    committed_tags,
+    parse_step,
+    read_manifest,
+)
 from training.checkpoint.store import CheckpointStore
 from training.spec.config import Config, ConfigError, PrecisionConfig
+from training.spec.parallel import tensor_degree
 
 log = logging.getLogger(__name__)
-
-# The ZeRO stages a checkpoint converts between (training/checkpoint/resume.py, through a
-# universal checkpoint: training/private_apis.py convert_to_universal). Stage 0 keeps no
-# ZeRO partitions, which ds_to_universal reads (deepspeed/checkpoint/ds_to_universal.py).
-CONVERTIBLE_STAGES = {1, 2, 3}
 
 
 def config_precision(precision: PrecisionConfig) -> str:
@@ -49,18 +50,25 @@ def check_resumable(config: Config, mirror: CheckpointStore | None = None) -> No
         return
     where, record = newest
     problem = refusal(
-        where, record, zero_stage=config.zero.stage, precision=config_precision(config.precision)
+        where,
+        record,
+        zero_stage=config.zero.stage,
+        precision=config_precision(config.precision),
+        tensor=tensor_degree(config),
     )
     if problem is not None:
         raise ConfigError(problem)
 
 
-def refusal(where: str, record: dict, *, zero_stage: int, precision: str) -> str | None:
-    """The one line that stops a run whose ZeRO stage or precision is not the one the
-    checkpoint at ``where`` (its manifest: ``record``) was saved with; None when they match."""
+def refusal(
+    where: str, record: dict, *, zero_stage: int, precision: str, tensor: int = 1
+) -> str | None:
+    """The one line that stops a run (of ``tensor``-way tensor parallelism) whose ZeRO stage
+    or precision is not the one the checkpoint at ``where`` (its manifest: ``record``) was
+    saved with and cannot load; None when it can."""
     changed = []
     saved_stage = record.get("zero_stage", zero_stage)
-    if saved_stage != zero_stage and not {saved_stage, zero_stage} <= CONVERTIBLE_STAGES:
+    if saved_stage != zero_stage and not _stage_converts(record, saved_stage, zero_stage, tensor):
         changed.append(("zero.stage", saved_stage, zero_stage))
     saved = record.get("precision", precision)  # manifests before this field: not known
     if saved != precision:
@@ -74,6 +82,16 @@ def refusal(where: str, record: dict, *, zero_stage: int, precision: str) -> str
         f"it with {back}, start over with --fresh (the old run is kept aside), or give the "
         "new setup its own run.name (a run folder of its own)"
     )
+
+
+def _stage_converts(record: dict, saved: int, wanted: int, tensor: int) -> bool:
+    """Whether a checkpoint saved at ZeRO stage ``saved`` loads at stage ``wanted``: among
+    stages 1 to 3 always; to or from stage 0 without tensor parallelism on either side (its
+    converter reads and writes whole parameters), from it only when its manifest names them."""
+    if 0 not in (saved, wanted):
+        return True
+    whole = record.get("tensor", 1) == 1 and tensor == 1
+    return whole and (saved != 0 or PARAMETER_GROUPS_KEY in record)
 
 
 def _newest_manifest(root: Path, mirror: CheckpointStore | None) -> tuple[str, dict] | None:

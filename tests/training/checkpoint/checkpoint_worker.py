@@ -47,7 +47,9 @@ def main() -> None:
     else:
         # As the trainer does: the checkpoint first, then an engine built to load it.
         point = checkpointer.choose_resume(dist.get_world_size())
-        engine = build_engine(seed=1, load_universal=point is not None and point.universal)
+        engine = build_engine(
+            seed=1, load_universal=point is not None and point.deepspeed_loads_universal
+        )
         client_state = checkpointer.resume(engine)
         report = {
             "client_state": client_state,

@@ -76,6 +76,35 @@ def test_resume_restores_weights_optimizer_step_and_client_state(single_rank, tm
     assert_same_weights(resumed, original)
 
 
+@pytest.mark.parametrize(
+    ("saved", "loaded", "bf16"),
+    [(0, 2, False), (3, 1, False), (0, 3, True), (2, 0, True)],
+    ids=["0-to-2", "3-to-1", "0-to-3-bf16", "2-to-0-bf16"],
+)
+def test_a_checkpoint_resumes_at_another_zero_stage_stage_0_included(
+    single_rank, tmp_path, saved, loaded, bf16
+):
+    """Through a universal checkpoint, whichever side stage 0 is on: fp32 and bf16 (whose
+    stage 0 optimizer keeps flat fp32 copies, not per-parameter state)."""
+    original = trained_engine(3, zero_stage=saved, bf16=bf16)
+    Checkpointer(tmp_path).save(original, 3, {"step": 3})
+
+    checkpointer = Checkpointer(tmp_path)
+    point = checkpointer.choose_resume(1, zero_stage=loaded)
+    assert point.universal and (tmp_path / UNIVERSAL_DIR / "step_00000003").is_dir()
+    resumed = build_engine(
+        seed=1, zero_stage=loaded, bf16=bf16, load_universal=point.deepspeed_loads_universal
+    )
+    assert checkpointer.resume(resumed) == {"step": 3}
+    assert resumed.global_steps == 3
+    assert_same_weights(resumed, original)
+    # Two more steps agree only with the fp32 weights, Adam's moments and step carried over.
+    for step in (3, 4):
+        assert train_step(resumed, step) == pytest.approx(train_step(original, step), rel=1e-6)
+    for name, weight in weights(original).items():
+        assert torch.allclose(weights(resumed)[name], weight, rtol=1e-6, atol=1e-7), name
+
+
 def test_weights_alone_would_not_match(single_rank, tmp_path):
     """Control for the test above: without optimizer state the runs drift apart."""
     original = trained_engine(3)
