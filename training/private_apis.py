@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import functools
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -196,28 +197,60 @@ def universal_from_stage_0(
     """The universal checkpoint of a ZeRO stage 0 checkpoint, in both stages' forms (above).
 
     `parameter_groups`: the names of the parameters in the order the optimizer held them,
-    group by group, as the saving run recorded them: stage 0's files number them only. An
-    fp16 run's loss scale is not carried: it starts again from the configured one."""
+    group by group, as the saving run recorded them: stage 0's files number them only. Each
+    tensor rank's file holds its slices; they are joined as ds_to_universal joins ZeRO's: each
+    written as the fragment `dump_param_fragment` writes, then merged by `merge_tp_slices`
+    with the layout AutoTP recorded (deepspeed/checkpoint/ds_to_universal.py, lines 223 and
+    298; the recorded layout: its `universal_checkpoint_info`). An fp16 run's loss scale is
+    not carried: it starts again from the configured one."""
     import deepspeed
     import torch
-    from deepspeed.checkpoint.constants import DS_VERSION, OPTIMIZER_STATE_DICT, PARAM_GROUPS
-
-    states = torch.load(
-        input_folder / WHOLE_MODEL_STATES.format(mp="00"), map_location="cpu", weights_only=False
+    from deepspeed.checkpoint import ds_to_universal
+    from deepspeed.checkpoint.constants import (
+        DS_VERSION,
+        OPTIMIZER_STATE_DICT,
+        PARAM_GROUPS,
+        UNIVERSAL_CHECKPOINT_INFO,
     )
-    saved = states.pop("optimizer")
-    module = states["module"]
+
+    fragments = output_folder / "tmp"
+    shapes: dict[str, list] = {}  # name -> its shape on each tensor rank
+    files = sorted(input_folder.glob(WHOLE_MODEL_STATES.format(mp="*")))
+    for tensor_rank, path in enumerate(files):
+        states = torch.load(path, map_location="cpu", weights_only=False)
+        saved = states.pop("optimizer")
+        for name, values in _stage_0_parameter_states(states["module"], saved, parameter_groups):
+            shapes.setdefault(name, []).append(states["module"][name].shape)
+            for key, value in values.items():
+                flat = value if key == STEP else value.reshape(-1).float()
+                size = 0 if key == STEP else flat.numel()
+                ds_to_universal.dump_param_fragment(
+                    str(fragments), tensor_rank, 0, key, flat, name, 0, size
+                )
+        torch.save(states, output_folder / path.name)
+        if tensor_rank == 0:
+            info = states.get(UNIVERSAL_CHECKPOINT_INFO, {})
+            basic = saved.get(OPTIMIZER_STATE_DICT, saved)
+    for name_and_shapes in shapes.items():
+        ds_to_universal.merge_tp_slices(
+            info, str(output_folder / "zero"), str(fragments), len(files), name_and_shapes
+        )
+    shutil.rmtree(fragments)
+    common = {DS_VERSION: deepspeed.__version__, PARAM_GROUPS: basic[PARAM_GROUPS]}
+    _add_the_zero_3_form(common, output_folder)
+    torch.save(common, output_folder / COMMON_OPTIMIZER_STATE)
+    for path in files:
+        mp = path.name.removesuffix("_model_states.pt").rsplit("_", 1)[1]
+        os.link(output_folder / path.name, output_folder / PARTITIONED_MODEL_STATES.format(mp=mp))
+
+
+def _stage_0_parameter_states(module: dict, saved: dict, parameter_groups: list[list[str]]):
+    """(name, its fp32 weights, Adam moments and step) for each parameter of one tensor
+    rank's stage 0 file: `module` its model state, `saved` its optimizer's (above)."""
+    from deepspeed.checkpoint.constants import OPTIMIZER_STATE_DICT
+
     wrapped = OPTIMIZER_STATE_DICT in saved
     basic = saved[OPTIMIZER_STATE_DICT] if wrapped else saved
-
-    def write(name: str, values: dict) -> None:
-        folder = output_folder / "zero" / name
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(values[STEP], folder / STEP_FILE)
-        for key in PARAMETER_STATES:
-            record = {"param": values[key].reshape(module[name].shape).float(), "cat_dim": 0}
-            torch.save(record, folder / f"{key}.pt")
-
     numbered = 0  # the optimizer's number of the group's first parameter
     for index, names in enumerate(parameter_groups):
         if FLAT_COPIES in saved:
@@ -232,19 +265,13 @@ def universal_from_stage_0(
                 )
             }
             for i, name in enumerate(names):
-                write(name, {STEP: state[STEP], **{k: v[i] for k, v in pieces.items()}})
+                yield name, {STEP: state[STEP], **{k: v[i] for k, v in pieces.items()}}
             continue
         for i, name in enumerate(names):
             state = basic["state"][numbered + i]
             fp32 = saved[COPIES][index][i] if wrapped else module[name]
-            write(name, {**state, "fp32": fp32})
+            yield name, {**state, "fp32": fp32}  # its step and moments, as saved
         numbered += len(names)
-    common = {DS_VERSION: deepspeed.__version__, PARAM_GROUPS: basic[PARAM_GROUPS]}
-    _add_the_zero_3_form(common, output_folder)
-    torch.save(common, output_folder / COMMON_OPTIMIZER_STATE)
-    whole = output_folder / WHOLE_MODEL_STATES.format(mp="00")
-    torch.save(states, whole)
-    os.link(whole, output_folder / PARTITIONED_MODEL_STATES.format(mp="00"))
 
 
 def stage_0_parameter_groups(engine) -> list[list]:

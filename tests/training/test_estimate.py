@@ -15,7 +15,6 @@ from deepspeed.runtime.zero.stage_1_and_2 import (
     estimate_zero2_model_states_mem_needs,
     estimate_zero2_model_states_mem_needs_all_live,
 )
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from tests.support.preloaded import run_module
 from training.components import build_model
@@ -217,6 +216,9 @@ def test_every_shipped_job_is_estimated(job, capsys, offline_hub):
 def test_resnet_activations_match_the_memory_a_cpu_forward_holds(preset, image_size, batch):
     """The estimate counts on the meta device; PyTorch's MemTracker measures the
     activation memory a real fp32 forward on the CPU holds until the backward."""
+    # Imported here: it imports torch.distributed.tensor, a second of every worker's start.
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
     config = load_config(
         None,
         [

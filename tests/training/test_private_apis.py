@@ -126,6 +126,17 @@ def test_stage_0_keeps_its_optimizer_state_where_its_converters_read_and_write_i
     assert "custom_load_fn(src=module_state_dict, dst=self.module)" in inspect.getsource(
         DeepSpeedEngine.load_module_state_dict
     )
+    # A tensor-parallel run's slices are written as ZeRO's fragments and joined by the merge.
+    assert list(inspect.signature(ds_to_universal.dump_param_fragment).parameters) == [
+        "dir", "tp_index", "dp_index", "state_name", "state_flat_tensor", "param_name",
+        "offset", "numel",
+    ]  # fmt: skip
+    assert list(inspect.signature(ds_to_universal.merge_tp_slices).parameters) == [
+        "uc_info", "dir", "slice_dir", "tp_degree", "name_and_shapes",
+    ]  # fmt: skip
+    assert '_merge_zero_shards(slice_base_path, "step", tp_degree, per_tp_shapes)' in (
+        inspect.getsource(ds_to_universal.merge_tp_slices)
+    )
 
 
 def test_the_universal_conversion_takes_exactly_the_arguments_its_parser_builds(monkeypatch):

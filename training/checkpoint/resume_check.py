@@ -4,14 +4,15 @@ DeepSpeed loads a checkpoint as it was saved only into an engine of the same ZeR
 precision: a ZeRO-2 checkpoint holds one optimizer partition per rank, a ZeRO-3 one also
 partitions the parameters, and the bf16 and fp16 optimizers keep different state. Asked
 otherwise, its load fails deep inside every rank with an empty reason. A changed
-data-parallel world size, tensor or sequence degree, or ZeRO stage is fine: the checkpointer
-loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py, and
-training/private_apis.py for stage 0) then. A change of precision is refused, and one to or
-from stage 0 with tensor parallelism on either side, or from a stage 0 checkpoint whose
-manifest does not name its parameters (saved before it did). So the launcher compares the
-manifest of the checkpoint resume would take (local, or in S3 on a new node) with the run's
-config once, before any rank starts; the ranks compare it again with their engine before
-loading (the same sentence), should the launcher not have been able to read it.
+data-parallel world size, tensor or sequence degree, or ZeRO stage is fine: the
+checkpointer loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py,
+and training/private_apis.py for stage 0) then. Refused: a change of precision, one that
+loads into stage 0 with tensor parallelism through a conversion, and one that converts a
+stage 0 checkpoint whose manifest does not name its parameters (saved before it did). So
+the launcher compares the manifest of the checkpoint resume would take (local, or in S3 on
+a new node) with the run's config once, before any rank starts; the ranks compare it again
+with their engine before loading (the same sentence), should the launcher not have been
+able to read it.
 """
 
 from __future__ import annotations
@@ -67,9 +68,12 @@ def refusal(
     or precision is not the one the checkpoint at ``where`` (its manifest: ``record``) was
     saved with and cannot load; None when it can."""
     changed = []
-    saved_stage = record.get("zero_stage", zero_stage)
-    if saved_stage != zero_stage and not _stage_converts(record, saved_stage, zero_stage, tensor):
-        changed.append(("zero.stage", saved_stage, zero_stage))
+    saved_stage, saved_tensor = record.get("zero_stage", zero_stage), record.get("tensor", 1)
+    if not _converts(record, zero_stage, tensor):
+        if saved_stage != zero_stage:
+            changed.append(("zero.stage", saved_stage, zero_stage))
+        if saved_tensor != tensor:
+            changed.append(("parallel.tensor", saved_tensor, tensor))
     saved = record.get("precision", precision)  # manifests before this field: not known
     if saved != precision:
         changed.append(("precision", saved, precision))
@@ -84,14 +88,17 @@ def refusal(
     )
 
 
-def _stage_converts(record: dict, saved: int, wanted: int, tensor: int) -> bool:
-    """Whether a checkpoint saved at ZeRO stage ``saved`` loads at stage ``wanted``: among
-    stages 1 to 3 always; to or from stage 0 without tensor parallelism on either side (its
-    converter reads and writes whole parameters), from it only when its manifest names them."""
-    if 0 not in (saved, wanted):
-        return True
-    whole = record.get("tensor", 1) == 1 and tensor == 1
-    return whole and (saved != 0 or PARAMETER_GROUPS_KEY in record)
+def _converts(record: dict, zero_stage: int, tensor: int) -> bool:
+    """Whether a checkpoint (its manifest: ``record``) loads at ZeRO stage ``zero_stage`` and
+    tensor degree ``tensor``, converted where they changed. Converting from stage 0 needs the
+    manifest's names of its parameters (older ones had none); into stage 0 the trainer loads
+    whole parameters only, not a tensor rank's slices."""
+    saved_stage, saved_tensor = record.get("zero_stage", zero_stage), record.get("tensor", 1)
+    if saved_stage == zero_stage and saved_tensor == tensor:
+        return True  # what converts then (world size, sequence degree) always does
+    if saved_stage == 0 and PARAMETER_GROUPS_KEY not in record:
+        return False
+    return zero_stage != 0 or tensor == 1
 
 
 def _newest_manifest(root: Path, mirror: CheckpointStore | None) -> tuple[str, dict] | None:

@@ -100,25 +100,37 @@ def test_an_engine_of_another_precision_is_refused_in_the_same_words_before_deep
         Checkpointer(tmp_path).resume(build_engine(zero_stage=2, bf16=True))
 
 
-def test_a_stage_change_is_refused_only_where_it_cannot_convert():
-    """Among ZeRO stages 1 to 3 always; to and from stage 0 without tensor parallelism, from
-    it only when its manifest names the parameters (older ones did not)."""
-    named = {"zero_stage": 0, "tensor": 1, PARAMETER_GROUPS_KEY: [["0.weight"], ["0.bias"]]}
+def test_a_stage_or_tensor_change_is_refused_only_where_it_cannot_convert():
+    """Any change among ZeRO stages 1 to 3; to and from stage 0 too, but not into stage 0
+    with tensor parallelism, nor from a stage 0 manifest that does not name its
+    parameters (older ones did not)."""
+    names = {PARAMETER_GROUPS_KEY: [["0.weight"], ["0.bias"]]}
 
     def refused(record: dict, zero_stage: int, tensor: int = 1) -> str | None:
         return refusal("ckpt", record, zero_stage=zero_stage, precision="fp32", tensor=tensor)
 
-    assert refused({"zero_stage": 1}, 3) is None
-    assert refused(named, 2) is None
-    assert refused({"zero_stage": 3, "tensor": 1}, 0) is None
-    unnamed = {k: v for k, v in named.items() if k != PARAMETER_GROUPS_KEY}
-    assert refused(unnamed, 2).startswith(
+    loads = [
+        ({"zero_stage": 1}, 3, 1),
+        ({"zero_stage": 0, **names}, 2, 1),
+        ({"zero_stage": 0, **names}, 2, 2),
+        ({"zero_stage": 0, "tensor": 2, **names}, 0, 1),
+        ({"zero_stage": 3}, 0, 1),
+        ({"zero_stage": 2, "tensor": 2}, 0, 1),
+        ({"zero_stage": 0, "tensor": 2}, 0, 2),  # a new world size only: nothing converts
+    ]
+    for record, stage, tensor in loads:
+        assert refused(record, stage, tensor) is None, (record, stage, tensor)
+    assert refused({"zero_stage": 0}, 2).startswith(
         "ckpt was saved with zero.stage 0 (this run: 2), which DeepSpeed cannot load into this "
         "run: resume it with --set zero.stage=0, "
     )
-    assert refused(named, 2, tensor=2).startswith("ckpt was saved with zero.stage 0 (this run: 2)")
-    assert refused({"zero_stage": 2, "tensor": 2}, 0).startswith(
-        "ckpt was saved with zero.stage 2 (this run: 0)"
+    assert refused({"zero_stage": 2}, 0, tensor=2).startswith(
+        "ckpt was saved with zero.stage 2 (this run: 0), parallel.tensor 1 (this run: 2), "
+        "which DeepSpeed cannot load into this run: resume it with --set zero.stage=2 "
+        "--set parallel.tensor=1, "
+    )
+    assert refused({"zero_stage": 0, "tensor": 2}, 0, tensor=1).startswith(
+        "ckpt was saved with parallel.tensor 2 (this run: 1)"
     )
     assert "resume it with --set precision.bf16=true --set precision.fp16=false," in refusal(
         "ckpt", {"zero_stage": 2, "precision": "bf16"}, zero_stage=2, precision="fp32"

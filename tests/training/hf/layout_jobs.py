@@ -51,18 +51,18 @@ def train(
     out: Path,
     job: Path,
     ranks: int,
-    layout: str,
+    *layout: str,
     resume_from: Path | None = None,
     resume_step: int | None = None,
 ) -> Job:
-    """`job` on `ranks` ranks with the override `layout` ("parallel.tensor=2"), from
+    """`job` on `ranks` ranks with the overrides `layout` ("parallel.tensor=2"), from
     `resume_from`'s checkpoint of `resume_step` when given."""
     if resume_from is not None:
         (out / "checkpoints").mkdir(parents=True)
         tag = f"step_{resume_step:08d}"
         shutil.copytree(resume_from / "checkpoints" / tag, out / "checkpoints" / tag)
     env = job_env(out, TRAIN_NPROC_PER_NODE=str(ranks), TRAIN_CACHE_DIR=str(out.parent / "cache"))
-    done = run_job(out, layout, config=job, env=env, timeout=600)
+    done = run_job(out, *layout, config=job, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -87,7 +87,9 @@ def assert_moments_equal(run: Path, uninterrupted: Path, step: int, rtol: float,
         torch.testing.assert_close(mine, theirs, rtol=rtol, atol=atol)
 
 
-def assert_same_exported_weights(split: Path, whole: Path) -> None:
+def assert_same_exported_weights(
+    split: Path, whole: Path, rtol: float = 1e-5, atol: float = 1e-6
+) -> None:
     """`python -m training export` of both runs' last checkpoints: the same full weights."""
     from transformers import AutoModelForCausalLM
 
@@ -95,9 +97,10 @@ def assert_same_exported_weights(split: Path, whole: Path) -> None:
 
     exported = []
     for run in (split, whole):
-        export(run / "checkpoints", run.parent / f"{run.name}-hf")
+        if not (run.parent / f"{run.name}-hf").exists():
+            export(run / "checkpoints", run.parent / f"{run.name}-hf")
         exported.append(AutoModelForCausalLM.from_pretrained(run.parent / f"{run.name}-hf"))
     weights, expected = (model.state_dict() for model in exported)
     assert weights.keys() == expected.keys()
     for key, weight in expected.items():
-        torch.testing.assert_close(weights[key], weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(weights[key], weight, rtol=rtol, atol=atol)

@@ -46,7 +46,7 @@ def test_sequence_2_trains_as_sequence_1_and_resumes_across_layouts(tmp_path, ti
             job,
             ranks,
             f"parallel.sequence={sequence}",
-            resume_from and tmp_path / resume_from,
+            resume_from=resume_from and tmp_path / resume_from,
             resume_step=CHECKPOINT,
         )
 
