@@ -111,6 +111,7 @@ COMMON_OPTIMIZER_STATE = "zero/optimizer_state.pt"
 STEP = "step"
 STEP_FILE = f"{STEP}.pt"
 PARAMETER_STATES = ("fp32", "exp_avg", "exp_avg_sq")
+MOMENTS = PARAMETER_STATES[1:]
 
 
 def convert_to_universal(input_folder: Path, output_folder: Path) -> None:
@@ -289,54 +290,89 @@ def load_universal_into_stage_0(engine, folder: Path) -> None:
     without them, utils/tensor_fragment.py, lines 154 and 190), and `load_checkpoint`
     then calls `update_lp_params`, which no stage 0 optimizer has (engine.py, line 4488).
 
-    Names are DeepSpeed's for the engine's parameters (`engine.param_names`,
-    runtime/engine.py, line 628), which name the universal folders. The groups take the
-    saved settings but their parameters, as DeepSpeed's universal loader does
-    (runtime/base_optimizer.py, lines 377-380). Each parameter's step is the one saved, of
-    the type its optimizer keeps (a tensor for torch's Adam, a number for FusedAdam), one
+    Each parameter is read by DeepSpeed's own per-parameter loader
+    (checkpoint/universal_checkpoint.py `load_hp_checkpoint_state`, line 236), which cuts a
+    tensor rank's slice as AutoTP split it, given a `_hp_mapping` whose one fragment is the
+    rank's whole slice (`_WholeSlice`). Names are DeepSpeed's for the engine's parameters
+    (`engine.param_names`, runtime/engine.py, line 628), which name the universal folders;
+    the tensor rank and degree are the ones DeepSpeed's loader asks the engine's `mpu` for
+    (runtime/base_optimizer.py, lines 341-347). The groups take the saved settings but their
+    parameters, as that loader does (lines 377-380). Each parameter's step is the one saved,
+    of the type its optimizer keeps (a tensor for torch's Adam, a number for FusedAdam), one
     per parameter: torch's Adam advances each in place."""
     import torch
-    from deepspeed.checkpoint.constants import PARAM, PARAM_GROUPS
+    from deepspeed.checkpoint import universal_checkpoint
+    from deepspeed.checkpoint.constants import PARAM_GROUPS
+    from deepspeed.utils.bwc import (
+        bwc_tensor_model_parallel_rank,
+        bwc_tensor_model_parallel_world_size,
+    )
 
     common = torch.load(folder / COMMON_OPTIMIZER_STATE, weights_only=False)
     wrapper = engine.optimizer
     flat_copies, copies = getattr(wrapper, FLAT_COPIES, None), getattr(wrapper, COPIES, None)
     basic = wrapper if flat_copies is None and copies is None else wrapper.optimizer
+    tensor_rank = bwc_tensor_model_parallel_rank(mpu=engine.mpu)
+    tensor_ranks = bwc_tensor_model_parallel_world_size(mpu=engine.mpu)
 
-    def read(param, key: str):
-        saved = torch.load(
-            folder / "zero" / engine.param_names[param] / f"{key}.pt", weights_only=False
-        )
-        if key == STEP:
-            return saved.clone() if isinstance(saved, torch.Tensor) else saved
-        tensor = saved[PARAM] if isinstance(saved, dict) else saved
-        return tensor.reshape(param.shape).to(device=param.device, dtype=torch.float32)
+    def load(param, fp32) -> dict:
+        """This rank's slice of `param`'s saved weights into `fp32`, flat; its step and
+        moments, flat too."""
+        param._hp_mapping = slice_ = _WholeSlice(fp32)
+        try:
+            step = universal_checkpoint.load_hp_checkpoint_state(
+                param, str(folder / "zero" / engine.param_names[param]), tensor_rank, tensor_ranks
+            )
+        finally:
+            del param._hp_mapping
+        moments = {key: slice_.optim_fragment[key].to(fp32.device) for key in MOMENTS}
+        return {STEP: step.clone() if isinstance(step, torch.Tensor) else step, **moments}
 
     groups = zip(
         stage_0_parameter_groups(engine), basic.param_groups, common[PARAM_GROUPS], strict=True
     )
     with torch.no_grad():
         for index, (params, group, saved_group) in enumerate(groups):
-            loaded = [{key: read(p, key) for key in (STEP, *PARAMETER_STATES)} for p in params]
-            for param, state in zip(params, loaded, strict=True):
-                param.copy_(state["fp32"])
             if flat_copies is not None:
                 holders = [flat_copies[index]]
-                loaded = [
+                pieces = flat_copies[index].split([param.numel() for param in params])
+                loaded = [load(param, piece) for param, piece in zip(params, pieces, strict=True)]
+                states = [
                     {
                         STEP: loaded[0][STEP],
-                        **{
-                            key: torch.cat([state[key].view(-1) for state in loaded])
-                            for key in PARAMETER_STATES
-                        },
+                        **{key: torch.cat([state[key] for state in loaded]) for key in MOMENTS},
                     }
                 ]
+                for param, piece in zip(params, pieces, strict=True):
+                    param.copy_(piece.view(param.shape))
             else:
                 holders = copies[index] if copies is not None else params
-            for holder, state in zip(holders, loaded, strict=True):
-                holder.copy_(state.pop("fp32"))
+                states = []
+                for param, holder in zip(params, holders, strict=True):
+                    state = load(param, holder.data.view(-1))
+                    state.update({key: state[key].view(holder.shape) for key in MOMENTS})
+                    states.append(state)
+                    param.copy_(holder)  # from the fp32 copy (without a wrapper: itself)
+            for holder, state in zip(holders, states, strict=True):
                 basic.state[holder] = state
             group.update({key: value for key, value in saved_group.items() if key != "params"})
+
+
+class _WholeSlice:
+    """What `load_hp_checkpoint_state` reads of a ZeRO parameter's `_hp_mapping`
+    (universal_checkpoint.py, lines 237-238, 369, 377 and 385): the fragment's address in the
+    rank's slice, the fp32 tensor it loads the weights into, and the moments it leaves in
+    `optim_fragment`. Here the fragment is the whole slice."""
+
+    def __init__(self, fp32) -> None:
+        from deepspeed.utils.tensor_fragment import fragment_address
+
+        self.fp32 = fp32
+        self.lp_fragment_address = fragment_address(numel=fp32.numel(), start=0)
+        self.optim_fragment: dict = {}
+
+    def get_hp_fragment(self):
+        return self.fp32
 
 
 def empty_host_cache() -> None:

@@ -126,6 +126,21 @@ def test_stage_0_keeps_its_optimizer_state_where_its_converters_read_and_write_i
     assert "custom_load_fn(src=module_state_dict, dst=self.module)" in inspect.getsource(
         DeepSpeedEngine.load_module_state_dict
     )
+    # Into stage 0, each parameter through DeepSpeed's per-parameter loader, which reads of
+    # its _hp_mapping only what _WholeSlice gives, and the tensor rank the way ZeRO asks.
+    from deepspeed.checkpoint import universal_checkpoint
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+
+    one = inspect.getsource(universal_checkpoint.load_hp_checkpoint_state)
+    assert [line.strip() for line in one.splitlines() if "hp_mapping" in line] == [
+        "hp_mapping = self._hp_mapping",
+        "hp_mapping.optim_fragment = {}",
+        "lp_frag_address = hp_mapping.lp_fragment_address",
+        "dst_tensor = hp_mapping.get_hp_fragment()",
+        "hp_mapping.optim_fragment[key] = tp_hp_fragment.clone().detach()",
+    ]
+    ranks = inspect.getsource(ZeROOptimizer.load_hp_checkpoint_state_from_checkpoint_dir)
+    assert "tp_rank = bwc_tensor_model_parallel_rank(mpu=self.mpu)" in ranks
     # A tensor-parallel run's slices are written as ZeRO's fragments and joined by the merge.
     assert list(inspect.signature(ds_to_universal.dump_param_fragment).parameters) == [
         "dir", "tp_index", "dp_index", "state_name", "state_flat_tensor", "param_name",

@@ -6,13 +6,12 @@ partitions the parameters, and the bf16 and fp16 optimizers keep different state
 otherwise, its load fails deep inside every rank with an empty reason. A changed
 data-parallel world size, tensor or sequence degree, or ZeRO stage is fine: the
 checkpointer loads through a universal checkpoint (deepspeed/checkpoint/ds_to_universal.py,
-and training/private_apis.py for stage 0) then. Refused: a change of precision, one that
-loads into stage 0 with tensor parallelism through a conversion, and one that converts a
-stage 0 checkpoint whose manifest does not name its parameters (saved before it did). So
-the launcher compares the manifest of the checkpoint resume would take (local, or in S3 on
-a new node) with the run's config once, before any rank starts; the ranks compare it again
-with their engine before loading (the same sentence), should the launcher not have been
-able to read it.
+and training/private_apis.py for stage 0) then. Refused: a change of precision, and one
+that converts a stage 0 checkpoint whose manifest does not name its parameters (saved
+before it did). So the launcher compares the manifest of the checkpoint resume would take
+(local, or in S3 on a new node) with the run's config once, before any rank starts; the
+ranks compare it again with their engine before loading (the same sentence), should the
+launcher not have been able to read it.
 """
 
 from __future__ import annotations
@@ -90,15 +89,12 @@ def refusal(
 
 def _converts(record: dict, zero_stage: int, tensor: int) -> bool:
     """Whether a checkpoint (its manifest: ``record``) loads at ZeRO stage ``zero_stage`` and
-    tensor degree ``tensor``, converted where they changed. Converting from stage 0 needs the
-    manifest's names of its parameters (older ones had none); into stage 0 the trainer loads
-    whole parameters only, not a tensor rank's slices."""
+    tensor degree ``tensor``, converted where they changed: always, but from a stage 0
+    checkpoint whose manifest does not name its parameters (older ones did not)."""
     saved_stage, saved_tensor = record.get("zero_stage", zero_stage), record.get("tensor", 1)
     if saved_stage == zero_stage and saved_tensor == tensor:
         return True  # what converts then (world size, sequence degree) always does
-    if saved_stage == 0 and PARAMETER_GROUPS_KEY not in record:
-        return False
-    return zero_stage != 0 or tensor == 1
+    return saved_stage != 0 or PARAMETER_GROUPS_KEY in record
 
 
 def _newest_manifest(root: Path, mirror: CheckpointStore | None) -> tuple[str, dict] | None:

@@ -1,12 +1,13 @@
 """A tiny Llama trained with [parallel] tensor = 2 through `python -m training`, against the
 same job at tensor = 1; its checkpoints resumed on other layouts and exported.
 
-One story, four launches: tensor 2 without ZeRO (stage 0) on 2 ranks and tensor 1 at ZeRO-1
-on 1 rank from scratch (the same global batch, so the same losses); tensor 2's step-20
-checkpoint resumed at tensor 1 and ZeRO-1, tensor 1's resumed at tensor 2 x data 2 on 4
-ranks: both continue the uninterrupted run's losses and, at tensor 1, its Adam moments;
-the tensor 2 runs export the tensor 1 run's weights. Stage 0 saves each tensor rank's slices
-with the optimizer's own state, ZeRO-1 its partitions: each is joined by its converter.
+One story, five launches: tensor 2 without ZeRO (stage 0) on 2 ranks and tensor 1 at
+ZeRO-1 on 1 rank from scratch (the same global batch, so the same losses); tensor 2's
+step-20 checkpoint resumed at tensor 1 and ZeRO-1, tensor 1's resumed at tensor 2 x data 2
+on 4 ranks and at tensor 2 without ZeRO on 2: all continue the uninterrupted run's losses
+and, at tensor 1, its Adam moments; the tensor 2 runs export the tensor 1 run's weights.
+Stage 0 saves each tensor rank's slices with the optimizer's own state, ZeRO-1 its
+partitions: each is joined, and cut again, by its converter.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from tests.training.hf.layout_jobs import (
     losses,
 )
 
-# 121 to 151 s in full fresh-clone runs on 2 cores (measured).
+# 59 s alone; 121 to 151 s in full fresh-clone runs on 2 cores with four launches (measured).
 pytestmark = [
     pytest.mark.multiprocess,
     pytest.mark.slow(
-        reason="four tiny-Llama jobs of 1, 2 and 4 ranks (DeepSpeed AutoTP on gloo)",
+        reason="five tiny-Llama jobs of 1, 2 and 4 ranks (DeepSpeed AutoTP on gloo)",
         seconds=250,
     ),
 ]
@@ -91,6 +92,12 @@ def test_tensor_2_trains_resumes_on_other_layouts_and_exports_as_tensor_1(tmp_pa
         {s: expected[s] for s in losses(wider)}, rel=DATA_PARALLEL_LOSS_TOLERANCE
     )
     assert whole.metrics[-1]["epoch"] == 0  # the resumes were mid-epoch
+
+    # tensor 1's ZeRO-1 checkpoint cut into tensor 2's slices of a stage 0 engine.
+    cut = train(tmp_path / "cut", job, ranks=2, tensor=2, stage=0, resume_from=tmp_path / "tensor1")
+    assert "this run is tensor 2 x sequence 1 x data 1 at ZeRO stage 0" in cut.stderr
+    assert list(losses(cut)) == list(range(CHECKPOINT + 1, STEPS + 1))
+    assert losses(cut) == pytest.approx({s: expected[s] for s in losses(cut)}, rel=LOSS_TOLERANCE)
 
     # Export joins the tensor slices: the same weights as the unsplit run's, from stage 0's
     # files and from ZeRO-1's. After 20 steps of half batches summed in another order those
