@@ -1,10 +1,12 @@
 """Every use of a DeepSpeed or torch name outside their public APIs, in one place.
 
-The trainer uses DeepSpeed and torch through their public APIs, except for the five needs
-below, which neither library offers a public way to meet. Each function names the version
-it was written against and the source lines it relies on; tests/training/test_private_apis.py
-checks each of those facts against the installed library, so a release that changes one
-fails that test, not a training run.
+The trainer uses DeepSpeed and torch through their public APIs, except for the needs below,
+which neither library offers a public way to meet: writing a checkpoint through the
+trainer's writer, timing op builds, converting checkpoints between layouts and ZeRO stages
+(stage 0 included), emptying the host cache, and deferring DeepSpeed's compiled kernels.
+Each function names the version it was written against and the source lines it relies on;
+tests/training/test_private_apis.py checks each of those facts against the installed
+library, so a release that changes one fails that test, not a training run.
 
 Written against DeepSpeed 0.19.8 (requirements-train.txt) and torch 2.10 (the cu128 image)
 to 2.13 (the CPU image).

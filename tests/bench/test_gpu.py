@@ -33,6 +33,9 @@ def test_every_carried_distribution_is_pinned_in_the_gpu_lock():
 
 
 @pytest.mark.multiprocess
+@pytest.mark.slow(
+    reason="three short CPU runs: the trainer, raw DeepSpeed and plain PyTorch", seconds=90
+)
 def test_dry_run_measures_trainer_raw_deepspeed_and_pytorch_on_cpu(tmp_path):
     result = subprocess.run(
         [sys.executable, "bench/gpu.py", "--dry-run", "--out", str(tmp_path)],

@@ -30,7 +30,7 @@ from tests.support.stack_runs import run_stack
 MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
 
 
-@pytest.mark.slow(reason="every 5-minute run of the guard over 30 simulated hours", seconds=120)
+@pytest.mark.slow(reason="every 5-minute run of the guard over 30 simulated hours", seconds=100)
 def test_thirty_simulated_hours_are_counted_alerted_and_stopped_at_the_budget(aws, topic):
     topic_arn, queue = topic
     # Reached after every event of the script below; the hours after it show the stop
