@@ -284,14 +284,17 @@ def test_a_running_node_without_gpu_metrics_notifies_and_is_not_stopped():
     config = GuardrailConfig(budget_usd=500, alert_emails=EMAILS, idle_minutes=45)
     mocks, _, instance_ids = guarded_stack(plan, config)
     topic_arn = one(mocks, TOPIC).state["arn"]
-    alarms = [alarm.inputs for alarm in silent_agent_alarms(mocks)]
-    assert len(alarms) == 2
-    for alarm, instance_id in zip(alarms, instance_ids, strict=True):
+    # One alarm per node, in whatever order Pulumi registered them (as their inputs resolve).
+    alarms = {
+        queries["running"]["metric"]["dimensions"]["InstanceId"]: (alarm.inputs, queries)
+        for alarm in silent_agent_alarms(mocks)
+        for queries in [{query["id"]: query for query in alarm.inputs["metricQueries"]}]
+    }
+    assert sorted(alarms) == sorted(instance_ids)
+    for instance_id, (alarm, queries) in alarms.items():
         assert alarm["alarmActions"] == [topic_arn]  # a notification, never the stop action
-        queries = {query["id"]: query for query in alarm["metricQueries"]}
         running, gpu = queries["running"]["metric"], queries["gpu"]["metric"]
         assert (running["namespace"], running["metricName"]) == ("AWS/EC2", "CPUUtilization")
-        assert running["dimensions"] == {"InstanceId": instance_id}
         assert (gpu["namespace"], gpu["metricName"]) == (
             GPU_METRIC_NAMESPACE,
             GPU_UTILIZATION_METRIC,
