@@ -30,13 +30,14 @@ from tests.support.stack_runs import run_stack
 MONDAY = datetime.datetime(2026, 12, 7, tzinfo=datetime.UTC)
 
 
-@pytest.mark.slow(reason="every 5-minute run of the guard over 30 simulated hours", seconds=100)
-def test_thirty_simulated_hours_are_counted_alerted_and_stopped_at_the_budget(aws, topic):
+@pytest.mark.slow(reason="every 5-minute run of the guard over 12 simulated hours", seconds=40)
+def test_twelve_simulated_hours_are_counted_alerted_and_stopped_at_the_budget(aws, topic):
     topic_arn, queue = topic
-    # Reached after every event of the script below; the hours after it show the stop
-    # holding and the ledger's older marks thinned to hourly ones.
-    budget = 920.0
-    minutes = 30 * 60
+    # Reached after every event of the script below; the hour after it shows the stop
+    # holding, and by then the ledger's marks of more than six hours ago are thinned to
+    # hourly ones.
+    budget = 490.0
+    minutes = 12 * 60
     config = settings(topic_arn, budget)
     world = World(aws["ec2"], MONDAY)
     # What happens when, in minutes since Monday 00:00 (between the guard's runs, mostly).
@@ -44,11 +45,11 @@ def test_thirty_simulated_hours_are_counted_alerted_and_stopped_at_the_budget(aw
     stranger = world.launch(tagged=False)  # not the stack's: never counted, never stopped
     script = {
         62: lambda: world.stop(on_demand),
-        300: lambda: world.start(on_demand),
-        603: lambda: world.interrupt(spot),
-        615: lambda: script_state.update(replacement=world.launch(spot=True)),
-        901: lambda: script_state.update(dynamic=world.launch()),  # e.g. a Slurm node
-        1200: lambda: world.terminate(script_state["dynamic"]),
+        180: lambda: world.start(on_demand),
+        303: lambda: world.interrupt(spot),
+        315: lambda: script_state.update(replacement=world.launch(spot=True)),
+        421: lambda: script_state.update(dynamic=world.launch()),  # e.g. a Slurm node
+        600: lambda: world.terminate(script_state["dynamic"]),
     }
     script_state: dict[str, str] = {}
     stop_run, spent_at_stop = None, 0.0
@@ -57,9 +58,9 @@ def test_thirty_simulated_hours_are_counted_alerted_and_stopped_at_the_budget(aw
     for minute in range(0, minutes + 1):
         if minute in script:
             script[minute]()
-        # Days old by the end (hourly marks) and recent ones (every run's), each in an hour
-        # of steady spend: read back by interpolation between marks.
-        if minute in (420, 450, minutes - 20):
+        # Old by the end (hourly marks) and recent ones (every run's), each in an hour of
+        # steady spend: read back by interpolation between marks.
+        if minute in (240, 270, minutes - 20):
             spent_by[minute] = world.spend()
         if minute % 5 == 0:
             hourly_before = world.hourly()

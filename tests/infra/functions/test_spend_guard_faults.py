@@ -46,23 +46,24 @@ def every_run(world: World, minutes: int, run, events=None):
         world.advance(minutes=1)
 
 
-# $100 at 2 x $9.90 + $0.192 an hour (spot) and three nodes' addresses and volumes
-# ($0.0061 each) lasts 299.85 minutes, at 2 x $32.7726 + $0.192 (on-demand) 91.25 minutes: the
-# runs at minutes 300 and 95 stop them.
+# $50 at 2 x $9.90 + $0.192 an hour (spot) and three nodes' addresses and volumes
+# ($0.0061 each) lasts 149.92 minutes, at 2 x $32.7726 + $0.192 (on-demand) 45.62 minutes: the
+# runs at minutes 150 and 50 stop them.
 @pytest.mark.parametrize(
     ("spot", "hourly", "stop"),
-    [(True, 2 * 9.9 + 0.192 + 3 * BESIDE, 300), (False, 2 * 32.7726 + 0.192 + 3 * BESIDE, 95)],
+    [(True, 2 * 9.9 + 0.192 + 3 * BESIDE, 150), (False, 2 * 32.7726 + 0.192 + 3 * BESIDE, 50)],
     ids=["spot", "on-demand"],
 )
 def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
     aws, topic, spot, hourly, stop
 ):
-    runs_out = 100.0 / hourly * 60
+    budget = 50.0
+    runs_out = budget / hourly * 60
     topic_arn, queue = topic
     world = World(aws["ec2"], MONDAY)
     ec2 = Ec2(aws["ec2"], world)  # EC2 refuses to stop the one-time spot compute nodes
     table = fleet_table(aws["dynamodb"], "demo")
-    config = settings(topic_arn, 100.0, cluster_name="demo")
+    config = settings(topic_arn, budget, cluster_name="demo")
     head = world.launch(HEAD_NODE_TYPE, node_type="HeadNode")
     compute = {world.launch(spot=spot, node_type="Compute") for _ in range(2)}
     stops = []
@@ -75,16 +76,16 @@ def test_a_cluster_is_stopped_the_parallelcluster_way_within_one_run(
             assert set(outcome.terminated_instances) == compute
             assert outcome.stopped_instances == (head,) and outcome.unstoppable == ()
             assert world.running_ids() == set()
-            assert 0 <= world.spend() - 100.0 <= hourly * RUN_HOURS
+            assert 0 <= world.spend() - budget <= hourly * RUN_HOURS
 
-    minutes = stop + 60  # an hour of runs past the stop: it holds
+    minutes = stop + 30  # half an hour of runs past the stop: it holds
     every_run(world, minutes, run)
 
     assert stops == [stop]
     # Past the stop only the stopped head node's root volume bills (the compute nodes' went
     # with them).
     after_stop = (minutes - stop) / 60 * root_volume_hourly(31)
-    assert world.spend() - 100.0 == pytest.approx(
+    assert world.spend() - budget == pytest.approx(
         hourly * (stop - runs_out) / 60 + after_stop, abs=0.01
     )
     fleet = aws["dynamodb"].get_item(TableName=table, Key={"Id": {"S": "COMPUTE_FLEET"}})["Item"]
@@ -135,7 +136,7 @@ def test_an_unreadable_ledger_item_is_reported_once_and_the_stack_still_stops(aw
         if outcome.ledger.stopped and not stops:
             stops.append(minute)
 
-    every_run(world, 300, run, {62: [spoil]})
+    every_run(world, 240, run, {62: [spoil]})
 
     # $100 at $32.7726/h lasts 183.08 minutes: the run at minute 185 stops it.
     assert stops == [185]
@@ -161,7 +162,7 @@ def test_a_ledger_that_fails_at_the_budget_does_not_delay_the_stop(aws, topic, o
         if outcome.stopped_instances:
             stopped.append((minute, outcome.stopped_instances))
 
-    every_run(world, 300, run)
+    every_run(world, 250, run)  # the table answers again at the runs of minutes 240 to 250
 
     assert stopped == [(185, (node,))]  # the same run as with a healthy table
     assert world.spend() - 100.0 <= P4D["on-demand"] * RUN_HOURS
@@ -180,7 +181,7 @@ def test_a_capacity_block_is_counted_once_up_front_and_never_stopped(aws, topic)
     block = {world.launch(capacity_block=True) for _ in range(2)}
     head = world.launch(HEAD_NODE_TYPE, node_type="HeadNode")
     outcomes = []
-    minutes = 4 * 60  # 49 runs, each of which could count the block again
+    minutes = 2 * 60  # 25 runs, each of which could count the block again
     every_run(world, minutes, lambda minute: outcomes.append(guard(aws, world, config, ec2=ec2)))
 
     fee = 48 * 2 * 14.75  # hours x instances x the block's rate: $1,416, over the budget
