@@ -10,10 +10,14 @@ from pathlib import Path
 import pytest
 
 from common.pipes import CLOSED_PIPE_EXIT
-from infra.cli import COMMANDS
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-INFRA = [["-m", "infra", name, "--help"] for name in COMMANDS] + [
+# One process per way output leaves each command line: argparse's help (top level and a
+# command's, which ends in SystemExit), a command's printed text and a table; the closed-pipe
+# handling wraps each entry point's main (common/pipes.py), not each command.
+INFRA = [
+    ["-m", "infra", "--help"],
+    ["-m", "infra", "down", "--help"],
     ["-m", "infra", "offers"],
     ["-m", "infra", "plan", "a100x8"],
     ["-m", "infra", "prices"],
@@ -22,8 +26,10 @@ TRAINING = [
     ["-m", "training", "--help"],
     ["-m", "training", "--print-ds-config"],
     ["-m", "training", "estimate"],
-    ["-m", "training", "export", "--help"],
 ]
+# Output that reaches the pipe before the process ends: the status a shell reports for a
+# process ended by SIGPIPE, as `head` users expect (the others may also end 0).
+SIGPIPE_STATUS = {("-m", "infra", "offers"), ("-m", "training", "estimate")}
 
 
 def _into_a_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
@@ -39,9 +45,7 @@ def _into_a_closed_pipe(args: list[str]) -> subprocess.CompletedProcess:
 def test_output_into_a_closed_pipe_ends_quietly(args):
     result = _into_a_closed_pipe(args)
     assert "Traceback" not in result.stderr and "BrokenPipe" not in result.stderr, result.stderr
-    assert result.returncode in (0, CLOSED_PIPE_EXIT), result.stderr
-
-
-@pytest.mark.parametrize("args", [["-m", "infra", "offers"], ["-m", "training", "estimate"]])
-def test_a_closed_pipe_exits_as_a_shell_reports_sigpipe(args):
-    assert _into_a_closed_pipe(args).returncode == CLOSED_PIPE_EXIT == 141
+    if tuple(args) in SIGPIPE_STATUS:
+        assert result.returncode == CLOSED_PIPE_EXIT == 141, result.stderr
+    else:
+        assert result.returncode in (0, CLOSED_PIPE_EXIT), result.stderr
