@@ -60,11 +60,11 @@ def test_volumes_bill_while_stopped_and_the_address_only_while_running(aws, topi
     guard(aws, world, config)
     world.advance(hours=1)
     world.stop(node)
-    for _ in range(10 * 12):  # ten stopped hours, a run every five minutes
+    for _ in range(2 * 12):  # two stopped hours, a run every five minutes
         world.advance(minutes=5)
         ledger = guard(aws, world, config).ledger
 
-    storage = 11 * (DATA_VOLUME_MONTHLY + ROOT_VOLUME_MONTHLY) / DECEMBER_HOURS
+    storage = 3 * (DATA_VOLUME_MONTHLY + ROOT_VOLUME_MONTHLY) / DECEMBER_HOURS
     assert ledger.spent_usd == pytest.approx(1 * (P4D + IPV4) + storage)
     assert dict(ledger.volumes)[data] == pytest.approx(DATA_VOLUME_MONTHLY)
     assert ledger.addressed == ()  # EC2 released the address at the stop
