@@ -9,6 +9,7 @@ Torch-free on purpose: it must be importable in milliseconds.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -32,6 +33,26 @@ def stop_requested() -> str | None:
 
 def _remember(signum: int, _frame) -> None:
     _received.append(signal.Signals(signum).name)
+
+
+# ------------------------------------------------------------------ garbage collection
+# Importing torch, DeepSpeed and transformers makes a few hundred thousand objects that live
+# as long as the process. With the collector on, each full collection on the way rescans all
+# of them: a fifth of a process's import time (measured: 2.6 s of CPU with it, 2.1 s
+# without). Megatron-LM takes collection out of the start-up and the step for the same reason
+# (its --manual-gc).
+
+
+def hold_collection() -> None:
+    """No cyclic garbage collection until release_collection(): call it before the imports."""
+    gc.disable()
+
+
+def release_collection() -> None:
+    """The imports are done: what they made is set aside for good (gc.freeze: later
+    collections never rescan it) and collection runs again for what training makes."""
+    gc.freeze()
+    gc.enable()
 
 
 # ------------------------------------------------------------------ phases

@@ -31,6 +31,7 @@ def main(argv: list[str], env: TrainerEnv) -> NoReturn:
     from training.trainer import Placement, Trainer
     from training.watchdog import install_stack_dump
 
+    startup.release_collection()
     args = parser().parse_args(argv)
     startup.watch_op_builds(env.heartbeat_dir, env.rank or 0)
     die_with_launcher(env)
@@ -95,6 +96,7 @@ def _collective_broke(error: Exception) -> bool:
 
 if __name__ == "__main__":
     startup.listen()  # before the imports, which take seconds
+    startup.hold_collection()
     logs.divert_library_warnings()
     try:
         environment = read_environment()
