@@ -20,6 +20,7 @@ runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("module", ["training", "training.worker"])
 def test_the_imports_are_set_aside_from_the_collector_and_collection_runs_after(module):
     done = subprocess.run(
