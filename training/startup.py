@@ -36,11 +36,11 @@ def _remember(signum: int, _frame) -> None:
 
 
 # ------------------------------------------------------------------ garbage collection
-# Importing torch, DeepSpeed and transformers makes a few hundred thousand objects that live
+# Importing torch, DeepSpeed and the trainer makes a few hundred thousand objects that live
 # as long as the process. With the collector on, each full collection on the way rescans all
 # of them: a fifth of a process's import time (measured: 2.6 s of CPU with it, 2.1 s
-# without). Megatron-LM takes collection out of the start-up and the step for the same reason
-# (its --manual-gc).
+# without). Megatron-LM turns automatic collection off in training for the same cost (its
+# --manual-gc).
 
 
 def hold_collection() -> None:
