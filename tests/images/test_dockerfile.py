@@ -149,7 +149,10 @@ def test_downloads_are_verified_before_any_stage_uses_them():
 
 def test_all_reduce_perf_is_built_against_the_virtualenvs_nccl_and_shipped():
     build = TEXT.split("AS build", 1)[1].split("AS runtime", 1)[0]
-    nccl_tests = build.index('make -j"$(nproc)" -C /tmp/nccl-tests MPI=0')
+    nccl_tests = build.index('make -j"$(nproc)" -C /tmp/nccl-tests/src MPI=0')
+    # The one test the image ships, into the folder the install reads it from.
+    assert "BUILDDIR=/tmp/nccl-tests/build BIN_FILES_LIST=all_reduce " in build
+    assert "install -m 755 /tmp/nccl-tests/build/all_reduce_perf" in build
     # After the virtualenv exists (its libnccl is what torch loads), before the layer split.
     assert build.index("pip install --no-deps --no-build-isolation /tmp/deepspeed-*/") < nccl_tests
     assert nccl_tests < build.index("mv /opt/venv /layers/rest/opt/venv")
