@@ -285,7 +285,11 @@ def _run(options: argparse.Namespace) -> int:
             print(release.promote(options.staged, target, registry))
     elif options.command == "disk-budget":
         return disk_budget.main(
-            variant, options.path, cache_write=options.cache_write, peak_log=options.peak_log
+            matrix,
+            variant,
+            options.path,
+            cache_write=options.cache_write,
+            peak_log=options.peak_log,
         )
     elif options.command == "smoke":
         smoke.main(matrix, variant, options.storage_driver, options.workdir)

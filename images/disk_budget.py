@@ -2,10 +2,11 @@
 before anything is pulled, against what the machine has free.
 
 The figures come from the registries, not from guesses about them: each base image's
-compressed layer sizes from its manifest (`docker buildx imagetools inspect --raw`), each
-locked wheel's size from PyPI's JSON API (the file whose sha256 the lock pins). Where a
-figure cannot be read (no docker, a wheel that is not on PyPI such as torch's +cpu build)
-it is named and counted as 0, so the budget is a floor.
+compressed layer sizes from its manifest (`docker buildx imagetools inspect --raw`); for
+each pin, the file pip installs in the image (of those whose sha256 the lock pins) with
+its size from PyPI's JSON API and what it unpacks to from its own zip directory
+(images/wheel_sizes.py). Where a figure cannot be read (no docker, a wheel that is not on
+PyPI such as torch's +cpu build) it is named and counted as 0, so the budget is a floor.
 
 A buildx build into the runner's Docker (docker-container driver) holds, at its peak:
 - both bases in BuildKit, compressed (its content store keeps the pulled blobs) and
@@ -28,24 +29,22 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import tarfile
 import urllib.request
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from images import locks
-from images.matrix import Variant
+from packaging.tags import Tag
+
+from images import locks, wheel_sizes
+from images.matrix import Matrix, Variant
 
 GB = 1e9
 # Unpacked / compressed size of a CUDA base: nvidia/cuda:11.8.0-devel is 2.92 GB compressed
 # and 7.37 GB unpacked (Docker Hub tag page); CUDA libraries compress alike across releases.
 UNPACKED_PER_COMPRESSED = 7.37 / 2.92
-# Installed / downloaded size of a wheel, measured on the files themselves (sum of the zip's
-# uncompressed sizes over the file's size): CUDA libraries barely compress (nvidia-cufft
-# 12.0.0.61 x86_64: 214 MB -> 288 MB, 1.34; nvidia-nccl-cu13 2.29.7: 206 MB -> 237 MB,
-# 1.15); other wheels do (torch 2.13.0+cpu: 192 MB -> 699 MB, 3.65). The larger of each.
-INSTALLED_PER_CUDA_WHEEL = 1.34
-INSTALLED_PER_OTHER_WHEEL = 3.65
 AMD64 = {"architecture": "amd64", "os": "linux"}
 
 
@@ -117,38 +116,41 @@ def _pypi_files(name: str) -> list[dict]:
         return json.load(response)["files"]
 
 
-def installed_per_byte(name: str) -> float:
-    return (
-        INSTALLED_PER_CUDA_WHEEL
-        if name.startswith(("nvidia", "cuda"))
-        else INSTALLED_PER_OTHER_WHEEL
-    )
-
-
 def wheel_bytes(
-    lock: locks.Lock, files: Callable[[str], list[dict]] = _pypi_files
+    lock: locks.Lock,
+    tags: list[Tag],
+    files: Callable[[str], list[dict]] = _pypi_files,
+    unpacked: Callable[[dict], float] = wheel_sizes.installed_bytes,
 ) -> tuple[float, float, list[str]]:
-    """Downloaded and installed bytes of what the lock installs; the pins whose size the
-    index does not give."""
-    downloaded, installed, unknown = 0.0, 0.0, []
-    for pin in lock.pins.values():
+    """Downloaded and installed bytes of what the lock installs on a machine that accepts
+    `tags`; the pins whose sizes the index does not give."""
+
+    def sizes(pin: locks.Pin) -> tuple[float, float] | None:
         try:
-            listed = files(pin.name)
-        except OSError:
-            listed = []
-        sizes = [f["size"] for f in listed if f.get("hashes", {}).get("sha256") in pin.hashes]
-        if not sizes:
-            unknown.append(f"{pin.name}=={pin.version}")
-            continue
-        size = max(sizes)  # one file per platform is installed; the largest bounds it
-        downloaded += size
-        installed += size * installed_per_byte(locks.normalize(pin.name))
-    return downloaded, installed, unknown
+            entry = wheel_sizes.installed_file(files(pin.name), pin.hashes, tags)
+            return None if entry is None else (entry["size"], unpacked(entry))
+        except (OSError, zipfile.BadZipFile, tarfile.TarError, wheel_sizes.RangesRefused):
+            return None
+
+    pins = list(lock.pins.values())
+    found = [sizes(pin) for pin in pins]  # one index request and about three range requests each
+    known = [size for size in found if size is not None]
+    unknown = [
+        f"{pin.name}=={pin.version}" for pin, size in zip(pins, found, strict=True) if size is None
+    ]
+    return sum(d for d, _ in known), sum(i for _, i in known), unknown
 
 
 def budget(
-    variant: Variant, inspect=_inspect_raw, files=_pypi_files, *, cache_write: bool = False
+    variant: Variant,
+    glibc: str,
+    inspect=_inspect_raw,
+    files=_pypi_files,
+    unpacked=wheel_sizes.installed_bytes,
+    *,
+    cache_write: bool = False,
 ) -> Budget:
+    """The build's disk figures for `variant`, whose base OS has `glibc`."""
     unknown: list[str] = []
     bases = []
     for base in (variant.base_build, variant.base_runtime):
@@ -157,7 +159,9 @@ def budget(
         except (OSError, subprocess.CalledProcessError, StopIteration, KeyError):
             bases.append(0.0)
             unknown.append(f"base image {base}")
-    wheels, venv, missing = wheel_bytes(locks.read_lock(locks.lock_path(variant)), files)
+    tags = wheel_sizes.image_tags(variant.python, glibc)
+    lock = locks.read_lock(locks.lock_path(variant))
+    wheels, venv, missing = wheel_bytes(lock, tags, files, unpacked)
     unknown += [f"wheel {name}" for name in missing]
     return Budget(bases[0], bases[1], wheels, venv, tuple(unknown), cache_write)
 
@@ -173,12 +177,17 @@ def read_samples(log: Path) -> list[int]:
 
 
 def main(
-    variant: Variant, paths: list[Path], *, cache_write: bool = False, peak_log: Path | None = None
+    matrix: Matrix,
+    variant: Variant,
+    paths: list[Path],
+    *,
+    cache_write: bool = False,
+    peak_log: Path | None = None,
 ) -> int:
     """Print the budget and the free space; 1 when the first existing path has too little.
     With `peak_log`, print the build's measured peak instead, and 1 when it exceeded the
     budget (the model undercounts: fix it)."""
-    plan = budget(variant, cache_write=cache_write)
+    plan = budget(variant, matrix.os_of(variant).glibc, cache_write=cache_write)
     where = next((path for path in paths if path.exists()), Path("/"))
     print(f"disk budget for {variant.name}:")
     print("\n".join(plan.lines()))

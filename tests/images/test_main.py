@@ -117,7 +117,7 @@ def test_the_disk_budget_counts_a_cache_export_without_a_cache_ref(monkeypatch):
 
     called = {}
     monkeypatch.setattr(
-        disk_budget, "main", lambda variant, paths, **options: called.update(options) or 0
+        disk_budget, "main", lambda matrix, variant, paths, **options: called.update(options) or 0
     )
     assert main(["disk-budget", "cu130", "--cache-write"]) == 0
     assert called == {"cache_write": True, "peak_log": None}

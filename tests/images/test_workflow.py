@@ -1,3 +1,4 @@
+import ast
 import json
 import os
 import re
@@ -165,14 +166,42 @@ def test_trainer_tests_run_on_each_image_torch_cpu_build():
     assert step(job, "Trainer tests")["run"] == "python -m pytest tests/training -x -q"
 
 
-def test_tool_install_uses_the_trainer_pin():
-    install = step(jobs()["matrix"], "Install what python -m images needs")["run"]
-    pin = subprocess.run(
-        ["bash", "-c", install.replace("python -m pip install", "echo")],
-        cwd=REPO_ROOT, capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    wanted = re.search(r"^pydantic==\S+", (REPO_ROOT / "requirements-train.txt").read_text(), re.M)
-    assert pin == wanted[0]
+def third_party_imports_of_images() -> set[str]:
+    """What `python -m images` imports that is neither the standard library nor this
+    project: the module-level imports of images/*.py (function-level ones run inside an
+    image, where torch and DeepSpeed are)."""
+    project = {path.parent.name for path in REPO_ROOT.glob("*/__init__.py")}
+    found = set()
+    for module in (REPO_ROOT / "images").glob("*.py"):
+        for node in ast.parse(module.read_text()).body:
+            if isinstance(node, ast.Import):
+                found |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                found.add(node.module.split(".")[0])
+    return found - set(sys.stdlib_module_names) - project
+
+
+def test_each_tool_install_gives_python_m_images_what_it_imports_at_the_trainer_pins():
+    pins = (REPO_ROOT / "requirements-train.txt").read_text()
+    wanted = {
+        re.search(rf"^{name}==\S+", pins, re.M)[0] for name in third_party_imports_of_images()
+    }
+    assert {"pydantic", "packaging"} <= {pin.split("==")[0] for pin in wanted}
+    installs = [
+        s["run"]
+        for path in (WORKFLOW, VARIANT_WORKFLOW, RELEASE_WORKFLOW)
+        for job in jobs(path).values()
+        for s in job.get("steps", [])
+        if s.get("name") == "Install what python -m images needs"
+    ]
+    assert len(installs) == 5
+    for install in installs:
+        line = next(line for line in install.splitlines() if "pip install" in line)
+        listed = subprocess.run(
+            ["bash", "-c", line.replace("python -m pip install -r", "cat")],
+            cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        assert set(listed) == wanted
 
 
 # The Node 24 release of each JavaScript action (action.yml `runs.using: node24`), or the
