@@ -124,6 +124,7 @@ ENV = {
     "TRAIN_EXPECT_GPU_MODEL": "GPU model the health gate expects, e.g. A100 (in NVML's name)",
     "TRAIN_EXPECT_BUSBW_GBPS": "all-reduce bus bandwidth across the node's GPUs the gate expects",
     "TRAIN_EXPECT_EFA": "EFA devices the health gate expects on this node",
+    "TRAIN_EXPECT_FABRIC_BUSBW_GBPS": "all-reduce bus bandwidth across nodes `fabric` expects",
 }
 
 # huggingface_hub's own variables, which the stack sets for the container (the trainer

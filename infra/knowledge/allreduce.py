@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, StrictFloat
+from pydantic import Field, StrictFloat, model_validator
 
 from common.records import DataFile, record
 from infra.errors import ConfigError
@@ -23,6 +23,7 @@ ALLREDUCE_FILE = CATALOG_DIR / "allreduce.toml"
 @record
 class AllReduceSources:
     busbw_gbps: str
+    fabric_busbw_gbps: str | None = None
 
 
 @record
@@ -30,6 +31,16 @@ class AllReduceFigure:
     busbw_gbps: Annotated[StrictFloat, Field(gt=0)]
     basis: Literal["measured", "derived"]
     sources: AllReduceSources
+    # Across two such nodes over EFA (python -m training fabric); only where a run was found.
+    fabric_busbw_gbps: Annotated[StrictFloat, Field(gt=0)] | None = None
+
+    @model_validator(mode="after")
+    def _fabric_figure_has_a_source(self) -> AllReduceFigure:
+        if self.fabric_busbw_gbps is not None and not self.sources.fabric_busbw_gbps:
+            raise ValueError(
+                "fabric_busbw_gbps needs sources.fabric_busbw_gbps: where it was measured"
+            )
+        return self
 
 
 def load_allreduce(
@@ -59,7 +70,8 @@ def node_expectation(
     efa_attached: bool,
     figures: dict[str, AllReduceFigure] | None = None,
 ) -> NodeExpectation:
-    """What the gate checks on a node of this type; EFA only where the stack attaches it.
+    """What the gate checks on a node of this type; EFA, and the bandwidth between nodes
+    over it, only where the stack attaches it.
 
     `figures` defaults to data/allreduce.toml, checked against the whole catalog."""
     if figures is None:
@@ -70,4 +82,5 @@ def node_expectation(
         gpu_model=instance.gpu_model,
         busbw_gbps=figure.busbw_gbps if figure is not None else None,
         efa_devices=instance.efa_interfaces if efa_attached else None,
+        fabric_busbw_gbps=figure.fabric_busbw_gbps if figure and efa_attached else None,
     )

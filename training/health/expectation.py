@@ -24,6 +24,8 @@ class NodeExpectation:
     gpu_model: str | None = None  # a part of NVML's name: "A100" in "NVIDIA A100-SXM4-40GB"
     busbw_gbps: float | None = None  # all-reduce bus bandwidth across the node's GPUs
     efa_devices: int | None = None
+    # all-reduce bus bandwidth across every GPU of several such nodes (python -m training fabric)
+    fabric_busbw_gbps: float | None = None
 
     def to_env(self) -> dict[str, str]:
         env = {
@@ -31,6 +33,7 @@ class NodeExpectation:
             "TRAIN_EXPECT_GPU_MODEL": self.gpu_model,
             "TRAIN_EXPECT_BUSBW_GBPS": self.busbw_gbps,
             "TRAIN_EXPECT_EFA": self.efa_devices,
+            "TRAIN_EXPECT_FABRIC_BUSBW_GBPS": self.fabric_busbw_gbps,
         }
         return {name: str(value) for name, value in env.items() if value is not None}
 
@@ -41,6 +44,7 @@ class NodeExpectation:
             gpu_model=env.get("TRAIN_EXPECT_GPU_MODEL") or None,
             busbw_gbps=_number(env, "TRAIN_EXPECT_BUSBW_GBPS", float),
             efa_devices=_number(env, "TRAIN_EXPECT_EFA", int),
+            fabric_busbw_gbps=_number(env, "TRAIN_EXPECT_FABRIC_BUSBW_GBPS", float),
         )
 
 

@@ -181,10 +181,12 @@ def test_the_bucket_carries_the_setup_script_and_the_job_script_in_the_image(run
     assert f"--container-image=AWS@{registry}#{repository}" in job
     assert "#SBATCH --nodes=2" in job and "#SBATCH --requeue" in job
     assert f's3_root="{run.outputs["checkpoint_uri"]}"' in job
-    # The health gate holds each p4d.24xlarge node to the catalog: 8 A100, 230 GB/s, 4 EFA.
+    # The health gate holds each p4d.24xlarge node to the catalog: 8 A100, 230 GB/s, 4 EFA;
+    # the fabric check, the nodes together to 76 GB/s over EFA.
     assert (
         "export TRAIN_EXPECT_GPUS=8\nexport TRAIN_EXPECT_GPU_MODEL=A100\n"
         "export TRAIN_EXPECT_BUSBW_GBPS=230.0\nexport TRAIN_EXPECT_EFA=4\n"
+        "export TRAIN_EXPECT_FABRIC_BUSBW_GBPS=76.0\n"
     ) in job
 
 

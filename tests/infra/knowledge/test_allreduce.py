@@ -56,12 +56,34 @@ def test_a_figure_for_an_unknown_type_is_refused(tmp_path):
 def test_what_the_gate_expects_of_a_node():
     p4d, single = CATALOG.instance("p4d.24xlarge"), CATALOG.instance("g5.xlarge")
     assert node_expectation(p4d, efa_attached=True) == NodeExpectation(
-        gpus=8, gpu_model="A100", busbw_gbps=230.0, efa_devices=4
+        gpus=8, gpu_model="A100", busbw_gbps=230.0, efa_devices=4, fabric_busbw_gbps=76.0
     )
-    assert node_expectation(p4d, efa_attached=False, figures=FIGURES).efa_devices is None
+    # Without EFA attached, neither the devices nor the bandwidth between nodes over them.
+    without = node_expectation(p4d, efa_attached=False, figures=FIGURES)
+    assert (without.efa_devices, without.fabric_busbw_gbps) == (None, None)
     assert dataclasses.astuple(node_expectation(single, efa_attached=False, figures=FIGURES)) == (
         1,
         "A10G",
         None,
         None,
+        None,
     )
+
+
+def test_the_published_two_node_runs_over_efa():
+    # nccl-tests across 2 nodes at 1 GiB (aws-samples/awsome-distributed-training,
+    # micro-benchmarks/nccl-tests/README.md): 76.79 GB/s on p4de, 436.95 GB/s on p5.
+    assert FIGURES["p4de.24xlarge"].fabric_busbw_gbps == 76.0
+    assert FIGURES["p5.48xlarge"].fabric_busbw_gbps == 435.0
+    for name, figure in FIGURES.items():
+        if figure.fabric_busbw_gbps is not None:
+            assert CATALOG.instances[name].efa_interfaces > 0, name
+            assert "awsome-distributed-training" in figure.sources.fabric_busbw_gbps, name
+
+
+def test_a_fabric_figure_without_its_source_is_refused(tmp_path):
+    path = tmp_path / "allreduce.toml"
+    source = FIGURES["p5.48xlarge"].sources.fabric_busbw_gbps
+    path.write_text(ALLREDUCE_FILE.read_text().replace(f'fabric_busbw_gbps = "{source}"\n', ""))
+    with pytest.raises(ConfigError, match=r"fabric_busbw_gbps needs sources\.fabric_busbw_gbps"):
+        load_allreduce(CATALOG.instances, path)

@@ -230,7 +230,9 @@ def test_a_bad_expectation_is_one_line_and_exit_2(capsys, monkeypatch):
 
 
 def test_expectation_round_trips_through_the_environment():
-    expect = NodeExpectation(gpus=8, gpu_model="H100", busbw_gbps=480.0, efa_devices=32)
+    expect = NodeExpectation(
+        gpus=8, gpu_model="H100", busbw_gbps=480.0, efa_devices=32, fabric_busbw_gbps=435.0
+    )
     assert NodeExpectation.from_env(expect.to_env()) == expect
     assert NodeExpectation.from_env({}) == NodeExpectation()
 
