@@ -6,6 +6,8 @@
     python -m training estimate [--config FILE.toml] [--gpus N] [--gpu-type V100-16GB]
     python -m training prepare [--config FILE.toml]   (tokenize a text job's data into the cache)
     python -m training health      (this node's health gate: GPUs, memory errors, all-reduce, EFA)
+    python -m training fabric [--size-mib N]   (on every node at once: NCCL's network and
+                                   bandwidth between the nodes)
 
 Exit codes: 0 done, 1 failed, 2 bad configuration (nothing started),
 75 interrupted and checkpointed (run the same command again to resume),
@@ -102,6 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         from training.health.gate import main as health_main
 
         return health_main(argv[1:], env.expect, env.min_driver)
+    if argv[:1] == ["fabric"]:
+        from training.health.fabric import main as fabric_main
+
+        return fabric_main(argv[1:], env)
     if argv[:1] == ["prepare"]:
         return _prepare(argv[1:], env)
     args = parser().parse_args(argv)

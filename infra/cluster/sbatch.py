@@ -153,6 +153,7 @@ def render_sbatch(job: BatchJob) -> str:
         "exit_done": str(int(ExitCode.DONE)),
         "exit_bad_config": str(int(ExitCode.BAD_CONFIG)),
         "exit_interrupted": str(int(ExitCode.INTERRUPTED)),
+        "exit_failed": str(int(ExitCode.FAILED)),
         # srun's exit status for a task killed by a signal is 128 + its number.
         "killed_by_sigterm": str(128 + signal.SIGTERM),
     }

@@ -222,14 +222,16 @@ def allreduce(
     if gpu_count < 2:
         return skipped(name, "one GPU: nothing to reduce across")
     busbw = measure()
-    if expect.busbw_gbps is None:
-        return _result(name, True, f"{busbw:.1f} GB/s bus bandwidth", "no catalog figure")
-    floor = expect.busbw_gbps * BUSBW_TOLERANCE
+    return bandwidth(name, f"{busbw:.1f} GB/s bus bandwidth", busbw, expect.busbw_gbps)
+
+
+def bandwidth(name: str, figure: str, busbw: float, expected: float | None) -> Check:
+    """A measured bus bandwidth against the catalog's figure, BUSBW_TOLERANCE of it."""
+    if expected is None:
+        return _result(name, True, figure, "no catalog figure")
+    floor = expected * BUSBW_TOLERANCE
     return _result(
-        name,
-        busbw >= floor,
-        f"{busbw:.1f} GB/s bus bandwidth",
-        f">= {floor:.1f} GB/s, {BUSBW_TOLERANCE:.0%} of {expect.busbw_gbps:g}",
+        name, busbw >= floor, figure, f">= {floor:.1f} GB/s, {BUSBW_TOLERANCE:.0%} of {expected:g}"
     )
 
 

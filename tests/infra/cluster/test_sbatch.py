@@ -29,10 +29,11 @@ HOST = rendered(Launch.host("/usr/bin/python3"))
 
 def test_the_two_forms_differ_only_in_the_launch_prefix():
     options = shlex.join(CLUSTER_LAUNCH.srun_options)
-    # Two launches: the health gate's step, then the training step.
+    # Three launches: the health gate's step, the fabric check's, then the training step.
     as_host = (
-        CLUSTER.replace(options, "", 2)
+        CLUSTER.replace(options, "", 3)
         .replace(" python -m training health", " /usr/bin/python3 -m training health", 1)
+        .replace(" python -m training fabric", " /usr/bin/python3 -m training fabric", 1)
         .replace("\n    python -m training", "\n    /usr/bin/python3 -m training", 1)
     )
     assert as_host == HOST
@@ -47,10 +48,11 @@ def srun_lines(script: str) -> list[str]:
 
 
 def test_both_container_steps_use_one_named_container():
-    """The health gate and the training step run in one container per node: named, so Pyxis
-    imports and unpacks the image once per job and node (infra/cluster/sbatch.py)."""
+    """The health gate, the fabric check and the training step run in one container per
+    node: named, so Pyxis imports and unpacks the image once per job and node
+    (infra/cluster/sbatch.py)."""
     in_image = [line for line in srun_lines(CLUSTER) if "--container-image=" in line]
-    assert len(in_image) == 2  # the gate, the launchers
+    assert len(in_image) == 3  # the gate, the fabric check, the launchers
     names = {re.search(r"--container-name=(\S+)", line).group(1) for line in in_image}
     assert names == {"train"}
     # The verdict step runs on the host, outside any container.

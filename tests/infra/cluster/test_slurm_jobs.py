@@ -35,6 +35,8 @@ IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/gpu-stack-test-images:1.0-
 IMAGE_CHECKPOINT_DIR = "TRAIN_CHECKPOINT_DIR=/checkpoints"
 
 pytestmark = pytest.mark.multiprocess
+# Gloo over loopback moves about 1 GB/s (measured): a figure it passes, and one it cannot.
+FABRIC_FIGURE, FABRIC_FIGURE_OUT_OF_REACH = "0.01", "100000"
 
 
 @pytest.fixture
@@ -51,7 +53,8 @@ def say(ci_log):
 def uninterrupted(slurm_session) -> tuple[Submitted, dict]:
     """The job run to its end with nothing in the way: the reference for the others."""
     slurm_session.back_in_service()  # as the `slurm` fixture leaves it for a test
-    job = Submitted(slurm_session)
+    # A catalog figure for the network between the nodes: the fabric check runs first.
+    job = Submitted(slurm_session, TRAIN_EXPECT_FABRIC_BUSBW_GBPS=FABRIC_FIGURE)
     return job, job.wait_until_done()
 
 
@@ -79,6 +82,15 @@ def test_a_job_trains_across_both_nodes_to_completion(uninterrupted, say):
     for node in (0, 1):
         assert f"starting 1 worker(s) on node {node} of 2 (world size 2)" in job.log
     assert losses[-1] < losses[0]  # it learnt something
+    # Before training, the fabric check across both nodes, on the rendezvous port the
+    # launchers then took.
+    assert re.search(
+        r"fabric: all-reduce: ok: [\d.]+ GB/s bus bandwidth across 2 ranks on 2 nodes, "
+        r"16 MiB each \(threshold: >= 0\.0 GB/s, 80% of 0\.01\)",
+        job.log,
+    ), job.log[:3000]
+    fit = job.log.index("fabric: the nodes' network is fit for training")
+    assert fit < job.log.index("starting 1 worker(s) on node 0")
     say(f"job {job.id} trained {STEPS} steps on n1+n2 to {state['JobState']}, exit 0")
 
 
@@ -114,6 +126,20 @@ def test_a_node_set_down_requeues_the_job_and_it_resumes(slurm, reference_losses
         f"job {job.id}: n2 set DOWN, NODE_FAIL, requeued, resumed at step {resumed[-1][1]}, "
         "completed; losses equal the uninterrupted run's"
     )
+
+
+def test_a_network_below_the_catalogs_figure_fails_the_job_before_it_trains(slurm, say):
+    job = Submitted(slurm, TRAIN_EXPECT_FABRIC_BUSBW_GBPS=FABRIC_FIGURE_OUT_OF_REACH)
+    state = job.wait_until_done()
+    assert (state["JobState"], state["ExitCode"]) == ("FAILED", "1:0"), job.log[-3000:]
+    assert state["Restarts"] == "0"  # not requeued: another start meets the same network
+    assert "(threshold: >= 80000.0 GB/s, 80% of 100000)" in job.log
+    assert re.search(r"^failed: fabric: all-reduce: failed: [\d.]+ GB/s", job.log, re.M)
+    assert "slurm: the network between the nodes failed its check (above)" in job.log
+    assert "starting 1 worker(s)" not in job.log and job.metrics == []
+    # No one node is to blame: none is drained.
+    assert [slurm.node(name)["State"] for name in ("n1", "n2")] == ["IDLE", "IDLE"]
+    say(f"job {job.id}: the fabric check found the network below the catalog's figure; FAILED")
 
 
 def as_under_pyxis(image_env: str) -> Launch:
