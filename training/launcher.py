@@ -101,6 +101,23 @@ def rendezvous_port(topo: Topology, env: TrainerEnv) -> Topology:
     return topo
 
 
+def launch_config(topo: Topology, run_id: str, **options) -> LaunchConfig:
+    """torch's elastic launcher for this node's ranks: every node known in advance (a static
+    rendezvous on node 0), no restarts (a failed rank ends the run: the caller decides)."""
+    return LaunchConfig(
+        min_nodes=topo.nnodes,
+        max_nodes=topo.nnodes,
+        nproc_per_node=topo.nproc_per_node,
+        run_id=run_id,
+        rdzv_backend="static",
+        rdzv_endpoint=f"{topo.master_addr}:{topo.master_port}",
+        rdzv_configs={"rank": topo.node_rank},
+        max_restarts=0,
+        monitor_interval=0.5,
+        **options,
+    )
+
+
 def launch(
     topo: Topology,
     worker_args: list[str],
@@ -125,20 +142,9 @@ def launch(
         first_rank=topo.node_rank * topo.nproc_per_node,
         node=node,
     )
-    config = LaunchConfig(
-        min_nodes=topo.nnodes,
-        max_nodes=topo.nnodes,
-        nproc_per_node=topo.nproc_per_node,
-        run_id="training",
-        rdzv_backend="static",
-        rdzv_endpoint=f"{topo.master_addr}:{topo.master_port}",
-        rdzv_configs={"rank": topo.node_rank},
-        max_restarts=0,
-        monitor_interval=0.5,
-        # SIGTERM and SIGINT stay ours (below): torch's handler would kill the workers
-        # after its shutdown timeout instead of letting them checkpoint.
-        signals_to_handle="SIGHUP,SIGQUIT",
-    )
+    # SIGTERM and SIGINT stay ours (below): torch's handler would kill the workers after its
+    # shutdown timeout instead of letting them checkpoint.
+    config = launch_config(topo, "training", signals_to_handle="SIGHUP,SIGQUIT")
     _stopped_at_once.clear()
 
     def on_stop_signal(signum: int, frame) -> None:

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+from torch.distributed.launcher.api import elastic_launch
 
 from training.contract import FAILURE_PREFIX, ExitCode
 from training.environment import TrainerEnv
 from training.health import checks
 from training.health.expectation import NodeExpectation
-from training.launcher import rendezvous_port, topology_from_env
+from training.launcher import launch_config, rendezvous_port, topology_from_env
 
 WARMUP, ITERATIONS = 3, 10
 # 1 GiB per GPU, as the catalog's figures were measured; without GPUs (gloo) the check only
@@ -134,17 +134,7 @@ def main(argv: list[str], env: TrainerEnv) -> int:
     topo = rendezvous_port(topology_from_env(env), env)
     size_mib = args.size_mib or (GPU_SIZE_MIB if torch.cuda.is_available() else CPU_SIZE_MIB)
     size = size_mib << 20
-    config = LaunchConfig(
-        min_nodes=topo.nnodes,
-        max_nodes=topo.nnodes,
-        nproc_per_node=topo.nproc_per_node,
-        run_id="fabric",
-        rdzv_backend="static",
-        rdzv_endpoint=f"{topo.master_addr}:{topo.master_port}",
-        rdzv_configs={"rank": topo.node_rank},
-        max_restarts=0,
-        monitor_interval=0.5,
-    )
+    config = launch_config(topo, "fabric")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fabric-nccl-") as log_dir:
         # Every process NCCL starts logs its setup into its own file (NCCL v2.29.7-1
