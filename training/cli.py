@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return health_main(argv[1:], env.expect, env.min_driver)
     if argv[:1] == ["fabric"]:
-        from training.health.fabric import main as fabric_main
+        from training.fabric import main as fabric_main
 
         return fabric_main(argv[1:], env)
     if argv[:1] == ["prepare"]:

@@ -81,12 +81,14 @@ def test_an_unknown_train_variable_is_warned_about(caplog):
 READER = "training/environment.py"
 # code.py puts the job's code on PYTHONPATH, which the ranks inherit; cli.py names the
 # tokenized data for them (TRAIN_PREPARED_DATA); text/tokenize.py turns the tokenizer's own
-# threads off in the tokenizing processes it starts.
+# threads off in the tokenizing processes it starts; fabric.py turns NCCL's logging on for
+# the ranks it starts, to read back which network NCCL chose.
 WRITERS = {
     "training/launcher.py",
     "training/code.py",
     "training/cli.py",
     "training/text/tokenize.py",
+    "training/fabric.py",
 }
 
 

@@ -10,8 +10,8 @@ import pytest
 from tests.support.preloaded import run_module
 from tests.training.multirank import free_port, launch_env
 from training.contract import ExitCode
+from training.fabric import GLOO, nccl_network, network_check, own_nccl_log
 from training.health.expectation import NodeExpectation
-from training.health.fabric import GLOO, nccl_network, network_check, own_nccl_log
 
 # Lines as NCCL v2.29.7-1 writes them (src/debug.cc: "host:pid:tid [dev] NCCL INFO ...") with
 # aws-ofi-nccl v1.20.0's provider line (src/nccl_ofi_net.cpp, "NET/OFI " prefix).

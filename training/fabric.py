@@ -36,7 +36,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import elastic_launch
 
 from training.contract import FAILURE_PREFIX, ExitCode
-from training.environment import TrainerEnv
+from training.environment import TrainerEnv, read_environment
 from training.health import checks
 from training.health.expectation import NodeExpectation
 from training.launcher import launch_config, rendezvous_port, topology_from_env
@@ -74,7 +74,7 @@ def measure(size: int, log_dir: str) -> tuple[float, list[str]]:
     import torch.distributed as dist
 
     cuda = torch.cuda.is_available()
-    local_rank = int(os.environ["LOCAL_RANK"])
+    local_rank = read_environment().local_rank
     if cuda:
         torch.cuda.set_device(local_rank)
     device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
@@ -139,12 +139,10 @@ def main(argv: list[str], env: TrainerEnv) -> int:
     with tempfile.TemporaryDirectory(prefix="fabric-nccl-") as log_dir:
         # Every process NCCL starts logs its setup into its own file (NCCL v2.29.7-1
         # src/debug.cc:241-285: %h host, %p pid), read back by that process.
-        os.environ.update(
-            NCCL_DEBUG="INFO",
-            NCCL_DEBUG_SUBSYS="INIT,NET",
-            NCCL_DEBUG_FILE=f"{log_dir}/nccl.%h.%p",
-            OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
-        )
+        os.environ["NCCL_DEBUG"] = "INFO"
+        os.environ["NCCL_DEBUG_SUBSYS"] = "INIT,NET"
+        os.environ["NCCL_DEBUG_FILE"] = f"{log_dir}/nccl.%h.%p"
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the trainer's launcher
         try:
             measured = elastic_launch(config, measure)(size, log_dir)
         except ChildFailedError as error:
