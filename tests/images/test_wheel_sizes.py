@@ -80,7 +80,7 @@ def ranged_server(tmp_path):
         return response(environ, start_response)
 
     server = make_server("127.0.0.1", 0, app, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield f"http://127.0.0.1:{server.server_port}", sent
     server.shutdown()
 
@@ -114,7 +114,7 @@ def test_a_server_that_ignores_ranges_is_refused_not_downloaded(tmp_path):
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         url = f"http://127.0.0.1:{server.server_port}/{wheel.name}"
         with pytest.raises(
