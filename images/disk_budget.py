@@ -132,13 +132,15 @@ def wheel_bytes(
         except (OSError, zipfile.BadZipFile, tarfile.TarError, wheel_sizes.RangesRefused):
             return None
 
-    pins = list(lock.pins.values())
-    found = [sizes(pin) for pin in pins]  # one index request and about three range requests each
-    known = [size for size in found if size is not None]
-    unknown = [
-        f"{pin.name}=={pin.version}" for pin, size in zip(pins, found, strict=True) if size is None
-    ]
-    return sum(d for d, _ in known), sum(i for _, i in known), unknown
+    downloaded, installed, unknown = 0.0, 0.0, []
+    for pin in lock.pins.values():  # one index request and about three range requests each
+        found = sizes(pin)
+        if found is None:
+            unknown.append(f"{pin.name}=={pin.version}")
+            continue
+        downloaded += found[0]
+        installed += found[1]
+    return downloaded, installed, unknown
 
 
 def budget(
