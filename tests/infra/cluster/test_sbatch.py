@@ -34,11 +34,11 @@ def test_the_two_forms_differ_only_in_the_launch_prefix():
         CLUSTER.replace(options, "", 3)
         .replace(" python -m training health", " /usr/bin/python3 -m training health", 1)
         .replace(" python -m training fabric", " /usr/bin/python3 -m training fabric", 1)
-        .replace("\n    python -m training", "\n    /usr/bin/python3 -m training", 1)
+        .replace(' python -m training "$@"', ' /usr/bin/python3 -m training "$@"', 1)
     )
     assert as_host == HOST
     assert "--container-mounts=/scratch:/scratch,/home:/home" in CLUSTER
-    assert "/usr/bin/python3 -m training" in HOST and "\n    python -m training" in CLUSTER
+    assert "/usr/bin/python3 -m training" in HOST and ' python -m training "$@"' in CLUSTER
 
 
 def srun_lines(script: str) -> list[str]:
