@@ -13,7 +13,9 @@ A buildx build into the runner's Docker (docker-container driver) holds, at its 
   unpacked (its snapshots), and the runtime base unpacked once more in Docker's store
   after `--load`;
 - the wheels pip downloaded;
-- the virtualenv three times unpacked: the build stage, the runtime stage, Docker's copy;
+- the virtualenv three times unpacked: the build stage, the runtime stage, Docker's copy
+  (once in the build stage: the Dockerfile splits it into its layers in the step that
+  installs it, where mv renames; a later step's mv would copy it);
 - the runtime image's layers compressed, which BuildKit writes to its content store to
   export the image (`--load`, or a push); the virtualenv compresses about as its wheels
   did, so the wheels' size stands for it;

@@ -74,7 +74,8 @@ def test_stages_come_from_the_matrix_bases_and_the_project_has_its_own_layer():
     ]
     # The build stage builds the project's wheel into /dist, outside the virtualenv; the
     # runtime installs it after copying the virtualenv: a code change ships one small layer.
-    assert "pip wheel --no-deps --no-build-isolation --no-index --wheel-dir /dist /src" in TEXT
+    wheel = "pip wheel --no-deps --no-build-isolation --no-index \\\n        --wheel-dir /dist /src"
+    assert wheel in TEXT
     layers = [
         RUNTIME.index(f"COPY --from=build /layers/{part}/ /") for part in ("cuda", "torch", "rest")
     ]
@@ -153,15 +154,36 @@ def test_all_reduce_perf_is_built_against_the_virtualenvs_nccl_and_shipped():
     # The one test the image ships, into the folder the install reads it from.
     assert "BUILDDIR=/tmp/nccl-tests/build BIN_FILES_LIST=all_reduce " in build
     assert "install -m 755 /tmp/nccl-tests/build/all_reduce_perf" in build
-    # After the virtualenv exists (its libnccl is what torch loads), before the layer split.
-    assert build.index("pip install --no-deps --no-build-isolation /tmp/deepspeed-*/") < nccl_tests
-    assert nccl_tests < build.index("mv /opt/venv /layers/rest/opt/venv")
-    assert "find /opt/venv -name libnccl.so.2" in build
+    # After the virtualenv exists (its libnccl is what torch loads), found where the split
+    # left it; the loader is told the folder the runtime stage puts it back in.
+    assert build.index("mv /opt/venv /layers/rest/opt/venv") < nccl_tests
+    assert "find /layers -name libnccl.so.2" in build
     assert 'NCCL_HOME="${nccl_lib}/.." NVCC_GENCODE="${NCCL_TESTS_GENCODE}"' in build
-    assert 'echo "${nccl_lib}" > /layers/rest/etc/ld.so.conf.d/nccl.conf' in build
+    assert 'echo "/opt/venv${nccl_lib#*/opt/venv}" > /layers/rest/etc/ld.so.conf.d/nccl.conf' in (
+        build
+    )
     assert "COPY --from=build ${NCCL_TESTS_PREFIX} ${NCCL_TESTS_PREFIX}" in RUNTIME
     # ldconfig runs after the virtualenv's layers land, so the loader knows that folder.
     assert RUNTIME.index("COPY --from=build /layers/rest/ /") < RUNTIME.index("    ldconfig")
+
+
+def build_stage_runs() -> list[str]:
+    """Each RUN instruction of the build stage, its continuation lines joined."""
+    build = TEXT.split("AS build", 1)[1].split("AS runtime", 1)[0]
+    return [m.group(0) for m in re.finditer(r"^RUN (?:.*\\\n)*.*$", build, flags=re.M)]
+
+
+def test_the_virtualenv_is_split_into_its_layers_in_the_step_that_installs_it():
+    # In a later step the virtualenv would be in a lower overlayfs layer, whose directories
+    # mv copies (rename(2) is refused there): the build stage would hold it twice.
+    runs = build_stage_runs()
+    (install,) = [run for run in runs if "-m venv /opt/venv" in run]
+    deepspeed = install.index("pip install --no-deps --no-build-isolation /tmp/deepspeed-*/")
+    assert deepspeed < install.index("mv /opt/venv /layers/rest/opt/venv")
+    assert [run for run in runs if "mv " in run] == [install]
+    # What runs later takes the virtualenv where the split left it.
+    (wheel,) = [run for run in runs if "pip wheel" in run]
+    assert wheel.startswith("RUN /layers/rest/opt/venv/bin/python -m pip wheel")
 
 
 def test_every_cuda_base_is_pinned_by_digest():
