@@ -134,9 +134,9 @@ def main(argv: list[str], env: TrainerEnv) -> int:
     topo = rendezvous_port(topology_from_env(env), env)
     size_mib = args.size_mib or (GPU_SIZE_MIB if torch.cuda.is_available() else CPU_SIZE_MIB)
     size = size_mib << 20
-    config = launch_config(topo, "fabric")
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="fabric-nccl-") as log_dir:
+        config = launch_config(topo, "fabric", Path(log_dir) / "torchelastic")
         # Every process NCCL starts logs its setup into its own file (NCCL v2.29.7-1
         # src/debug.cc:241-285: %h host, %p pid), read back by that process.
         os.environ["NCCL_DEBUG"] = "INFO"

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import torch
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -101,9 +102,14 @@ def rendezvous_port(topo: Topology, env: TrainerEnv) -> Topology:
     return topo
 
 
-def launch_config(topo: Topology, run_id: str, **options) -> LaunchConfig:
+def launch_config(topo: Topology, run_id: str, log_dir: Path, **options) -> LaunchConfig:
     """torch's elastic launcher for this node's ranks: every node known in advance (a static
-    rendezvous on node 0), no restarts (a failed rank ends the run: the caller decides)."""
+    rendezvous on node 0), no restarts (a failed rank ends the run: the caller decides).
+
+    Its folders for each attempt and rank (the workers' error files) go under `log_dir`,
+    which the caller removes: given none, torch makes a torchelastic_* folder in the temp
+    folder for every launch and leaves it there (DefaultLogsSpecs, torch 2.13
+    torch/distributed/elastic/multiprocessing/api.py)."""
     return LaunchConfig(
         min_nodes=topo.nnodes,
         max_nodes=topo.nnodes,
@@ -114,6 +120,7 @@ def launch_config(topo: Topology, run_id: str, **options) -> LaunchConfig:
         rdzv_configs={"rank": topo.node_rank},
         max_restarts=0,
         monitor_interval=0.5,
+        logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)),
         **options,
     )
 
@@ -144,7 +151,9 @@ def launch(
     )
     # SIGTERM and SIGINT stay ours (below): torch's handler would kill the workers after its
     # shutdown timeout instead of letting them checkpoint.
-    config = launch_config(topo, "training", signals_to_handle="SIGHUP,SIGQUIT")
+    config = launch_config(
+        topo, "training", heartbeats / "torchelastic", signals_to_handle="SIGHUP,SIGQUIT"
+    )
     _stopped_at_once.clear()
 
     def on_stop_signal(signum: int, frame) -> None:

@@ -4,6 +4,7 @@ on this machine (gloo on CPU: the bandwidth is measured, no NCCL network is)."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -57,15 +58,16 @@ def test_every_rank_must_be_on_efa_where_the_stack_attached_it():
     assert not network_check(mixed, NodeExpectation()).failed
 
 
-def two_nodes(*args: str, **expect: str) -> list:
-    """`python -m training fabric ARGS` on two one-rank "nodes" of this machine at once."""
+def two_nodes(*args: str, tmp: Path, **expect: str) -> list:
+    """`python -m training fabric ARGS` on two one-rank "nodes" of this machine at once, each
+    with `tmp` as its temporary folder."""
     port = str(free_port())
     results = [None, None]
 
     def node(rank: int) -> None:
         env = launch_env(
             TRAIN_NNODES="2", TRAIN_NODE_RANK=str(rank), TRAIN_NPROC_PER_NODE="1",
-            TRAIN_MASTER_ADDR="127.0.0.1", TRAIN_MASTER_PORT=port, **expect,
+            TRAIN_MASTER_ADDR="127.0.0.1", TRAIN_MASTER_PORT=port, TMPDIR=str(tmp), **expect,
         )  # fmt: skip
         results[rank] = run_module("training", ["fabric", *args], env=env, timeout=120)
 
@@ -78,8 +80,8 @@ def two_nodes(*args: str, **expect: str) -> list:
 
 
 @pytest.mark.multiprocess
-def test_two_nodes_all_reduce_and_node_0_holds_them_to_the_catalog():
-    first, second = two_nodes("--size-mib", "4")
+def test_two_nodes_all_reduce_and_node_0_holds_them_to_the_catalog(tmp_path):
+    first, second = two_nodes("--size-mib", "4", tmp=tmp_path)
     assert (first.returncode, second.returncode) == (ExitCode.DONE, ExitCode.DONE), first.stderr
     lines = first.stdout.splitlines()
     assert lines[0].startswith("fabric: all-reduce: ok: ")
@@ -90,10 +92,12 @@ def test_two_nodes_all_reduce_and_node_0_holds_them_to_the_catalog():
     # A p4d cluster's figures: EFA on every rank, 80% of 76 GB/s. Gloo over loopback has
     # neither, and both are named in the one line that says why.
     first, second = two_nodes(
-        "--size-mib", "4", TRAIN_EXPECT_EFA="4", TRAIN_EXPECT_FABRIC_BUSBW_GBPS="76"
+        "--size-mib", "4", tmp=tmp_path, TRAIN_EXPECT_EFA="4", TRAIN_EXPECT_FABRIC_BUSBW_GBPS="76"
     )
     assert first.returncode == ExitCode.FAILED
     last = first.stdout.splitlines()[-1]
     assert last.startswith("failed: fabric: all-reduce: failed: ")
     assert "(threshold: >= 60.8 GB/s, 80% of 76)" in last
     assert "network: failed: 2 of 2 ranks not on EFA" in last
+    # Nothing is left in the temporary folder: NCCL's logs nor torch's per-launch folders.
+    assert list(tmp_path.iterdir()) == []

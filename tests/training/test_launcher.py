@@ -87,12 +87,18 @@ def test_job_exit_code_after_a_stop_request(codes, job):
 @pytest.mark.multiprocess
 def test_a_failing_worker_makes_the_job_exit_1(tmp_path):
     """The user's model raises in the workers (after the launcher's checks passed)."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     job = run_job(
         tmp_path,
         "model.builder=examples.custom_model.model:build",
         "model.options={hidden_size = -1}",
+        env=job_env(tmp_path, TMPDIR=str(temporary)),
     )
     assert job.returncode == 1
+    # The launcher leaves nothing in the temporary folder: its heartbeats nor torch's
+    # per-launch folders, which hold the workers' error files it read.
+    assert list(temporary.iterdir()) == []
     assert "Traceback" in job.stderr and "hidden_size" in job.stderr
     assert "a worker failed" in job.stderr
     # The launcher names each failed worker in one line: rank, node, status, its error.
