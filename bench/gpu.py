@@ -236,19 +236,20 @@ def _measure(preset, micro, stage, loops, job, info: dict) -> dict:
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     peak = peak_tflops(gpu, bf16=True)
     overrides = _overrides(job, preset, micro, stage)
-    work = Path(tempfile.mkdtemp(prefix=f"bench-gpu-{preset}-zero{stage}-"))
     rates, memory = {}, {}
-    rates["trainer"], memory["trainer"] = _trainer(work / "trainer", overrides)
-    for loop in loops:
-        report_file = work / f"{loop}.json"
-        work.mkdir(parents=True, exist_ok=True)
-        options = [a for o in overrides for a in ("--set", o)]
-        run_ranks("bench.loops", 1, [*options, f"--window={WINDOW}", f"--rounds={ROUNDS}",
-                                     "--calls=0", f"--loops={loop}", f"--out={report_file}"],
-                  timeout=300)  # fmt: skip
-        report = json.loads(report_file.read_text())
-        rates[loop] = report["tokens_per_window"] / median(report["seconds_per_window"][loop])
-        memory[loop] = report["gpu_peak_allocated_gib"]
+    # The jobs' folders (a run, its logs, the loops' reports) go once their figures are read.
+    with tempfile.TemporaryDirectory(prefix=f"bench-gpu-{preset}-zero{stage}-") as scratch:
+        work = Path(scratch)
+        rates["trainer"], memory["trainer"] = _trainer(work / "trainer", overrides)
+        for loop in loops:
+            report_file = work / f"{loop}.json"
+            options = [a for o in overrides for a in ("--set", o)]
+            run_ranks("bench.loops", 1, [*options, f"--window={WINDOW}", f"--rounds={ROUNDS}",
+                                         "--calls=0", f"--loops={loop}", f"--out={report_file}"],
+                      timeout=300)  # fmt: skip
+            report = json.loads(report_file.read_text())
+            rates[loop] = report["tokens_per_window"] / median(report["seconds_per_window"][loop])
+            memory[loop] = report["gpu_peak_allocated_gib"]
     figures = {"gpu": gpu, "peak_tflops": peak}
     for name, rate in rates.items():
         tflops = info["flops_per_token"] * rate / 1e12
@@ -273,7 +274,9 @@ def _trainer(work: Path, overrides) -> tuple[float, float | None]:
     windows = ROUNDS + 1
     command = training_command([*overrides, f"train.steps={WINDOW * (windows + 1)}"])
     log = open(work / "log.txt", "w")  # noqa: SIM115 (closed below)
-    job = subprocess.Popen(command, cwd=work, env=training_env(work, 1), stdout=log,
+    # Its temporary files in `work` too: killed, the launcher cannot remove its own.
+    env = training_env(work, 1, TMPDIR=str(work))
+    job = subprocess.Popen(command, cwd=work, env=env, stdout=log,
                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
     metrics = work / "out" / "metrics.jsonl"
     try:

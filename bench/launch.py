@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import torch.distributed as dist
@@ -44,13 +45,17 @@ def training_command(overrides: list[str] | tuple[str, ...]) -> list[str]:
 
 
 def training_env(work: Path, ranks: int, **extra: str) -> dict[str, str]:
-    """The environment of a `python -m training` job whose outputs go under ``work``."""
+    """The environment of a `python -m training` job whose outputs go under ``work``.
+
+    Its temporary files go where this process keeps its own (under `bench all`, the
+    benchmark's scratch folder, removed after it): a job a benchmark kills cannot remove
+    them itself."""
     return job_env(
         TRAIN_OUTPUT_DIR=str(work / "out"),
         TRAIN_CHECKPOINT_DIR=str(work / "ckpt"),
         TRAIN_NPROC_PER_NODE=str(ranks),
         TRAIN_MASTER_PORT=str(free_port()),
-        **{"TRAIN_SPOT_ENDPOINT": "", **extra},
+        **{"TRAIN_SPOT_ENDPOINT": "", "TMPDIR": tempfile.gettempdir(), **extra},
     )
 
 
@@ -68,21 +73,26 @@ def run_training(work: Path, ranks: int, overrides, *, timeout: float = 600, **e
 
 
 def run_ranks(module: str, ranks: int, args: list[str], *, timeout: float = 600):
-    """`python -m module args` on ``ranks`` local ranks through torch's elastic launcher."""
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        f"--nproc_per_node={ranks}",
-        "--master_addr=127.0.0.1",
-        f"--master_port={free_port()}",
-        "-m",
-        module,
-        *args,
-    ]
-    result = subprocess.run(
-        command, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
-    )
+    """`python -m module args` on ``ranks`` local ranks through torch's elastic launcher.
+
+    Its per-launch folder (--log-dir) is a temporary one removed here: without it, torch
+    leaves a torchelastic_* folder in /tmp for every launch."""
+    with tempfile.TemporaryDirectory(prefix="bench-ranks-") as logs:
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            f"--nproc_per_node={ranks}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={free_port()}",
+            f"--log-dir={logs}",
+            "-m",
+            module,
+            *args,
+        ]
+        result = subprocess.run(
+            command, cwd=REPO_ROOT, env=job_env(), capture_output=True, text=True, timeout=timeout
+        )
     if result.returncode != 0:
         # torchrun ends stderr with its own banner: name the workers' error first.
         named = [line for line in result.stderr.splitlines() if "Error" in line]

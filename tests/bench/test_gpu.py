@@ -37,16 +37,22 @@ def test_every_carried_distribution_is_pinned_in_the_gpu_lock():
     reason="three short CPU runs: the trainer, raw DeepSpeed and plain PyTorch", seconds=90
 )
 def test_dry_run_measures_trainer_raw_deepspeed_and_pytorch_on_cpu(tmp_path):
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     result = subprocess.run(
         [sys.executable, "bench/gpu.py", "--dry-run", "--out", str(tmp_path)],
         cwd=REPO_ROOT,
-        env=launch_env(OMP_NUM_THREADS="1"),
+        env=launch_env(OMP_NUM_THREADS="1", TMPDIR=str(temporary)),
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "plan: tiny ZeRO-2" in result.stdout
+    # The jobs' folders are gone once measured: no run, log or launcher folder is left,
+    # only torch's compile cache (TORCHINDUCTOR_CACHE_DIR's default), kept for the next run.
+    left = [path.name for path in temporary.iterdir()]
+    assert all(name.startswith("torchinductor_") for name in left), left
     report = json.loads((tmp_path / "gpu.json").read_text())
     assert report["dry_run"] is True
     (config,) = report["configurations"]
