@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from training.contract import WORKER_VARIABLES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+
+# torch's elastic launcher makes a folder for each launch's logs and never removes it: in
+# /tmp (a torchelastic_* folder) unless --log-dir names where. Ours go under one folder
+# this process removes when it ends.
+_LAUNCH_LOGS = Path(tempfile.mkdtemp(prefix="multirank-launches-"))
+atexit.register(shutil.rmtree, _LAUNCH_LOGS, ignore_errors=True)
 
 
 # The kernel gives a connection's local end, and a bind to port 0, a port from
@@ -100,6 +109,7 @@ def _torchrun(options: list[str], script: Path, args: tuple[str, ...], **popen) 
         "-m",
         "torch.distributed.run",
         "--master_addr=127.0.0.1",
+        f"--log-dir={_LAUNCH_LOGS}",
         *options,
         "--module",
         module,
