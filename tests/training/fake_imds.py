@@ -50,6 +50,10 @@ class FakeImds:
                 if m == method and p == path and (status is None or s == status)
             )
 
+    def notice_read(self) -> bool:
+        """Whether a poller has fetched the notice set (a 200 from the notice path)."""
+        return self.count("GET", NOTICE_PATH, 200) > 0
+
     def __enter__(self) -> FakeImds:
         self._thread.start()
         return self

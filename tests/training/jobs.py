@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,3 +118,12 @@ def run_job(
         stdout, stderr = process.communicate()
         raise AssertionError(f"job did not finish in {timeout} s:\n{stderr[-3000:]}") from None
     return Job(process.returncode, stdout, stderr, output_dir)
+
+
+def wait_while_running(condition, job: subprocess.Popen, what: str, timeout_s: float = 180) -> None:
+    """Until ``condition()`` holds; fails if the job ends first or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert job.poll() is None, f"exited before {what}: {job.communicate()[1][-3000:]}"
+        assert time.monotonic() < deadline, f"never saw {what}"
+        time.sleep(0.05)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import json
 import re
 import time
-from pathlib import Path
 
 import pytest
 
+from tests.training.faults.injection import fault_env
 from tests.training.jobs import TINY, job_env, read_metrics, run_job
 from training import startup
 from training.goodput import GOODPUT_FILE, Attempt, GoodputClock, combine
-
-INJECT = Path(__file__).parent / "faults" / "inject"
 
 
 def attempt(**seconds) -> Attempt:
@@ -137,9 +135,7 @@ def stalled_job(tmp_path_factory):
     """A 2-rank job whose rank 0 waits 5 s for its 10th batch; $10/h; timed from outside."""
     out = tmp_path_factory.mktemp("goodput")
     env = job_env(out, TRAIN_USD_PER_HOUR="10")
-    env.update(PYTHONPATH=str(INJECT), FAULT_POINT="batch", FAULT_AT="10",
-               FAULT_ACTION="pause", FAULT_FLAG=str(out / "stalled"),
-               FAULT_PAUSE_S=str(STALL_S))  # fmt: skip
+    env.update(fault_env("batch", at=10, action="pause", flag=out / "stalled", pause_s=STALL_S))
     began = time.time()
     job = run_job(out, *JOB, env=env)
     took = time.time() - began

@@ -7,13 +7,20 @@ from __future__ import annotations
 import random
 import re
 import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.training.fake_imds import NOTICE_PATH, FakeImds
-from tests.training.jobs import TINY, job_env, read_metrics, shared_run, start_job
+from tests.training.fake_imds import FakeImds
+from tests.training.faults.injection import fault_env
+from tests.training.jobs import (
+    TINY,
+    job_env,
+    read_metrics,
+    shared_run,
+    start_job,
+    wait_while_running,
+)
 from training.checkpoint.layout import (
     COMPLETE,
     UNCOMMITTED,
@@ -25,7 +32,6 @@ from training.checkpoint.layout import (
 
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1800)]
 
-INJECT = Path(__file__).with_name("inject")
 STEPS = 24
 # Saves are asynchronous by default: every third step's save is written in the background.
 JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=3")
@@ -35,7 +41,7 @@ SEED = 20261202
 # file, "manifest" at an odd N just before a manifest, with every file of that save written.
 # Both within a start's first two saves, so that 4 starts never reach the run's end.
 MOMENTS = {"save": (1, 4), "manifest": (1, 3)}
-PAUSE_S = "10"  # longer than the spot poller's 5 s interval: the notice lands in the write
+PAUSE_S = 10  # longer than the spot poller's 5 s interval: the notice lands in the write
 
 
 def seeded_moments(count: int) -> list[tuple[str, int]]:
@@ -61,7 +67,7 @@ def test_sigkill_during_background_writes_resumes_from_the_newest_committed(
     clean = {r["step"]: r["loss"] for r in shared_run(tmp_path_factory, *JOB).metrics}
     root = tmp_path / "checkpoints"
     for point, at in seeded_moments(4):
-        env = job_env(tmp_path, PYTHONPATH=str(INJECT), FAULT_POINT=point, FAULT_AT=str(at))
+        env = job_env(tmp_path, **fault_env(point, at=at))
         before = committed_tags(root)
         job = start_job(tmp_path, *JOB, env=env)
         try:
@@ -86,28 +92,6 @@ def test_sigkill_during_background_writes_resumes_from_the_newest_committed(
     assert committed_tags(root)[-1] == tag_for(STEPS)
 
 
-def paused_write_env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    """Rank 0's background writer pauses after the first file of step 3's save."""
-    env = job_env(tmp_path, **extra)
-    env.update(
-        PYTHONPATH=str(INJECT),
-        FAULT_POINT="save",
-        FAULT_AT="1",
-        FAULT_ACTION="pause",
-        FAULT_FLAG=str(tmp_path / "paused"),
-        FAULT_PAUSE_S=PAUSE_S,
-    )
-    return env
-
-
-def wait_for_pause(tmp_path: Path, job) -> None:
-    deadline = time.monotonic() + 180
-    while not (tmp_path / "paused").exists():
-        assert job.poll() is None, job.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the write never paused"
-        time.sleep(0.05)
-
-
 def assert_stopped_with_current_step_committed(tmp_path: Path, stderr: str) -> None:
     root = tmp_path / "checkpoints"
     stopped = int(re.search(r"stopped at step (\d+)", stderr).group(1))
@@ -125,18 +109,18 @@ def test_a_stop_during_a_background_write_exits_75_with_the_current_step_committ
     completes, and so does the one of the step it stopped at, the newest."""
     overrides = (*JOB, "train.steps=1000")
     with FakeImds() as imds:
-        env = paused_write_env(tmp_path, TRAIN_SPOT_ENDPOINT=imds.url)
+        # Rank 0 holds still after the first file of step 3's save.
+        flag = tmp_path / "paused"
+        paused = fault_env("save", at=1, action="pause", flag=flag, pause_s=PAUSE_S)
+        env = job_env(tmp_path, TRAIN_SPOT_ENDPOINT=imds.url, **paused)
         job = start_job(tmp_path, *overrides, env=env)
         try:
-            wait_for_pause(tmp_path, job)
+            wait_while_running(flag.exists, job, "the write pause")
             if how == "sigterm":
                 job.send_signal(signal.SIGTERM)
             else:
                 imds.notify("terminate", "2026-12-01T08:00:00Z")
-                deadline = time.monotonic() + 30
-                while imds.count("GET", NOTICE_PATH, 200) == 0:
-                    assert time.monotonic() < deadline, "the notice was never read"
-                    time.sleep(0.05)
+                wait_while_running(imds.notice_read, job, "the notice read", timeout_s=30)
             _, stderr = job.communicate(timeout=180)
         finally:
             job.kill()

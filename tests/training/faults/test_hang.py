@@ -4,11 +4,10 @@ checkpoints, slow ones included, never trips the watchdog."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
 from examples.image_classification.make_images import make_images
+from tests.training.faults.injection import fault_env
 from tests.training.jobs import TINY, job_env, read_metrics, run_job, shared_run
 from tests.training.multirank import REPO_ROOT
 from training.contract import HANG_EXIT
@@ -16,7 +15,6 @@ from training.contract import HANG_EXIT
 pytestmark = pytest.mark.multiprocess
 HANG_STORY = "a real 2-rank job run to a hang, or past one"
 
-INJECT = Path(__file__).with_name("inject")
 STEPS, CHECKPOINT_EVERY, HANG_AT = 40, 5, 12
 FLOOR_S = 10  # far above a tiny CPU step (well under a second) and a checkpoint save
 JOB = (
@@ -72,14 +70,8 @@ def test_a_rank_hung_in_a_collective_is_found_and_the_job_resumes_exactly(
 ):
     out = tmp_path / "run"
     env = job_env(out)
-    env.update(
-        PYTHONPATH=str(INJECT),
-        FAULT_POINT="window",  # the per-step loss all-reduce; rank 1 never reaches it
-        FAULT_AT=str(HANG_AT),
-        FAULT_RANK="1",
-        FAULT_ACTION="hang",
-        FAULT_FLAG=str(tmp_path / "hung"),
-    )
+    # The per-step loss all-reduce: rank 1 never reaches it.
+    env.update(fault_env("window", at=HANG_AT, rank=1, action="hang", flag=tmp_path / "hung"))
     hung = run_job(out, *JOB, env=env, timeout=300)
     assert hung.returncode == HANG_EXIT == 75, hung.stderr[-3000:]
     assert (tmp_path / "hung").exists()  # rank 1 did hang
@@ -128,7 +120,7 @@ def test_saves_of_two_thirds_of_the_bound_end_the_run_without_an_alarm(tmp_path)
     shorter than the bound, and none is a hang."""
     out = tmp_path / "run"
     env = job_env(out)
-    env.update(PYTHONPATH=str(INJECT), FAULT_POINT="writes", FAULT_SLOW_S=str(SLOW_WRITE_S))
+    env.update(fault_env("writes", slow_s=SLOW_WRITE_S))
     job = (*JOB, "train.steps=12")  # checkpoints at 5, 10 and the end, 12
     run = run_job(out, *job, env=env, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]

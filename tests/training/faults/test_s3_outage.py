@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import time
 import uuid
 
 import boto3
 import pytest
 from moto.server import ThreadedMotoServer
 
-from tests.training.jobs import TINY, job_env, run_job, start_job
+from tests.training.jobs import TINY, job_env, run_job, start_job, wait_while_running
 from tests.training.multirank import free_port
 from training.checkpoint.layout import COMMIT_MARKER, POINTER_NAME, committed_tags, tag_for
 from training.checkpoint.s3 import S3Mirror
@@ -52,14 +51,6 @@ def restartable_s3(monkeypatch):
         state["server"].stop()
 
 
-def wait_until(condition, job, what: str, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert job.poll() is None, f"exited before {what}: {job.communicate()[1][-3000:]}"
-        assert time.monotonic() < deadline, f"never saw {what}"
-        time.sleep(0.05)
-
-
 @pytest.mark.slow(
     reason="a real 2-rank job against an S3 that goes away and comes back", seconds=120
 )
@@ -72,10 +63,10 @@ def test_training_goes_on_without_s3_and_the_mirror_catches_up(tmp_path, restart
     root = tmp_path / "checkpoints"
     job = start_job(tmp_path, *JOB, env=job_env(tmp_path, TRAIN_S3_URI=uri))
     try:
-        wait_until(lambda: mirror.latest_tag() is not None, job, "a mirrored checkpoint")
+        wait_while_running(lambda: mirror.latest_tag() is not None, job, "a mirrored checkpoint")
         restartable_s3["server"].stop()
         mirrored = committed_tags(root)[-1]
-        wait_until(
+        wait_while_running(
             lambda: len([t for t in committed_tags(root) if t > mirrored]) >= 3,
             job,
             "three checkpoints during the outage",

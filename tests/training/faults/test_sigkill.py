@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.training.faults.injection import fault_env
 from tests.training.jobs import TINY, job_env, read_metrics, shared_run, start_job
 from training.checkpoint.layout import committed_tags
 from training.checkpoint.s3 import S3Mirror
@@ -17,7 +18,6 @@ from training.checkpoint.s3 import S3Mirror
 # Six job starts: longer than the suite's default per-test limit.
 pytestmark = [pytest.mark.multiprocess, pytest.mark.timeout(1800)]
 
-INJECT = Path(__file__).with_name("inject")
 STEPS = 40
 JOB = (*TINY, "zero.stage=2", f"train.steps={STEPS}", "checkpoint.every_steps=2")
 SEED = 20261201
@@ -54,7 +54,7 @@ def test_sigkill_at_seeded_moments_always_resumes_to_the_clean_losses(
     for point, at in seeded_moments(len(MOMENTS)):
         env = job_env(tmp_path, TRAIN_S3_URI=s3_uri)
         if point != "step":
-            env.update(PYTHONPATH=str(INJECT), FAULT_POINT=point, FAULT_AT=str(at))
+            env.update(fault_env(point, at=at))
         start = last_step(tmp_path)
         job = start_job(tmp_path, *JOB, env=env)
         try:

@@ -2,41 +2,28 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.training.fake_imds import NOTICE_PATH, FakeImds
-from tests.training.jobs import TINY, job_env, run_job, start_job
+from tests.training.fake_imds import FakeImds
+from tests.training.faults.injection import fault_env
+from tests.training.jobs import TINY, job_env, run_job, start_job, wait_while_running
 from training.checkpoint.layout import COMPLETE, committed_tags, examine, tag_for
 
 pytestmark = pytest.mark.multiprocess
 
-INJECT = Path(__file__).with_name("inject")
-PAUSE_S = "8"  # longer than the spot poller's 5 s interval: the notice lands in the save
+PAUSE_S = 8  # longer than the spot poller's 5 s interval: the notice lands in the save
 
 
 def paused_save_env(tmp_path: Path, imds: FakeImds, at: int) -> dict[str, str]:
     """Rank 0 pauses after the ``at``-th checkpoint file it writes (a slow save)."""
-    env = job_env(tmp_path, TRAIN_SPOT_ENDPOINT=imds.url)
-    env.update(
-        PYTHONPATH=str(INJECT),
-        FAULT_POINT="save",
-        FAULT_AT=str(at),
-        FAULT_ACTION="pause",
-        FAULT_FLAG=str(tmp_path / "paused"),
-        FAULT_PAUSE_S=PAUSE_S,
-    )
-    return env
+    paused = fault_env("save", at=at, action="pause", flag=tmp_path / "paused", pause_s=PAUSE_S)
+    return job_env(tmp_path, TRAIN_SPOT_ENDPOINT=imds.url, **paused)
 
 
 def wait_for_pause(tmp_path: Path, job) -> None:
-    deadline = time.monotonic() + 180
-    while not (tmp_path / "paused").exists():
-        assert job.poll() is None, job.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, "the save never paused"
-        time.sleep(0.05)
+    wait_while_running((tmp_path / "paused").exists, job, "the save pause")
 
 
 def test_a_notice_during_a_checkpoint_and_again_stops_once_with_both_committed(tmp_path):
@@ -55,10 +42,7 @@ def test_a_notice_during_a_checkpoint_and_again_stops_once_with_both_committed(t
         try:
             wait_for_pause(tmp_path, job)
             imds.notify("terminate", "2026-12-01T08:00:00Z")
-            deadline = time.monotonic() + 30
-            while imds.count("GET", NOTICE_PATH, 200) == 0:  # the poller has it
-                assert time.monotonic() < deadline, "the notice was never read"
-                time.sleep(0.05)
+            wait_while_running(imds.notice_read, job, "the notice read", timeout_s=30)
             imds.notify("terminate", "2026-12-01T08:00:30Z")  # EC2 updates the time
             _, stderr = job.communicate(timeout=180)
         finally:

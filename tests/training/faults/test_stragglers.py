@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 
 import pytest
 
+from tests.training.faults.injection import fault_env
 from tests.training.jobs import TINY, job_env, run_job
 
 pytestmark = pytest.mark.multiprocess
 
-INJECT = Path(__file__).with_name("inject")
 WINDOWS = 3
 
 
@@ -20,7 +19,7 @@ def test_a_slowed_rank_is_named_after_its_windows_in_a_row(tmp_path):
     env = job_env(out)
     # Rank 1 waits 0.3 s for each batch: its own work per step is far above rank 0's
     # (a tiny CPU forward pass), so it stands at about twice the median of two ranks.
-    env.update(PYTHONPATH=str(INJECT), FAULT_POINT="batches", FAULT_RANK="1", FAULT_SLOW_S="0.3")
+    env.update(fault_env("batches", rank=1, slow_s=0.3))
     job = run_job(
         out,
         *TINY,
