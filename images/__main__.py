@@ -44,6 +44,16 @@ def _existing_file(value: str) -> Path:
     return path.resolve()
 
 
+def _add_find_links(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--find-links",
+        type=_existing_dir,
+        metavar="DIR",
+        help="local wheels: a torch build that is not on PyPI (the cpu variant's), when "
+        "its index is unreachable",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m images", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -136,23 +146,12 @@ def _parser() -> argparse.ArgumentParser:
 
     lock = commands.add_parser("lock", help="regenerate images/locks/<variant>.txt")
     lock.add_argument("variant")
-    lock.add_argument(
-        "--find-links",
-        type=_existing_dir,
-        metavar="DIR",
-        help="local wheels: a torch build that is not on PyPI (the cpu variant's), when "
-        "its index is unreachable",
-    )
+    _add_find_links(lock)
 
     house = commands.add_parser("wheelhouse", help="download a lock's files for offline builds")
     house.add_argument("variant")
     house.add_argument("dest", type=Path, help="folder to fill (made if missing)")
-    house.add_argument(
-        "--find-links",
-        type=_existing_dir,
-        metavar="DIR",
-        help="local wheels (the torch wheel when its index is unreachable)",
-    )
+    _add_find_links(house)
 
     commands.add_parser("ci-matrix", help="print the CI build matrix as JSON (one line)")
 
