@@ -1,7 +1,8 @@
 """A machine dying at an exact moment, for the fault tests.
 
 Python imports ``sitecustomize`` at start-up from the first folder on sys.path
-that has one; the fault tests put this folder on PYTHONPATH. In the worker of
+that has one; the fault tests put this folder on PYTHONPATH, and name the fault, with
+``tests.training.faults.injection.fault_env``. In the worker of
 rank FAULT_RANK (default 0) it counts the calls of FAULT_POINT and, at call
 FAULT_AT, SIGKILLs the launcher and then itself (the other ranks die with the
 launcher): no handler runs, nothing is flushed, as in a power cut.
