@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import shutil
 import socket
@@ -15,11 +16,17 @@ from training.contract import WORKER_VARIABLES
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
-# torch's elastic launcher makes a folder for each launch's logs and never removes it: in
-# /tmp (a torchelastic_* folder) unless --log-dir names where. Ours go under one folder
-# this process removes when it ends.
-_LAUNCH_LOGS = Path(tempfile.mkdtemp(prefix="multirank-launches-"))
-atexit.register(shutil.rmtree, _LAUNCH_LOGS, ignore_errors=True)
+
+@functools.cache
+def _launch_logs() -> Path:
+    """Where this process's launches keep their logs, removed when it ends.
+
+    torch's elastic launcher makes a folder for each launch's logs and never removes it: in
+    /tmp (a torchelastic_* folder) unless --log-dir names where. Made at the first launch:
+    rank processes import this module too, and one killed would leave its folder behind."""
+    folder = Path(tempfile.mkdtemp(prefix="multirank-launches-"))
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return folder
 
 
 # The kernel gives a connection's local end, and a bind to port 0, a port from
@@ -109,7 +116,7 @@ def _torchrun(options: list[str], script: Path, args: tuple[str, ...], **popen) 
         "-m",
         "torch.distributed.run",
         "--master_addr=127.0.0.1",
-        f"--log-dir={_LAUNCH_LOGS}",
+        f"--log-dir={_launch_logs()}",
         *options,
         "--module",
         module,
